@@ -1,0 +1,10 @@
+"""kvsim: a fast, exact simulator of KV-cache eviction policies for LLM decoding."""
+
+from kvsim.errors import KvsimError, ScenarioError
+from kvsim.policies import POLICIES
+from kvsim.simulation import SimulationResult, simulate
+
+__version__ = "0.1.0"
+
+__all__ = ["POLICIES", "KvsimError", "ScenarioError", "SimulationResult", "simulate",
+           "__version__"]

@@ -1,0 +1,1 @@
+"""Attention sources: where a scenario's attention comes from."""

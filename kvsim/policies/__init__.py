@@ -1,0 +1,23 @@
+"""Registry of eviction policies: the scenario name -> its implementation.
+
+A new policy is one module defining a :class:`~kvsim.policies.base.Policy` and one
+entry below.
+"""
+
+from kvsim.policies import (full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova,
+                            window)
+from kvsim.policies.base import Head, Param, Policy, Trace
+
+POLICIES: dict[str, Policy] = {p.name: p for p in (
+    full.POLICY,
+    window.POLICY,
+    streaming_llm.POLICY,
+    h2o.ONLINE,
+    h2o.OFFLINE,
+    snapkv.POLICY,
+    tova.POLICY,
+    random_eviction.POLICY,
+    oracle.POLICY,
+)}
+
+__all__ = ["POLICIES", "Head", "Param", "Policy", "Trace"]

@@ -1,0 +1,14 @@
+"""``full``: keep every key (the reference; mass 1 at every step)."""
+
+import numpy as np
+
+from kvsim.policies.base import Head, Policy, Trace, run_decode
+
+
+def _run(head: Head, budget: int, params: dict) -> Trace:
+    # A capacity of T is never reached before the last step, so nothing is evicted.
+    return run_decode(head, head.T, np.arange(head.prompt_len))
+
+
+POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, _run,
+                budgeted=False)

@@ -1,0 +1,60 @@
+"""``h2o`` (online, accumulated scores) and ``h2o_offline`` (clairvoyant global scores).
+
+Zhang et al. 2023, Heavy-Hitter Oracle: keep the ``recent`` newest tokens and the
+heavy hitters, the keys with the largest accumulated attention.
+"""
+
+import numpy as np
+
+from kvsim import kernels
+from kvsim.policies.base import Head, Param, Policy, Trace, run_decode
+
+RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",
+                     check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)")
+
+ONLINE_PARAMS = {
+    "recent_ratio": RECENT_RATIO,
+    "normalize": Param(bool, False, "rank by score / number of queries that saw the key"),
+    "accumulate": Param(str, "observed", "add the observed (renormalised) or the full attention",
+                        choices=("observed", "full")),
+}
+
+
+def recent_count(budget: int, params: dict) -> int:
+    """Number of newest tokens protected from eviction."""
+    return int(params["recent_ratio"] * budget)
+
+
+def _prefill(head: Head, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
+    P = head.prompt_len
+    if P <= budget:
+        return np.arange(P)
+    heavy = kernels.top_ranked(ranking, 0, P - recent, budget - recent)
+    return np.concatenate((heavy, np.arange(P - recent, P)))
+
+
+def _run_online(head: Head, budget: int, params: dict) -> Trace:
+    P, recent = head.prompt_len, recent_count(budget, params)
+    score = head.column_sums(0, P)[:P]
+    seen = (P - np.arange(P)).astype(np.float64)
+    ranking = score / seen if params["normalize"] else score
+    kept = _prefill(head, budget, recent, ranking)
+    update = (kernels.UPDATE_ADD_OBSERVED if params["accumulate"] == "observed"
+              else kernels.UPDATE_ADD_FULL)
+    return run_decode(head, budget, kept, score=score[kept], seen=seen[kept],
+                      evict_rule=kernels.EVICT_LOWEST, recent=recent,
+                      normalize=params["normalize"], update_rule=update)
+
+
+def _run_offline(head: Head, budget: int, params: dict) -> Trace:
+    recent = recent_count(budget, params)
+    score = head.column_sums(0, head.T)
+    kept = _prefill(head, budget, recent, score)
+    return run_decode(head, budget, kept, score=score[kept], static_score=score,
+                      evict_rule=kernels.EVICT_LOWEST, recent=recent)
+
+
+ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
+                ONLINE_PARAMS, _run_online)
+OFFLINE = Policy("h2o_offline", "recent newest + heavy hitters by global column sums "
+                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO}, _run_offline)

@@ -1,0 +1,158 @@
+"""Run one policy at one budget on one attention head, with its invariants checked."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.attention.dense import probabilities
+from kvsim.errors import InvariantError, KvsimError
+from kvsim.policies import POLICIES, Head, Policy, Trace
+
+MASS_TOL = 1e-9
+
+
+def did_you_mean(name: str, options) -> str:
+    """`` (did you mean 'x'?)`` for the closest option, or an empty string."""
+    close = difflib.get_close_matches(name, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def get_policy(name: str) -> Policy:
+    """The registered policy called ``name``; a clear error otherwise."""
+    if name not in POLICIES:
+        raise KvsimError(f"unknown policy {name!r}{did_you_mean(name, POLICIES)}; "
+                         f"expected one of {', '.join(POLICIES)}")
+    return POLICIES[name]
+
+
+def resolve_params(policy: Policy, params: dict) -> dict:
+    """Defaults filled in and every value checked; raises :class:`KvsimError`."""
+    resolved = {}
+    for key, value in params.items():
+        if key not in policy.params:
+            known = ", ".join(policy.params) or "none"
+            raise KvsimError(f"{policy.name}: unknown parameter {key!r}"
+                             f"{did_you_mean(key, policy.params)}; its parameters: {known}")
+        problem = policy.params[key].problem(value)
+        if problem:
+            raise KvsimError(f"{policy.name}.{key}: {problem}")
+        resolved[key] = float(value) if policy.params[key].type is float else value
+    return {k: resolved.get(k, p.default) for k, p in policy.params.items()}
+
+
+def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict) -> None:
+    """Budget and length checks that need the policy's resolved parameters."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise KvsimError(f"budget: expected an integer, got {budget!r}")
+    if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) \
+            or not 0 <= prompt_len <= T:
+        raise KvsimError(f"prompt_len: expected an integer in [0, {T}], got {prompt_len!r}")
+    floor = policy.min_budget(params)
+    if budget < floor:
+        fixed = "" if floor == 1 else " (its fixed parts + 1)"
+        raise KvsimError(f"budget: expected at least {floor} for {policy.name}{fixed}, "
+                         f"got {budget}")
+    problem = policy.check(T, prompt_len, params)
+    if problem:
+        raise KvsimError(f"{policy.name}: {problem}")
+
+
+def check_invariants(policy: Policy, budget: int, head: Head, trace: Trace) -> None:
+    """Raise :class:`InvariantError` if the trace breaks a contract invariant."""
+    name = policy.name
+    if policy.budgeted and (trace.cache_size > budget).any() or trace.kept.shape[0] > max(
+            budget if policy.budgeted else head.T, 0):
+        raise InvariantError(f"{name}: cache exceeded budget {budget}")
+    if ((trace.mass < -MASS_TOL) | (trace.mass > 1 + MASS_TOL)).any():
+        raise InvariantError(f"{name}: mass outside [0, 1]")
+    if name == "full" and (np.abs(trace.mass - 1.0) > MASS_TOL).any():
+        raise InvariantError("full: mass differs from 1")
+
+
+def run_policy(policy: Policy, head: Head, budget: int, params: dict) -> Trace:
+    """Run a checked policy on ``head`` and assert the invariants."""
+    trace = policy.run(head, int(budget), params)
+    check_invariants(policy, budget, head, trace)
+    return trace
+
+
+def important_mask(important, T: int) -> np.ndarray:
+    """Boolean mask of length ``T`` from a list of positions (checked)."""
+    mask = np.zeros(T, dtype=bool)
+    if important is None:
+        return mask
+    pos = np.asarray(important)
+    if pos.ndim != 1 or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
+        raise KvsimError("important: expected a 1-D array of integer positions")
+    if pos.size and (pos.min() < 0 or pos.max() >= T):
+        raise KvsimError(f"important: expected positions in [0, {T}), got {pos.min()}..{pos.max()}")
+    mask[pos] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Outcome of :func:`simulate`.
+
+    Attributes
+    ----------
+    mass : float64 array, one per decode step: full-attention mass the cache keeps.
+    cache_size : int64 array, one per decode step: ``|C_t|``.
+    kept : int64 array, sorted: the final cache (the prefill selection if ``P = T``).
+    recall : float64 array per decode step, or None without ground truth (NaN
+        while no important key has arrived).
+    final_recall : share of important keys in ``kept``, or None without ground truth.
+    """
+
+    policy: str
+    budget: int
+    prompt_len: int
+    params: dict
+    mass: np.ndarray
+    cache_size: np.ndarray
+    kept: np.ndarray
+    recall: np.ndarray | None
+    final_recall: float | None
+
+
+def final_recall(kept: np.ndarray, important: np.ndarray) -> float:
+    """Share of the important positions (mask) found in ``kept``; NaN if there are none."""
+    total = int(important.sum())
+    return float(important[kept].sum()) / total if total else float("nan")
+
+
+def simulate(attention: np.ndarray, policy: str, budget: int, prompt_len: int, *,
+             important=None, seed: int = 0, **params) -> SimulationResult:
+    """Simulate one eviction policy on one causal attention matrix.
+
+    Parameters
+    ----------
+    attention : (T, T) array of row-normalised causal attention probabilities.
+    policy : a registered policy name (see ``kvsim.POLICIES``).
+    budget : cache budget in tokens (ignored by ``full``).
+    prompt_len : prompt length ``P``; steps ``P .. T-1`` are decoded one by one.
+    important : optional ground-truth important positions, for recall.
+    seed : seed of the ``random`` policy.
+    **params : the policy's parameters (e.g. ``sinks=4``, ``recent_ratio=0.5``).
+
+    Raises
+    ------
+    KvsimError
+        For any invalid argument.
+    """
+    spec = get_policy(policy)
+    resolved = resolve_params(spec, params)
+    attn = probabilities(attention)
+    T = attn.shape[0]
+    check_run(spec, budget, T, prompt_len, resolved)
+    mask = important_mask(important, T)
+    head = Head(attn, int(prompt_len), mask, int(seed))
+    trace = run_policy(spec, head, int(budget), resolved)
+    has_truth = important is not None
+    return SimulationResult(
+        policy, int(budget), int(prompt_len), resolved, trace.mass, trace.cache_size,
+        trace.kept, trace.recall if has_truth else None,
+        final_recall(trace.kept, mask) if has_truth else None)
