@@ -2,9 +2,11 @@
 
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.policies import POLICIES
+from kvsim.report import run
+from kvsim.scenario import Scenario, load_scenario
 from kvsim.simulation import SimulationResult, simulate
 
 __version__ = "0.1.0"
 
-__all__ = ["POLICIES", "KvsimError", "ScenarioError", "SimulationResult", "simulate",
-           "__version__"]
+__all__ = ["POLICIES", "KvsimError", "Scenario", "ScenarioError", "SimulationResult",
+           "load_scenario", "run", "simulate", "__version__"]

@@ -1,0 +1,137 @@
+"""Attention sources a scenario can name in ``[attention] source = ...``.
+
+A source turns its parameters and a seed into per-head float64 probability matrices
+of shape (heads, T, T) plus optional ground-truth important positions.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kvsim.attention.dense import probabilities, softmax_logits
+from kvsim.attention.seed_notebook import planted_matrix
+from kvsim.errors import KvsimError
+from kvsim.params import Param
+
+
+@dataclass(frozen=True)
+class Field:
+    """Attention of one sequence: ``probs`` (heads, T, T) float64, ``important`` or None."""
+
+    probs: np.ndarray
+    important: np.ndarray | None
+
+    @property
+    def T(self) -> int:
+        return self.probs.shape[-1]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A registered attention source.
+
+    ``describe(params, base)`` checks the parameters against the data and gives
+    ``(T, heads, has ground truth)``, or raises :class:`KvsimError`; ``build(params, seed, base)`` returns a :class:`Field`.
+    """
+
+    name: str
+    summary: str
+    params: dict[str, Param]
+    required: tuple[str, ...]
+    describe: Callable[[dict, Path], tuple[int, int, bool]]
+    build: Callable[[dict, int, Path], Field]
+
+
+def _notebook_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+    if params["important"] > params["T"]:
+        raise KvsimError(f"important: expected at most T = {params['T']}, "
+                         f"got {params['important']}")
+    return params["T"], 1, params["important"] > 0
+
+
+def _notebook_build(params: dict, seed: int, base: Path) -> Field:
+    A, important = planted_matrix(params["T"], params["important"], params["boost"],
+                                  params["noise"], seed)
+    return Field(probabilities(A)[None], important)
+
+
+SEED_NOTEBOOK = Source(
+    "seed_notebook", "the seed notebook's planted matrix (uniform + boosted important keys + "
+    "exponential noise)",
+    {
+        "T": Param(int, 512, "sequence length", check=lambda v: v >= 1, expect="an integer >= 1"),
+        "important": Param(int, 32, "number of planted important tokens",
+                           check=lambda v: v >= 0, expect="an integer >= 0"),
+        "boost": Param(float, 8.0, "weight added to important keys (base weight 1)",
+                       check=lambda v: v >= 0, expect="a number >= 0"),
+        "noise": Param(float, 0.1, "scale of the exponential noise",
+                       check=lambda v: v >= 0, expect="a number >= 0"),
+    }, (), _notebook_describe, _notebook_build)
+
+
+def _read_matrix(params: dict, base: Path) -> tuple[np.ndarray, np.ndarray | None]:
+    path = (base / params["path"]).resolve()
+    if not path.is_file():
+        raise KvsimError(f"path: expected an existing .npy or .npz file, got {str(path)!r}")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise KvsimError(f"path: expected a readable .npy or .npz file ({exc})") from None
+    important = None
+    if isinstance(data, np.lib.npyio.NpzFile):
+        with data:
+            names = [n for n in data.files if n != "important"]
+            name = params["array"] or (names[0] if len(names) == 1 else "attention")
+            if name not in data.files:
+                raise KvsimError(f"array: expected one of {data.files} in {path.name}, "
+                                 f"got {name!r}")
+            matrix = data[name]
+            if "important" in data.files:
+                important = np.asarray(data["important"], dtype=np.int64)
+    else:
+        matrix = data
+    if params["important"]:
+        important = np.asarray(params["important"], dtype=np.int64)
+    if matrix.ndim not in (2, 3):
+        raise KvsimError(f"path: expected shape (T, T) or (heads, T, T), got {matrix.shape}")
+    return (matrix[None] if matrix.ndim == 2 else matrix), important
+
+
+def _matrix_build(params: dict, seed: int, base: Path) -> Field:
+    matrix, important = _read_matrix(params, base)
+    convert = probabilities if params["kind"] == "probabilities" else softmax_logits
+    probs = np.stack([convert(m, f"path: head {h}") for h, m in enumerate(matrix)])
+    T = probs.shape[-1]
+    if important is not None and important.size and (important.min() < 0 or important.max() >= T):
+        raise KvsimError(f"important: expected positions in [0, {T}), "
+                         f"got {important.min()}..{important.max()}")
+    return Field(probs, important)
+
+
+def _matrix_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+    # Validation checks the whole matrix, so bad data never reaches a run.
+    field = _matrix_build(params, 0, base)
+    return field.T, field.probs.shape[0], field.important is not None
+
+
+MATRIX = Source(
+    "matrix", "a dense attention matrix from a .npy/.npz file (probabilities or logits)",
+    {
+        "path": Param(str, "", "file path, relative to the scenario file"),
+        "kind": Param(str, "probabilities", "what the matrix holds",
+                      choices=("probabilities", "logits")),
+        "array": Param(str, "", "array name inside a .npz (default: its only array, "
+                                "else 'attention')"),
+        "important": Param(list, [], "ground-truth important positions (or an .npz array "
+                                     "named 'important')",
+                           check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
+                                               for x in v),
+                           expect="a list of integer positions"),
+    }, ("path",), _matrix_describe, _matrix_build)
+
+SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX)}

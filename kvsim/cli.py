@@ -1,0 +1,98 @@
+"""Command line: ``python -m kvsim SCENARIO.toml`` and friends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvsim.errors import KvsimError, ScenarioError
+
+EPILOG = """\
+commands:
+  kvsim SCENARIO.toml [--out DIR] [--force] [--quiet]
+                        run every experiment x policy x budget x seed and write
+                        results.csv, steps.npz, scenario.json and figures to DIR
+                        (default reports/<scenario name>/); prints DIR
+  kvsim validate SCENARIO.toml
+                        check a scenario file without running it
+  kvsim policies        list the policies and their parameters
+
+examples:
+  python -m kvsim scenarios/seed_notebook.toml
+  python -m kvsim scenarios/seed_notebook.toml --out /tmp/nb --force --quiet
+  python -m kvsim validate scenarios/seed_notebook.toml
+
+Bad input prints one line per problem (FILE: key.path: expected ..., got ...)
+and exits with status 2. See README.md for the scenario reference.
+"""
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvsim", description="Simulate KV-cache eviction policies on attention patterns.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", type=Path, help="scenario file (TOML)")
+    p.add_argument("--out", type=Path, help="report folder (default reports/<scenario name>)")
+    p.add_argument("--force", action="store_true", help="replace an existing report folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _validate(argv: list[str]) -> int:
+    from kvsim.engine import count_runs
+    from kvsim.scenario import load_scenario
+
+    p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
+    p.add_argument("scenario", type=Path, help="scenario file (TOML)")
+    args = p.parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    print(f"{args.scenario}: ok ({len(scenario.experiments)} experiments, "
+          f"{count_runs(scenario)} runs, T = {scenario.T})")
+    return 0
+
+
+def _policies(argv: list[str]) -> int:
+    from kvsim.policies import POLICIES
+
+    argparse.ArgumentParser(prog="kvsim policies",
+                            description="List the policies and their parameters.").parse_args(argv)
+    for policy in POLICIES.values():
+        print(f"{policy.name:<14} {policy.summary}")
+        for name, param in policy.params.items():
+            choices = f" ({' | '.join(param.choices)})" if param.choices else ""
+            print(f"    {name} = {param.default!r}{choices}: {param.help}")
+    return 0
+
+
+def _run(argv: list[str]) -> int:
+    from kvsim.report import run
+    from kvsim.scenario import load_scenario
+
+    args = _run_parser().parse_args(argv)
+    scenario = load_scenario(args.scenario)
+    out = run(scenario, args.out, force=args.force, progress=not args.quiet)
+    print(out)
+    return 0
+
+
+COMMANDS = {"validate": _validate, "policies": _policies}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv and argv[0] in COMMANDS:
+            return COMMANDS[argv[0]](argv[1:])
+        return _run(argv)
+    except ScenarioError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return 2
+    except KvsimError as exc:
+        print(f"kvsim: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kvsim: interrupted; no report written", file=sys.stderr)
+        return 130

@@ -1,0 +1,114 @@
+"""Orchestration: expand a scenario into runs, execute them, collect tidy results."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from kvsim.policies import POLICIES, Head
+from kvsim.scenario import Experiment, Scenario
+from kvsim.simulation import final_recall, get_policy, run_policy
+
+PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
+
+
+@dataclass
+class ExperimentSteps:
+    """Per-step series of every run of one experiment, one row per results row."""
+
+    mass: list = field(default_factory=list)
+    cache_size: list = field(default_factory=list)
+    recall: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Stacked arrays; ``kept`` padded with -1 to the largest final cache."""
+        width = max((k.shape[0] for k in self.kept), default=0)
+        kept = np.full((len(self.kept), width), -1, np.int64)
+        for i, k in enumerate(self.kept):
+            kept[i, :k.shape[0]] = k
+        return {"mass": np.array(self.mass, np.float64).reshape(len(self.mass), -1),
+                "cache_size": np.array(self.cache_size, np.int64).reshape(len(self.mass), -1),
+                "recall": np.array(self.recall, np.float64).reshape(len(self.mass), -1),
+                "kept": kept}
+
+
+@dataclass
+class ScenarioResults:
+    """Everything a run produced: tidy rows and per-step series per experiment."""
+
+    rows: list[dict]
+    steps: dict[str, ExperimentSteps]
+
+
+def random_seed(seed: int, head: int) -> int:
+    """Seed of the ``random`` policy for (scenario seed, head): independent streams."""
+    return int(np.random.SeedSequence([seed, head]).generate_state(1, np.uint64)[0])
+
+
+def _summary(mass: np.ndarray, recall: np.ndarray, kept: np.ndarray, important: np.ndarray,
+             has_truth: bool, T: int) -> dict:
+    nan = float("nan")
+    stats = {"mass_mean": nan, "mass_min": nan, "mass_p10": nan, "mass_median": nan,
+             "kl_mean": nan}
+    if mass.size:
+        stats.update(mass_mean=float(mass.mean()), mass_min=float(mass.min()),
+                     mass_p10=float(np.quantile(mass, 0.1)),
+                     mass_median=float(np.median(mass)),
+                     kl_mean=float(np.mean(-np.log(np.maximum(mass, 1e-300)))))
+    stats["kept"] = int(kept.shape[0])
+    stats["compression"] = 1.0 - kept.shape[0] / T
+    defined = recall[~np.isnan(recall)]
+    stats["recall_mean"] = float(defined.mean()) if has_truth and defined.size else nan
+    stats["final_recall"] = final_recall(kept, important) if has_truth else nan
+    return stats
+
+
+def count_runs(scenario: Scenario) -> int:
+    """Number of (experiment, policy, budget, seed, head) runs in ``scenario``."""
+    return sum(len(e.policies) * len(e.budgets) for e in scenario.experiments) \
+        * len(scenario.seeds) * scenario.heads
+
+
+def simulate_scenario(scenario: Scenario, *, progress: bool = True) -> ScenarioResults:
+    """Run every experiment x policy x budget x seed x head of ``scenario``."""
+    rows: list[dict] = []
+    steps = {e.name: ExperimentSteps() for e in scenario.experiments}
+    bar = tqdm(total=count_runs(scenario), unit="run", disable=not progress, dynamic_ncols=True,
+               desc=scenario.name)
+    with bar:
+        for seed in scenario.seeds:
+            fld = scenario.field(seed)
+            important = np.zeros(fld.T, bool)
+            if fld.important is not None:
+                important[fld.important] = True
+            for h in range(scenario.heads):
+                for exp in scenario.experiments:
+                    head = Head(fld.probs[h], exp.prompt_len, important, random_seed(seed, h))
+                    _run_experiment(scenario, exp, head, seed, h, rows, steps[exp.name])
+                    bar.update(len(exp.policies) * len(exp.budgets))
+    return ScenarioResults(rows, steps)
+
+
+def _run_experiment(scenario: Scenario, exp: Experiment, head: Head, seed: int, h: int,
+                    rows: list[dict], steps: ExperimentSteps) -> None:
+    for config in exp.policies:
+        policy = get_policy(config.kind)
+        for budget, spec in zip(exp.budgets, exp.budget_specs):
+            trace = run_policy(policy, head, budget, config.params)
+            row = {"experiment": exp.name, "unit": len(steps.mass), "policy": config.label,
+                   "kind": config.kind, "budget": budget,
+                   "budget_spec": spec, "seed": seed, "head": h, "T": head.T,
+                   "prompt_len": head.prompt_len, "steps": head.T - head.prompt_len}
+            row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
+            row.update(_summary(trace.mass, trace.recall, trace.kept, head.important,
+                                scenario.has_truth, head.T))
+            rows.append(row)
+            steps.mass.append(trace.mass)
+            steps.cache_size.append(trace.cache_size)
+            steps.recall.append(trace.recall if scenario.has_truth
+                                else np.full(trace.mass.shape, math.nan))
+            steps.kept.append(trace.kept)

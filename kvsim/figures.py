@@ -1,0 +1,156 @@
+"""Report figures, drawn from a run's tidy rows (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from kvsim.scenario import Experiment, Scenario  # noqa: E402
+
+MAX_TIME_PANELS = 4
+
+
+def policy_colors(scenario: Scenario) -> dict[str, str]:
+    """One colour per policy label, the same in every figure of the scenario."""
+    labels = list(dict.fromkeys(p.label for e in scenario.experiments for p in e.policies))
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {label: matplotlib.colors.to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
+
+
+def _by_policy_budget(rows: list[dict], metric: str) -> dict[str, dict[int, np.ndarray]]:
+    """metric values over seeds and heads, grouped as {policy: {budget: values}}."""
+    groups: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[r["policy"]][r["budget"]].append(r[metric])
+    return {p: {b: np.array(v, float) for b, v in sorted(d.items())} for p, d in groups.items()}
+
+
+def _save(fig, out: Path, stem: str, scenario: Scenario) -> list[Path]:
+    paths = []
+    for fmt in scenario.formats:
+        path = out / f"{stem}.{fmt}"
+        fig.savefig(path, dpi=scenario.dpi)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+MARKERS = "osD^vP*Xh<>"
+
+
+def _line_with_band(ax, x, values: list[np.ndarray], color: str, label: str, i: int) -> None:
+    mean = np.array([v.mean() for v in values])
+    # Distinct markers keep overlapping curves (e.g. a policy on the oracle) visible.
+    ax.plot(x, mean, marker=MARKERS[i % len(MARKERS)], ms=5, mfc="none", color=color,
+            label=label)
+    if max(v.size for v in values) > 1:
+        ax.fill_between(x, [v.min() for v in values], [v.max() for v in values],
+                        color=color, alpha=0.2, lw=0)
+
+
+def pareto(scenario, exp, rows, steps, colors, out):
+    """Compression (share of the sequence evicted) against important-token recall."""
+    recall = _by_policy_budget(rows, "final_recall")
+    compression = _by_policy_budget(rows, "compression")
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    for policy, per_budget in recall.items():
+        x = [compression[policy][b].mean() for b in per_budget]
+        y = [v.mean() for v in per_budget.values()]
+        if len(exp.budgets) == 1:
+            ax.scatter(x, y, s=220, color=colors[policy], edgecolor="black", lw=0.8,
+                       zorder=5, label=policy)
+            ax.annotate(policy, (x[0], y[0]), xytext=(8, 6), textcoords="offset points",
+                        fontsize=10)
+        else:
+            ax.plot(x, y, marker="o", color=colors[policy], label=policy)
+    if len(exp.budgets) == 1:
+        base = exp.budgets[0] / scenario.T
+        ax.axhline(base, color="tab:gray", ls="--", label=f"random baseline ({base:.1%})")
+    else:
+        grid = np.linspace(0, 1, 50)
+        ax.plot(grid, 1 - grid, color="tab:gray", ls="--", label="random baseline (kept / T)")
+    ax.axhline(1.0, color="black", ls=":", alpha=0.4, label="oracle")
+    budgets = "/".join(str(b) for b in exp.budgets) if len(exp.budgets) <= 3 else \
+        f"{exp.budgets[0]}..{exp.budgets[-1]}"
+    ax.set(xlabel="compression ratio (fraction of KV evicted)", ylabel="important-token recall",
+           xlim=(0, 1), ylim=(0, 1.05))
+    ax.set_title(f"{scenario.name}/{exp.name}: KV compression Pareto @ budget={budgets}/{scenario.T}",
+                 fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower left", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out, f"{exp.name}_pareto", scenario)
+
+
+def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem):
+    values = _by_policy_budget(rows, metric)
+    fig, ax = plt.subplots(figsize=(6.8, 4.2))
+    for i, (policy, per_budget) in enumerate(values.items()):
+        _line_with_band(ax, list(per_budget), list(per_budget.values()), colors[policy], policy, i)
+    if metric == "final_recall" and exp.prompt_len == scenario.T:
+        b = np.array(exp.budgets)
+        ax.plot(b, np.minimum(1, b / scenario.T), color="tab:gray", ls="--",
+                label="random expectation (B / T)")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="budget (tokens)", ylabel=ylabel, ylim=(0, 1.05))
+    ax.set_title(f"{scenario.name}/{exp.name}: {ylabel} vs budget "
+                 f"(P={exp.prompt_len}, T={scenario.T})", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, out, f"{exp.name}_{stem}", scenario)
+
+
+def recall_vs_budget(scenario, exp, rows, steps, colors, out):
+    """Final important-token recall against budget, band = spread over seeds and heads."""
+    return _against_budget(scenario, exp, rows, colors, out, "final_recall",
+                           "important-token recall", "recall_vs_budget")
+
+
+def mass_vs_budget(scenario, exp, rows, steps, colors, out):
+    """Mean retained attention mass over decode steps against budget."""
+    return _against_budget(scenario, exp, rows, colors, out, "mass_mean",
+                           "mean attention mass kept", "mass_vs_budget")
+
+
+def mass_over_time(scenario, exp, rows, steps, colors, out):
+    """Attention mass kept at each decode step, a panel per budget (mean over seeds, heads)."""
+    budgets = list(exp.budgets)
+    if len(budgets) > MAX_TIME_PANELS:
+        budgets = [budgets[i] for i in np.linspace(0, len(budgets) - 1, MAX_TIME_PANELS).astype(int)]
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), sharey=True,
+                             squeeze=False)
+    t = np.arange(exp.prompt_len, scenario.T)
+    for ax, budget in zip(axes[0], budgets):
+        for policy in dict.fromkeys(r["policy"] for r in rows):
+            units = [r["unit"] for r in rows if r["policy"] == policy and r["budget"] == budget]
+            ax.plot(t, steps["mass"][units].mean(axis=0), color=colors[policy], lw=1,
+                    label=policy)
+        ax.set(title=f"budget {budget}", xlabel="decode position t")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set(ylabel="attention mass kept", ylim=(0, 1.05))
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="center right")
+    fig.suptitle(f"{scenario.name}/{exp.name}: mass over decoding (P={exp.prompt_len})")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    return _save(fig, out, f"{exp.name}_mass_over_time", scenario)
+
+
+FIGURE_FUNCTIONS = {"pareto": pareto, "recall_vs_budget": recall_vs_budget,
+                    "mass_vs_budget": mass_vs_budget, "mass_over_time": mass_over_time}
+
+
+def draw(scenario: Scenario, exp: Experiment, rows: list[dict], steps: dict[str, np.ndarray],
+         out: Path) -> list[Path]:
+    """Draw the experiment's figures into ``out``; return the files written."""
+    colors = policy_colors(scenario)
+    paths = []
+    for name in exp.figures:
+        paths += FIGURE_FUNCTIONS[name](scenario, exp, rows, steps, colors, out)
+    return paths

@@ -1,0 +1,295 @@
+"""Scenario files: TOML -> a validated, frozen :class:`Scenario`.
+
+Validation is complete before any work starts; every problem becomes one line
+``FILE: key.path: expected ..., got ...`` in a :class:`~kvsim.errors.ScenarioError`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsim.attention.sources import SOURCES, Field
+from kvsim.errors import KvsimError, ScenarioError
+from kvsim.params import Param
+from kvsim.policies import POLICIES
+from kvsim.simulation import check_run, did_you_mean, get_policy, resolve_params
+
+FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time")
+FORMATS = ("png", "svg", "pdf")
+
+TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output")
+EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures")
+OUTPUT_KEYS = ("formats", "dpi")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """A policy as configured: its label in the scenario, registered kind, full params."""
+
+    label: str
+    kind: str
+    params: dict
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One prompt length, a list of budgets and the policies compared at them."""
+
+    name: str
+    prompt_len: int
+    budgets: tuple[int, ...]
+    budget_specs: tuple[int | float, ...]  # as written: tokens, or fractions of the prompt
+    policies: tuple[PolicyConfig, ...]
+    figures: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario: everything a run needs, nothing left to resolve."""
+
+    path: Path
+    name: str
+    description: str
+    seeds: tuple[int, ...]
+    source: str
+    attention: dict
+    T: int
+    heads: int
+    has_truth: bool
+    experiments: tuple[Experiment, ...]
+    formats: tuple[str, ...]
+    dpi: int
+
+    def field(self, seed: int) -> Field:
+        """Build the attention of sequence ``seed``."""
+        return SOURCES[self.source].build(self.attention, seed, self.path.parent)
+
+
+class _Checker:
+    """Collects problems as (file, key path, message) while reading a TOML document."""
+
+    def __init__(self, path: Path):
+        self.file = str(path)
+        self.problems: list[tuple[str, str, str]] = []
+
+    def add(self, key: str, message: str) -> None:
+        self.problems.append((self.file, key, message))
+
+    def unknown_keys(self, table: dict, allowed, prefix: str) -> None:
+        for key in table:
+            if key not in allowed:
+                self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; "
+                                           f"expected one of {', '.join(allowed)}")
+
+    def table(self, doc: dict, key: str, path: str) -> dict:
+        value = doc.get(key, {})
+        if not isinstance(value, dict):
+            self.add(path, f"expected a table, got {type(value).__name__}")
+            return {}
+        return value
+
+    def params(self, table: dict, spec: dict[str, Param], prefix: str,
+               skip=()) -> dict:
+        """Checked values for ``spec`` from ``table`` (defaults filled in)."""
+        self.unknown_keys({k: v for k, v in table.items() if k not in skip},
+                          list(spec), prefix)
+        out = {}
+        for key, param in spec.items():
+            value = table.get(key, param.default)
+            problem = param.problem(value)
+            if problem:
+                self.add(prefix + key, problem)
+            else:
+                out[key] = float(value) if param.type is float else value
+        return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
+    tables = chk.table(doc, "policies", "policies")
+    if not tables:
+        chk.add("policies", "expected at least one [policies.NAME] table")
+    configs = {}
+    for label, table in tables.items():
+        where = f"policies.{label}"
+        if not isinstance(table, dict):
+            chk.add(where, f"expected a table, got {type(table).__name__}")
+            continue
+        kind = table.get("kind", label)
+        if kind not in POLICIES:
+            key = f"{where}.kind" if "kind" in table else where
+            chk.add(key, f"expected a policy name{did_you_mean(str(kind), POLICIES)} "
+                         f"({', '.join(POLICIES)}), got {kind!r}")
+            continue
+        policy = get_policy(kind)
+        params = chk.params(table, policy.params, where + ".", skip=("kind",))
+        if len(params) == len(policy.params):
+            configs[label] = PolicyConfig(label, kind, resolve_params(policy, params))
+    return configs
+
+
+def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list, list]:
+    if not isinstance(raw, list) or not raw:
+        chk.add(where, f"expected a non-empty list of token counts (integers) or prompt "
+                       f"fractions (numbers in (0, 1]), got {raw!r}")
+        return [], []
+    budgets, specs = [], []
+    for i, b in enumerate(raw):
+        key = f"{where}[{i}]"
+        if _is_int(b):
+            resolved = b
+        elif isinstance(b, float) and 0.0 < b <= 1.0:
+            resolved = int(b * prompt_len + 0.5)
+        else:
+            chk.add(key, f"expected a token count (integer >= 1) or a prompt fraction "
+                         f"(number in (0, 1]), got {b!r}")
+            continue
+        if resolved < 1:
+            chk.add(key, f"expected a budget of at least 1 token, got {b!r} "
+                         f"(resolves to {resolved} with prompt_len {prompt_len})")
+            continue
+        if resolved in budgets:
+            chk.add(key, f"expected distinct budgets, got {b!r} again (= {resolved} tokens)")
+            continue
+        budgets.append(resolved)
+        specs.append(b)
+    return budgets, specs
+
+
+def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
+                     configs: dict[str, PolicyConfig], names: set) -> Experiment | None:
+    where = f"experiment[{index}]"
+    chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
+    before = len(chk.problems)
+    name = table.get("name", f"experiment{index}")
+    if not isinstance(name, str) or not name.isidentifier():
+        chk.add(f"{where}.name", f"expected an identifier-like name, got {name!r}")
+    elif name in names:
+        chk.add(f"{where}.name", f"expected a unique name, got {name!r} again")
+    names.add(name)
+    prompt_len = table.get("prompt_len", T)
+    if not _is_int(prompt_len) or not 0 <= prompt_len <= T:
+        chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
+        prompt_len = T
+    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len)
+    labels = table.get("policies", list(configs))
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        chk.add(f"{where}.policies", f"expected a non-empty list of policy names, got {labels!r}")
+        labels = []
+    chosen = []
+    for i, label in enumerate(labels):
+        if label not in configs:
+            chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
+                    f"file{did_you_mean(label, configs)}, got {label!r}")
+            continue
+        config = configs[label]
+        for j, budget in enumerate(budgets):
+            try:
+                check_run(get_policy(config.kind), budget, T, prompt_len, config.params)
+            except KvsimError as exc:
+                chk.add(f"{where}.budgets[{j}]", f"{label}: {exc}")
+        chosen.append(config)
+    decodes = prompt_len < T
+    default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
+                       and (decodes or not f.startswith("mass"))]
+    figures = table.get("figures", default_figures)
+    if not isinstance(figures, list) or any(f not in FIGURES for f in figures):
+        chk.add(f"{where}.figures", f"expected a list of {', '.join(FIGURES)}, got {figures!r}")
+        figures = []
+    for f in figures:
+        if f.startswith("mass") and not decodes:
+            chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs decode "
+                                        f"steps (prompt_len < {T})")
+        if ("recall" in f or f == "pareto") and not has_truth:
+            chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs ground-truth "
+                                        f"important tokens, which this attention source lacks")
+    if len(chk.problems) > before:
+        return None
+    return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
+                      tuple(figures))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file.
+
+    Raises
+    ------
+    ScenarioError
+        With one line per problem, naming the file and the key path.
+    """
+    path = Path(path)
+    chk = _Checker(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScenarioError([(str(path), "", "expected an existing scenario file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError([(str(path), "", f"expected a readable file ({exc})")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError([(str(path), "", f"expected valid TOML ({exc})")]) from None
+
+    chk.unknown_keys(doc, TOP_KEYS, "")
+    name = doc.get("name", path.stem)
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        chk.add("name", f"expected a non-empty string usable as a folder name, got {name!r}")
+    description = doc.get("description", "")
+    if not isinstance(description, str):
+        chk.add("description", f"expected a string, got {description!r}")
+    seeds = doc.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        chk.add("seeds", f"expected a non-empty list of distinct integers >= 0, got {seeds!r}")
+        seeds = [0]
+
+    attention = chk.table(doc, "attention", "attention")
+    source_name = attention.get("source")
+    T, heads, has_truth, attn_params = 0, 1, False, {}
+    if source_name not in SOURCES:
+        chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
+                                    f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
+    else:
+        source = SOURCES[source_name]
+        for key in source.required:
+            if key not in attention:
+                chk.add(f"attention.{key}", f"expected a value ({source.params[key].help}), "
+                                            f"got nothing")
+        before = len(chk.problems)
+        attn_params = chk.params(attention, source.params, "attention.", skip=("source",))
+        if len(chk.problems) == before:
+            try:
+                T, heads, has_truth = source.describe(attn_params, path.parent)
+            except KvsimError as exc:
+                key, _, message = str(exc).partition(": ")
+                chk.add(f"attention.{key}", message)
+
+    configs = _read_policies(chk, doc)
+    output = chk.table(doc, "output", "output")
+    chk.unknown_keys(output, OUTPUT_KEYS, "output.")
+    formats = output.get("formats", ["png"])
+    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
+        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
+    dpi = output.get("dpi", 120)
+    if not _is_int(dpi) or not 30 <= dpi <= 600:
+        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+
+    experiments = []
+    raw = doc.get("experiment")
+    if T:
+        if not isinstance(raw, list) or not raw or not all(isinstance(e, dict) for e in raw):
+            chk.add("experiment", "expected one or more [[experiment]] tables")
+        else:
+            names: set = set()
+            for i, table in enumerate(raw):
+                exp = _read_experiment(chk, table, i, T, has_truth, configs, names)
+                if exp is not None:
+                    experiments.append(exp)
+    if chk.problems:
+        raise ScenarioError(chk.problems)
+    return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
+                    T, heads, has_truth, tuple(experiments), tuple(formats), dpi)
+
