@@ -14,7 +14,7 @@ from kvsim.attention.sources import SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.params import Param
 from kvsim.policies import POLICIES
-from kvsim.simulation import check_run, did_you_mean, get_policy, resolve_params
+from kvsim.simulation import budget_problem, did_you_mean, get_policy, resolve_params
 
 FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time")
 FORMATS = ("png", "svg", "pdf")
@@ -188,11 +188,15 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
                     f"file{did_you_mean(label, configs)}, got {label!r}")
             continue
         config = configs[label]
+        policy = get_policy(config.kind)
         for j, budget in enumerate(budgets):
-            try:
-                check_run(get_policy(config.kind), budget, T, prompt_len, config.params)
-            except KvsimError as exc:
-                chk.add(f"{where}.budgets[{j}]", f"{label}: {exc}")
+            problem = budget_problem(policy, budget, config.params)
+            if problem:
+                chk.add(f"{where}.budgets[{j}]", f"policy {label!r}: {problem}")
+        problem = policy.check(T, prompt_len, config.params)
+        if problem:
+            key, _, message = problem.partition(": ")
+            chk.add(f"policies.{label}.{key}", f"{message} in experiment {name!r}")
         chosen.append(config)
     decodes = prompt_len < T
     default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")

@@ -43,6 +43,15 @@ def resolve_params(policy: Policy, params: dict) -> dict:
     return {k: resolved.get(k, p.default) for k, p in policy.params.items()}
 
 
+def budget_problem(policy: Policy, budget: int, params: dict) -> str | None:
+    """Why ``budget`` is too small for ``policy`` with ``params``, or None."""
+    floor = policy.min_budget(params)
+    if budget >= floor:
+        return None
+    fixed = "" if floor == 1 else " (its fixed parts + 1)"
+    return f"expected at least {floor} for {policy.name}{fixed}, got {budget}"
+
+
 def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict) -> None:
     """Budget and length checks that need the policy's resolved parameters."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
@@ -50,14 +59,12 @@ def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) \
             or not 0 <= prompt_len <= T:
         raise KvsimError(f"prompt_len: expected an integer in [0, {T}], got {prompt_len!r}")
-    floor = policy.min_budget(params)
-    if budget < floor:
-        fixed = "" if floor == 1 else " (its fixed parts + 1)"
-        raise KvsimError(f"budget: expected at least {floor} for {policy.name}{fixed}, "
-                         f"got {budget}")
+    problem = budget_problem(policy, budget, params)
+    if problem:
+        raise KvsimError(f"budget: {problem}")
     problem = policy.check(T, prompt_len, params)
     if problem:
-        raise KvsimError(f"{policy.name}: {problem}")
+        raise KvsimError(f"{policy.name}.{problem}")
 
 
 def check_invariants(policy: Policy, budget: int, head: Head, trace: Trace) -> None:

@@ -52,7 +52,8 @@ class Policy:
     """A registered policy.
 
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
-    ``check(head_T, prompt_len, params)`` returns a cross-field problem or None;
+    ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
+    ..."`` or None;
     ``run(head, budget, params)`` returns a :class:`Trace`.
     """
 

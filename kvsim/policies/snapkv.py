@@ -61,8 +61,8 @@ def _run(head: Head, budget: int, params: dict) -> Trace:
 
 def _check(T: int, prompt_len: int, params: dict) -> str | None:
     if not params["protect_window"] and prompt_len < T:
-        return (f"expected protect_window = true when there are decode steps "
-                f"(prompt_len {prompt_len} < T {T})")
+        return (f"protect_window: expected true when there are decode steps "
+                f"(prompt_len {prompt_len} < T {T}), got false")
     return None
 
 

@@ -1,0 +1,104 @@
+"""The command line end to end on a small scenario: outputs, atomic replace, errors."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.cli import main
+
+SMALL = """\
+name = "small"
+seeds = [0, 1]
+
+[attention]
+source = "seed_notebook"
+T = 48
+important = 6
+
+[policies.streaming_llm]
+sinks = 2
+[policies.h2o]
+[policies.full]
+[policies.oracle]
+
+[[experiment]]
+name = "decode"
+prompt_len = 16
+budgets = [8, 0.75]
+"""
+
+
+@pytest.fixture
+def scenario(tmp_path) -> Path:
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL)
+    return path
+
+
+def test_run_writes_report(scenario, tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main([str(scenario), "--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert len(rows) == 4 * 2 * 2  # policies x budgets x seeds
+    assert {int(r["budget"]) for r in rows} == {8, 12}  # 0.75 of a 16-token prompt
+    full = [float(r["mass_min"]) for r in rows if r["policy"] == "full"]
+    assert np.allclose(full, 1.0)
+    steps = np.load(out / "steps.npz")
+    assert steps["decode/mass"].shape == (16, 32)
+    assert (steps["decode/cache_size"][[int(r["unit"]) for r in rows if r["policy"] == "h2o"
+                                        and r["budget"] == "8"]] <= 8).all()
+    meta = json.loads((out / "scenario.json").read_text())
+    assert meta["scenario"]["experiments"][0]["budgets"] == [8, 12]
+    assert "numba" in meta["versions"]
+    for fig in ("decode_mass_vs_budget", "decode_mass_over_time", "decode_recall_vs_budget",
+                "decode_pareto"):
+        assert (out / f"{fig}.png").stat().st_size > 5_000
+    assert not list(tmp_path.glob(".report.*"))
+
+
+def test_existing_report_needs_force(scenario, tmp_path, capsys):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main([str(scenario), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--force" in err and len(err.strip().splitlines()) == 1
+    assert (out / "keep.txt").exists()
+    assert main([str(scenario), "--out", str(out), "--quiet", "--force"]) == 0
+    assert not (out / "keep.txt").exists() and (out / "results.csv").exists()
+
+
+def test_validate(scenario, capsys):
+    assert main(["validate", str(scenario)]) == 0
+    assert "ok" in capsys.readouterr().out
+
+
+def test_policies_listing(capsys):
+    assert main(["policies"]) == 0
+    text = capsys.readouterr().out
+    assert "recent_ratio" in text and "protect_window" in text
+
+
+def test_bad_scenario_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SMALL.replace("sinks = 2", "sink = 2"))
+    proc = subprocess.run([sys.executable, "-m", "kvsim", str(bad), "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"{bad}: policies.streaming_llm.sink: unknown key "
+                                   f"(did you mean 'sinks'?); expected one of sinks")
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "r").exists()
+
+
+def test_help_teaches():
+    proc = subprocess.run([sys.executable, "-m", "kvsim", "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0
+    assert "validate" in proc.stdout and "examples" in proc.stdout
