@@ -108,16 +108,18 @@ def decode(attn, prompt_len, cache, n, score, seen, static_score, evict_rule, ri
 
         if update_rule == UPDATE_NONE:
             continue
-        inv = 1.0 / mass if mass > 0.0 else 0.0
         for j in range(n):
+            # p~ = p / mass, divided rather than multiplied by 1 / mass so that equal
+            # scores stay bit-equal with the plainly written reference.
+            observed = obs[j] / mass if mass > 0.0 else 0.0
             if update_rule == UPDATE_ADD_OBSERVED:
-                score[j] += obs[j] * inv
+                score[j] += observed
                 seen[j] += 1.0
             elif update_rule == UPDATE_ADD_FULL:
                 score[j] += obs[j]
                 seen[j] += 1.0
             else:
-                score[j] = obs[j] * inv
+                score[j] = observed
     return n
 
 

@@ -70,9 +70,9 @@ def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict
 def check_invariants(policy: Policy, budget: int, head: Head, trace: Trace) -> None:
     """Raise :class:`InvariantError` if the trace breaks a contract invariant."""
     name = policy.name
-    if policy.budgeted and (trace.cache_size > budget).any() or trace.kept.shape[0] > max(
-            budget if policy.budgeted else head.T, 0):
-        raise InvariantError(f"{name}: cache exceeded budget {budget}")
+    limit = budget if policy.budgeted else head.T
+    if (trace.cache_size > limit).any() or trace.kept.shape[0] > limit:
+        raise InvariantError(f"{name}: cache exceeded its limit of {limit} keys")
     if ((trace.mass < -MASS_TOL) | (trace.mass > 1 + MASS_TOL)).any():
         raise InvariantError(f"{name}: mass outside [0, 1]")
     if name == "full" and (np.abs(trace.mass - 1.0) > MASS_TOL).any():

@@ -4,8 +4,7 @@ A new policy is one module defining a :class:`~kvsim.policies.base.Policy` and o
 entry below.
 """
 
-from kvsim.policies import (full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova,
-                            window)
+from kvsim.policies import full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova, window
 from kvsim.policies.base import Head, Param, Policy, Trace
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
