@@ -10,7 +10,7 @@ from kvsim._numba import jit
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap
-EVICT_LOWEST = 1  # lowest-ranked key by score among positions < t - recent
+EVICT_LOWEST = 1  # lowest-ranked key by score among positions <= t - recent
 EVICT_SLOT = 2  # a slot drawn in advance (random policy)
 
 # Score-update rules (applied after query t has attended over the cache).
@@ -82,7 +82,8 @@ def decode(attn, prompt_len, cache, n, score, seen, static_score, evict_rule, ri
             elif evict_rule == EVICT_LOWEST:
                 for j in range(n):
                     ranking[j] = score[j] / seen[j] if normalize else score[j]
-                slot = _lowest_ranked_slot(cache, n, ranking, t - recent)
+                # The `recent` newest keys, token t included, are protected.
+                slot = _lowest_ranked_slot(cache, n, ranking, t - recent + 1)
             else:
                 slot = evict_slots[step]
         else:

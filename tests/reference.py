@@ -167,7 +167,7 @@ def policy_h2o(p, P, T, B, recent_ratio, normalize, accumulate):
     for t in range(P, T):
         if len(cache) == B:
             score = ranking_score()
-            candidates = [k for k in cache if k < t - r]
+            candidates = [k for k in cache if k <= t - r]  # the r newest include t
             cache.remove(lowest_ranked(candidates, score))
         cache.append(t)
         acc[t] = 0.0
@@ -195,7 +195,7 @@ def policy_h2o_offline(p, P, T, B, recent_ratio):
     steps = []
     for t in range(P, T):
         if len(cache) == B:
-            candidates = [k for k in cache if k < t - r]
+            candidates = [k for k in cache if k <= t - r]  # the r newest include t
             cache.remove(lowest_ranked(candidates, score))
         cache.append(t)
         steps.append(list(cache))

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from matrices import RECIPES, make_attention
 
 import kvsim
-from matrices import RECIPES, make_attention
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -168,6 +168,7 @@ EXTRA_ERROR_CASES = [
     pytest.param("h2o", 4, 5, {"recent_ratio": -0.1}, id="h2o-recent-ratio-negative"),
     pytest.param("h2o", 4, 5, {"accumulate": "sometimes"}, id="h2o-bad-accumulate"),
     pytest.param("snapkv", 8, 5, {"window": 4, "pooling": "median"}, id="snapkv-bad-pooling"),
+    pytest.param("snapkv", 8, 5, {"window": 4, "kernel": 4}, id="snapkv-even-kernel"),
     pytest.param("window", 4, 11, {}, id="prompt-longer-than-T"),
     pytest.param("window", 4, -1, {}, id="prompt-negative"),
 ]
@@ -178,3 +179,13 @@ EXTRA_ERROR_CASES = [
 def test_other_invalid_arguments_raise(policy, budget, prompt_len, params):
     with pytest.raises(kvsim.KvsimError):
         kvsim.simulate(_valid(), policy, budget, prompt_len, **params)
+
+
+@SETTINGS
+@given(sequences(), st.sampled_from([0.0, 0.25, 0.5, 0.75]))
+def test_offline_h2o_decode_keeps_the_prefill_selection(seq, ratio):
+    """With static scores, decoding from any P ends with the selection a prefill at T makes."""
+    A, T, P, B, _, _ = seq
+    at_end = kvsim.simulate(A, "h2o_offline", B, T, recent_ratio=ratio).kept
+    decoded = kvsim.simulate(A, "h2o_offline", B, P, recent_ratio=ratio).kept
+    assert np.array_equal(decoded, at_end)

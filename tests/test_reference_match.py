@@ -15,10 +15,10 @@ import warnings
 
 import numpy as np
 import pytest
-
-import kvsim
 from matrices import RECIPES, make_attention
 from reference import reference_simulate
+
+import kvsim
 
 # (policy, params, prompt must equal T). Each variant is exercised on every case family.
 VARIANTS = [
@@ -27,6 +27,7 @@ VARIANTS = [
     ("streaming_llm", {}),
     ("streaming_llm", {"sinks": 1}),
     ("streaming_llm", {"sinks": 2}),
+    ("streaming_llm", {"sinks": 0}),
     ("h2o", {}),
     ("h2o", {"recent_ratio": 0.0}),
     ("h2o", {"recent_ratio": 0.25, "normalize": True}),
