@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.policies import POLICIES, Head
+from kvsim.policies import POLICIES, Group
 from kvsim.scenario import Experiment, Scenario
-from kvsim.simulation import final_recall, get_policy, run_policy
+from kvsim.simulation import final_recall, get_policy, make_group, run_policy
 
 PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
 
@@ -22,6 +22,7 @@ class ExperimentSteps:
     mass: list = field(default_factory=list)
     cache_size: list = field(default_factory=list)
     recall: list = field(default_factory=list)
+    error: list = field(default_factory=list)
     kept: list = field(default_factory=list)
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -33,6 +34,7 @@ class ExperimentSteps:
         return {"mass": np.array(self.mass, np.float64).reshape(len(self.mass), -1),
                 "cache_size": np.array(self.cache_size, np.int64).reshape(len(self.mass), -1),
                 "recall": np.array(self.recall, np.float64).reshape(len(self.mass), -1),
+                "error": np.array(self.error, np.float64).reshape(len(self.mass), -1),
                 "kept": kept}
 
 
@@ -49,8 +51,8 @@ def random_seed(seed: int, head: int) -> int:
     return int(np.random.SeedSequence([seed, head]).generate_state(1, np.uint64)[0])
 
 
-def _summary(mass: np.ndarray, recall: np.ndarray, kept: np.ndarray, important: np.ndarray,
-             has_truth: bool, T: int) -> dict:
+def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.ndarray,
+             important: np.ndarray, has_truth: bool, T: int) -> dict:
     nan = float("nan")
     stats = {"mass_mean": nan, "mass_min": nan, "mass_p10": nan, "mass_median": nan,
              "kl_mean": nan}
@@ -64,6 +66,9 @@ def _summary(mass: np.ndarray, recall: np.ndarray, kept: np.ndarray, important: 
     defined = recall[~np.isnan(recall)]
     stats["recall_mean"] = float(defined.mean()) if has_truth and defined.size else nan
     stats["final_recall"] = final_recall(kept, important) if has_truth else nan
+    defined = error[~np.isnan(error)]
+    stats["error_mean"] = float(defined.mean()) if defined.size else nan
+    stats["error_max"] = float(defined.max()) if defined.size else nan
     return stats
 
 
@@ -81,34 +86,35 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True) -> ScenarioR
                desc=scenario.name)
     with bar:
         for seed in scenario.seeds:
-            fld = scenario.field(seed)
-            important = np.zeros(fld.T, bool)
-            if fld.important is not None:
-                important[fld.important] = True
-            for h in range(scenario.heads):
+            sequence = scenario.field(seed)
+            passes: dict = {}
+            for kv in range(scenario.kv_heads):
                 for exp in scenario.experiments:
-                    head = Head(fld.probs[h], exp.prompt_len, important, random_seed(seed, h))
-                    _run_experiment(scenario, exp, head, seed, h, rows, steps[exp.name])
-                    bar.update(len(exp.policies) * len(exp.budgets))
+                    group = make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
+                                       scenario.gqa_mode, random_seed(seed, kv))
+                    _run_experiment(scenario, exp, group, seed, kv, rows, steps[exp.name], bar)
     return ScenarioResults(rows, steps)
 
 
-def _run_experiment(scenario: Scenario, exp: Experiment, head: Head, seed: int, h: int,
-                    rows: list[dict], steps: ExperimentSteps) -> None:
+def _run_experiment(scenario: Scenario, exp: Experiment, group: Group, seed: int, kv: int,
+                    rows: list[dict], steps: ExperimentSteps, bar: tqdm) -> None:
     for config in exp.policies:
         policy = get_policy(config.kind)
         for budget, spec in zip(exp.budgets, exp.budget_specs):
-            trace = run_policy(policy, head, budget, config.params)
-            row = {"experiment": exp.name, "unit": len(steps.mass), "policy": config.label,
-                   "kind": config.kind, "budget": budget,
-                   "budget_spec": spec, "seed": seed, "head": h, "T": head.T,
-                   "prompt_len": head.prompt_len, "steps": head.T - head.prompt_len}
-            row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
-            row.update(_summary(trace.mass, trace.recall, trace.kept, head.important,
-                                scenario.has_truth, head.T))
-            rows.append(row)
-            steps.mass.append(trace.mass)
-            steps.cache_size.append(trace.cache_size)
-            steps.recall.append(trace.recall if scenario.has_truth
-                                else np.full(trace.mass.shape, math.nan))
-            steps.kept.append(trace.kept)
+            trace = run_policy(policy, group, budget, config.params)
+            for g, h in enumerate(group.heads):
+                row = {"experiment": exp.name, "unit": len(steps.mass), "policy": config.label,
+                       "kind": config.kind, "budget": budget, "budget_spec": spec,
+                       "seed": seed, "head": int(h), "kv_head": kv, "T": group.T,
+                       "prompt_len": group.prompt_len, "steps": group.T - group.prompt_len}
+                row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
+                row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept,
+                                    group.important[g], scenario.has_truth, group.T))
+                rows.append(row)
+                steps.mass.append(trace.mass[g])
+                steps.cache_size.append(trace.cache_size)
+                steps.recall.append(trace.recall[g] if scenario.has_truth
+                                    else np.full(trace.mass.shape[1], math.nan))
+                steps.error.append(trace.error[g])
+                steps.kept.append(trace.kept)
+            bar.update(len(group.heads))

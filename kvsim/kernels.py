@@ -1,12 +1,14 @@
-"""Shared Numba kernels: ranking, column sums, and the token-by-token decode loop.
+"""Shared Numba kernels: ranking, row sums, and the token-by-token decode loop.
 
 Every policy is a prefill selection plus one eviction rule and one score-update rule
-from this module; the decode loop runs them with preallocated, fixed-size state.
+from this module; the decode loop runs them with preallocated, fixed-size state for
+one KV head and the query heads that share it.
 """
 
 import numpy as np
 
 from kvsim._numba import jit
+from kvsim.field import prob
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap
@@ -19,14 +21,30 @@ UPDATE_ADD_OBSERVED = 1  # score += p~(t, k), seen += 1
 UPDATE_ADD_FULL = 2  # score += p(t, k), seen += 1
 UPDATE_SET_OBSERVED = 3  # score = p~(t, k)
 
+# How the query heads of a GQA group combine their scores.
+GQA_MEAN, GQA_MAX, GQA_SUM = 0, 1, 2
+GQA_MODES = {"mean": GQA_MEAN, "max": GQA_MAX, "sum": GQA_SUM}
+
 
 @jit
-def column_sums(attn, lo, hi):
-    """Sum of attention rows ``lo .. hi-1`` (float64), one value per key."""
-    out = np.zeros(attn.shape[1])
+def combine(values, mode):
+    """Combine one value per query head of a group (mean, max or sum, in head order)."""
+    acc = values[0]
+    for g in range(1, values.shape[0]):
+        if mode == GQA_MAX:
+            acc = max(acc, values[g])
+        else:
+            acc += values[g]
+    return acc / values.shape[0] if mode == GQA_MEAN else acc
+
+
+@jit
+def row_sums(f, row_max, row_sum, h, lo, hi):
+    """Sum over queries ``lo .. hi-1`` of head ``h``'s attention rows, one value per key."""
+    out = np.zeros(f.key_bias.shape[1])
     for q in range(lo, hi):
         for k in range(q + 1):
-            out[k] += attn[q, k]
+            out[k] += prob(f, row_max, row_sum, h, q, k)
     return out
 
 
@@ -58,22 +76,60 @@ def _lowest_ranked_slot(cache, n, value, limit):
 
 
 @jit
-def decode(attn, prompt_len, cache, n, score, seen, static_score, evict_rule, ring,
-           recent, normalize, update_rule, evict_slots, important,
-           out_mass, out_size, out_recall):
-    """Simulate decode steps ``prompt_len .. T-1`` and fill the per-step outputs.
+def _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
+             step, obs, mass, approx, out_mass, out_recall, out_error):
+    """Query ``t`` of every head of the group attends over the cache; record the metrics."""
+    kv = heads[0] // f.group
+    dv = full_output.shape[2]
+    for g in range(heads.shape[0]):
+        m = 0.0
+        hits = 0
+        for j in range(n):
+            v = prob(f, row_max, row_sum, heads[g], t, cache[j])
+            obs[g, j] = v
+            m += v
+            if important[g, cache[j]]:
+                hits += 1
+        mass[g] = m
+        out_mass[g, step] = m
+        out_recall[g, step] = hits / n_important[g] if n_important[g] > 0 else np.nan
+        if dv > 0:
+            approx[:] = 0.0
+            for j in range(n):
+                w = obs[g, j] / m if m > 0.0 else 0.0
+                for i in range(dv):
+                    approx[i] += w * f.values[kv, cache[j], i]
+            diff = 0.0
+            norm = 0.0
+            for i in range(dv):
+                diff += (approx[i] - full_output[g, step, i]) ** 2
+                norm += full_output[g, step, i] ** 2
+            out_error[g, step] = np.sqrt(diff / norm) if norm > 0.0 else 0.0
+
+
+@jit
+def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static_score,
+           evict_rule, ring, recent, normalize, update_rule, gqa, evict_slots, important,
+           full_output, out_mass, out_size, out_recall, out_error):
+    """Simulate decode steps ``prompt_len .. T-1`` for one KV head; fill the outputs.
 
     ``cache``/``score``/``seen`` hold the prefill state in slots ``0 .. n-1`` and have
-    one slot per budgeted key; the function returns the final number of cached keys.
+    one slot per budgeted key; ``heads`` are the query heads sharing this cache. Returns
+    the final number of cached keys.
     """
     budget = cache.shape[0]
-    T = attn.shape[0]
-    obs = np.empty(budget)
+    T = f.key_bias.shape[1]
+    G = heads.shape[0]
+    obs = np.empty((G, budget))
+    mass = np.empty(G)
+    per_head = np.empty(G)
+    approx = np.empty(full_output.shape[2])
     ranking = np.empty(budget)
-    n_important = 0
-    for k in range(prompt_len):
-        if important[k]:
-            n_important += 1
+    n_important = np.zeros(G, np.int64)
+    for g in range(G):
+        for k in range(prompt_len):
+            if important[g, k]:
+                n_important[g] += 1
     for t in range(prompt_len, T):
         step = t - prompt_len
         if n == budget:
@@ -92,60 +148,95 @@ def decode(attn, prompt_len, cache, n, score, seen, static_score, evict_rule, ri
         cache[slot] = t
         score[slot] = static_score[t]
         seen[slot] = 0.0
-        if important[t]:
-            n_important += 1
-
-        mass = 0.0
-        hits = 0
-        for j in range(n):
-            v = attn[t, cache[j]]
-            obs[j] = v
-            mass += v
-            if important[cache[j]]:
-                hits += 1
-        out_mass[step] = mass
+        for g in range(G):
+            if important[g, t]:
+                n_important[g] += 1
         out_size[step] = n
-        out_recall[step] = hits / n_important if n_important > 0 else np.nan
+        _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
+                 step, obs, mass, approx, out_mass, out_recall, out_error)
 
         if update_rule == UPDATE_NONE:
             continue
         for j in range(n):
-            # p~ = p / mass, divided rather than multiplied by 1 / mass so that equal
-            # scores stay bit-equal with the plainly written reference.
-            observed = obs[j] / mass if mass > 0.0 else 0.0
-            if update_rule == UPDATE_ADD_OBSERVED:
-                score[j] += observed
-                seen[j] += 1.0
-            elif update_rule == UPDATE_ADD_FULL:
-                score[j] += obs[j]
-                seen[j] += 1.0
+            for g in range(G):
+                if update_rule == UPDATE_ADD_FULL:
+                    per_head[g] = obs[g, j]
+                else:
+                    # p~ = p / mass, divided rather than multiplied by 1 / mass so that
+                    # equal scores stay bit-equal with the plainly written reference.
+                    per_head[g] = obs[g, j] / mass[g] if mass[g] > 0.0 else 0.0
+            value = combine(per_head, gqa)
+            if update_rule == UPDATE_SET_OBSERVED:
+                score[j] = value
             else:
-                score[j] = observed
+                score[j] += value
+                seen[j] += 1.0
     return n
 
 
 @jit
-def oracle(attn, prompt_len, budget, important, out_mass, out_size, out_recall):
-    """Per step, cache the ``budget`` best-ranked keys of the full row; return the last set."""
-    T = attn.shape[0]
-    n_important = 0
-    for k in range(prompt_len):
-        if important[k]:
-            n_important += 1
-    kept = top_ranked(attn[prompt_len - 1], 0, prompt_len, budget) if prompt_len > 0 \
-        else np.empty(0, np.int64)
-    for t in range(prompt_len, T):
+def _top_ranked_linear(scores, n, k, out):
+    """Like :func:`top_ranked` over ``[0, n)`` in O(n): fills ``out[:k]`` ascending."""
+    if k >= n:
+        for j in range(n):
+            out[j] = j
+        return n
+    threshold = np.partition(-scores[:n], k - 1)[k - 1]  # minus the k-th largest score
+    count = 0
+    for j in range(n):
+        if -scores[j] < threshold:
+            count += 1
+    ties = k - count  # equal-to-threshold keys to take, lowest positions first
+    filled = 0
+    for j in range(n):
+        if -scores[j] < threshold:
+            out[filled] = j
+            filled += 1
+        elif -scores[j] == threshold and ties > 0:
+            out[filled] = j
+            filled += 1
+            ties -= 1
+    return filled
+
+
+@jit
+def oracle(f, row_max, row_sum, heads, prompt_len, budget, gqa, important, full_output,
+           out_mass, out_size, out_recall, out_error):
+    """Per step, cache the ``budget`` best-ranked keys of the group's combined full row.
+
+    Returns the last cached set (the prefill selection when there are no decode steps).
+    """
+    T = f.key_bias.shape[1]
+    G = heads.shape[0]
+    rows = np.empty((G, T))
+    combined = np.empty(T)
+    per_head = np.empty(G)
+    cache = np.empty(min(budget, T), np.int64)
+    obs = np.empty((G, cache.shape[0]))
+    mass = np.empty(G)
+    approx = np.empty(full_output.shape[2])
+    n_important = np.zeros(G, np.int64)
+    for g in range(G):
+        for k in range(prompt_len):
+            if important[g, k]:
+                n_important[g] += 1
+    n = 0
+    for t in range(max(prompt_len - 1, 0), T):
+        for g in range(G):
+            for k in range(t + 1):
+                rows[g, k] = prob(f, row_max, row_sum, heads[g], t, k)
+        for k in range(t + 1):
+            for g in range(G):
+                per_head[g] = rows[g, k]
+            combined[k] = combine(per_head, gqa)
+        n = _top_ranked_linear(combined, t + 1, budget, cache)
+        if t < prompt_len:
+            continue  # the prefill selection, by the last prompt query
         step = t - prompt_len
-        if important[t]:
-            n_important += 1
-        kept = top_ranked(attn[t], 0, t + 1, budget)
-        mass = 0.0
-        hits = 0
-        for j in range(kept.shape[0]):
-            mass += attn[t, kept[j]]
-            if important[kept[j]]:
-                hits += 1
-        out_mass[step] = mass
-        out_size[step] = kept.shape[0]
-        out_recall[step] = hits / n_important if n_important > 0 else np.nan
-    return kept
+        for g in range(G):
+            if important[g, t]:
+                n_important[g] += 1
+        out_size[step] = n
+        _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
+                 step, obs, mass, approx, out_mass, out_recall, out_error)
+    return cache[:n].copy()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvsim.attention.sources import SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
+from kvsim.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies import POLICIES
 from kvsim.simulation import budget_problem, did_you_mean, get_policy, resolve_params
@@ -57,10 +58,17 @@ class Scenario:
     attention: dict
     T: int
     heads: int
+    kv_heads: int
+    gqa: str
     has_truth: bool
     experiments: tuple[Experiment, ...]
     formats: tuple[str, ...]
     dpi: int
+
+    @property
+    def gqa_mode(self) -> int:
+        """The ``gqa`` combination as a kernel constant."""
+        return GQA_MODES[self.gqa]
 
     def field(self, seed: int) -> Field:
         """Build the attention of sequence ``seed``."""
@@ -295,5 +303,5 @@ def load_scenario(path: str | Path) -> Scenario:
     if chk.problems:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
-                    T, heads, has_truth, tuple(experiments), tuple(formats), dpi)
+                    T, heads, heads, "mean", has_truth, tuple(experiments), tuple(formats), dpi)
 

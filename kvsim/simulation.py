@@ -9,7 +9,10 @@ import numpy as np
 
 from kvsim.attention.dense import probabilities
 from kvsim.errors import InvariantError, KvsimError
-from kvsim.policies import POLICIES, Head, Policy, Trace
+from kvsim.field import FieldData, dense_field
+from kvsim.fullpass import full_pass
+from kvsim.kernels import GQA_MEAN
+from kvsim.policies import POLICIES, Group, Policy, Trace
 
 MASS_TOL = 1e-9
 
@@ -67,10 +70,10 @@ def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict
         raise KvsimError(f"{policy.name}.{problem}")
 
 
-def check_invariants(policy: Policy, budget: int, head: Head, trace: Trace) -> None:
+def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) -> None:
     """Raise :class:`InvariantError` if the trace breaks a contract invariant."""
     name = policy.name
-    limit = budget if policy.budgeted else head.T
+    limit = budget if policy.budgeted else group.T
     if (trace.cache_size > limit).any() or trace.kept.shape[0] > limit:
         raise InvariantError(f"{name}: cache exceeded its limit of {limit} keys")
     if ((trace.mass < -MASS_TOL) | (trace.mass > 1 + MASS_TOL)).any():
@@ -79,11 +82,25 @@ def check_invariants(policy: Policy, budget: int, head: Head, trace: Trace) -> N
         raise InvariantError("full: mass differs from 1")
 
 
-def run_policy(policy: Policy, head: Head, budget: int, params: dict) -> Trace:
-    """Run a checked policy on ``head`` and assert the invariants."""
-    trace = policy.run(head, int(budget), params)
-    check_invariants(policy, budget, head, trace)
+def run_policy(policy: Policy, group: Group, budget: int, params: dict) -> Trace:
+    """Run a checked policy on one KV head's ``group`` and assert the invariants."""
+    trace = policy.run(group, int(budget), params)
+    check_invariants(policy, budget, group, trace)
     return trace
+
+
+def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.ndarray,
+               passes: dict, gqa: int = GQA_MEAN, seed: int = 0) -> Group:
+    """The :class:`Group` of KV head ``kv_head``; full passes are memoised in ``passes``.
+
+    ``important`` is an (H, T) mask; ``passes`` maps (head, prompt_len) to a full pass.
+    """
+    heads = np.arange(kv_head * field.group, (kv_head + 1) * field.group, dtype=np.int64)
+    for h in heads:
+        if (h, prompt_len) not in passes:
+            passes[h, prompt_len] = full_pass(field, int(h), prompt_len)
+    return Group(field, heads, prompt_len, tuple(passes[h, prompt_len] for h in heads),
+                 np.ascontiguousarray(important[heads]), gqa, seed)
 
 
 def important_mask(important, T: int) -> np.ndarray:
@@ -156,10 +173,11 @@ def simulate(attention: np.ndarray, policy: str, budget: int, prompt_len: int, *
     T = attn.shape[0]
     check_run(spec, budget, T, prompt_len, resolved)
     mask = important_mask(important, T)
-    head = Head(attn, int(prompt_len), mask, int(seed))
-    trace = run_policy(spec, head, int(budget), resolved)
+    group = make_group(dense_field(attn[None]), 0, int(prompt_len), mask[None], {},
+                       seed=int(seed))
+    trace = run_policy(spec, group, int(budget), resolved)
     has_truth = important is not None
     return SimulationResult(
-        policy, int(budget), int(prompt_len), resolved, trace.mass, trace.cache_size,
-        trace.kept, trace.recall if has_truth else None,
+        policy, int(budget), int(prompt_len), resolved, trace.mass[0], trace.cache_size,
+        trace.kept, trace.recall[0] if has_truth else None,
         final_recall(trace.kept, mask) if has_truth else None)

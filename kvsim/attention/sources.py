@@ -16,19 +16,39 @@ import numpy as np
 from kvsim.attention.dense import probabilities, softmax_logits
 from kvsim.attention.seed_notebook import planted_matrix
 from kvsim.errors import KvsimError
+from kvsim.field import FieldData, dense_field
 from kvsim.params import Param
 
 
 @dataclass(frozen=True)
 class Field:
-    """Attention of one sequence: ``probs`` (heads, T, T) float64, ``important`` or None."""
+    """Attention of one sequence: the field's arrays and ground truth per query head.
 
-    probs: np.ndarray
+    ``important`` is an (H, T) boolean mask, or None where the source has no ground truth.
+    """
+
+    data: FieldData
     important: np.ndarray | None
 
     @property
     def T(self) -> int:
-        return self.probs.shape[-1]
+        return self.data.T
+
+    @property
+    def mask(self) -> np.ndarray:
+        """(H, T) ground-truth mask, all False without ground truth."""
+        if self.important is None:
+            return np.zeros((self.data.heads, self.T), bool)
+        return self.important
+
+
+def positions_mask(positions: np.ndarray | None, heads: int, T: int) -> np.ndarray | None:
+    """(heads, T) mask with the same important positions for every head."""
+    if positions is None:
+        return None
+    mask = np.zeros((heads, T), bool)
+    mask[:, positions] = True
+    return mask
 
 
 @dataclass(frozen=True)
@@ -57,7 +77,7 @@ def _notebook_describe(params: dict, base: Path) -> tuple[int, int, bool]:
 def _notebook_build(params: dict, seed: int, base: Path) -> Field:
     A, important = planted_matrix(params["T"], params["important"], params["boost"],
                                   params["noise"], seed)
-    return Field(probabilities(A)[None], important)
+    return Field(dense_field(probabilities(A)[None]), positions_mask(important, 1, T=A.shape[0]))
 
 
 SEED_NOTEBOOK = Source(
@@ -110,13 +130,13 @@ def _matrix_build(params: dict, seed: int, base: Path) -> Field:
     if important is not None and important.size and (important.min() < 0 or important.max() >= T):
         raise KvsimError(f"important: expected positions in [0, {T}), "
                          f"got {important.min()}..{important.max()}")
-    return Field(probs, important)
+    return Field(dense_field(probs), positions_mask(important, probs.shape[0], T))
 
 
 def _matrix_describe(params: dict, base: Path) -> tuple[int, int, bool]:
     # Validation checks the whole matrix, so bad data never reaches a run.
     field = _matrix_build(params, 0, base)
-    return field.T, field.probs.shape[0], field.important is not None
+    return field.T, field.data.heads, field.important is not None
 
 
 MATRIX = Source(

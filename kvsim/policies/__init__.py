@@ -5,7 +5,7 @@ entry below.
 """
 
 from kvsim.policies import full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova, window
-from kvsim.policies.base import Head, Param, Policy, Trace
+from kvsim.policies.base import Group, Param, Policy, Trace
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     full.POLICY,
@@ -19,4 +19,4 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     oracle.POLICY,
 )}
 
-__all__ = ["POLICIES", "Head", "Param", "Policy", "Trace"]
+__all__ = ["POLICIES", "Group", "Param", "Policy", "Trace"]

@@ -1,4 +1,4 @@
-"""What a policy is: its parameters, its budget floor, and how it runs on one head."""
+"""What a policy is: its parameters, its budget floor, and how it runs on one KV head."""
 
 from __future__ import annotations
 
@@ -8,42 +8,89 @@ from typing import Callable
 import numpy as np
 
 from kvsim import kernels
+from kvsim.field import FieldData
+from kvsim.fullpass import FullPass
 from kvsim.params import Param
 
 
 @dataclass(frozen=True)
-class Head:
-    """Everything a policy may read about one attention head of one sequence.
+class Group:
+    """Everything a policy may read about one KV head and the query heads sharing it.
 
-    ``attn`` is the float64 (T, T) row-normalised causal attention; ``important`` a
-    boolean mask of ground-truth positions (all False when there are none).
+    ``passes`` holds the full pass of each query head in ``heads``; ``important`` is a
+    (G, T) boolean mask of ground-truth positions per query head.
     """
 
-    attn: np.ndarray
+    field: FieldData
+    heads: np.ndarray
     prompt_len: int
+    passes: tuple[FullPass, ...]
     important: np.ndarray
+    gqa: int = kernels.GQA_MEAN
     seed: int = 0
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def T(self) -> int:
-        return self.attn.shape[0]
+        return self.field.T
 
-    def column_sums(self, lo: int, hi: int) -> np.ndarray:
-        """Column sums of rows ``lo .. hi-1``, computed once per head and range."""
-        key = (lo, hi)
+    @property
+    def row_max(self) -> np.ndarray:
+        """(H, T) row maxima, filled for this group's heads."""
+        return self._stats()[0]
+
+    @property
+    def row_sum(self) -> np.ndarray:
+        return self._stats()[1]
+
+    @property
+    def full_output(self) -> np.ndarray:
+        """(G, steps, dv) full-attention outputs ``o(t)``."""
+        return np.stack([p.full_output for p in self.passes])
+
+    def _stats(self) -> tuple[np.ndarray, np.ndarray]:
+        if "stats" not in self._cache:
+            row_max = np.zeros((self.field.heads, self.T))
+            row_sum = np.ones((self.field.heads, self.T))
+            for h, p in zip(self.heads, self.passes):
+                row_max[h], row_sum[h] = p.row_max, p.row_sum
+            self._cache["stats"] = (row_max, row_sum)
+        return self._cache["stats"]
+
+    def combine(self, per_head: list[np.ndarray]) -> np.ndarray:
+        """Combine one score array per query head into the group's (mean, max or sum)."""
+        stacked = np.stack(per_head)
+        out = stacked[0].copy()
+        for row in stacked[1:]:
+            out = np.maximum(out, row) if self.gqa == kernels.GQA_MAX else out + row
+        return out / len(per_head) if self.gqa == kernels.GQA_MEAN else out
+
+    def prompt_scores(self) -> np.ndarray:
+        """Column sums of the prompt rows, combined over the group."""
+        return self.combine([p.prompt_colsum for p in self.passes])
+
+    def global_scores(self) -> np.ndarray:
+        """Column sums of all rows (future queries included), combined over the group."""
+        return self.combine([p.prompt_colsum + p.decode_colsum for p in self.passes])
+
+    def row_scores(self, lo: int, hi: int) -> np.ndarray:
+        """Attention summed over queries ``lo .. hi-1``, combined over the group."""
+        key = ("rows", lo, hi)
         if key not in self._cache:
-            self._cache[key] = kernels.column_sums(self.attn, lo, hi)
+            self._cache[key] = self.combine([
+                kernels.row_sums(self.field, self.row_max, self.row_sum, h, lo, hi)
+                for h in self.heads])
         return self._cache[key]
 
 
 @dataclass
 class Trace:
-    """Per-step series and final cache of one simulation."""
+    """Per-step series (one row per query head of the group) and final cache."""
 
-    mass: np.ndarray
-    cache_size: np.ndarray
-    recall: np.ndarray
+    mass: np.ndarray        # (G, steps)
+    cache_size: np.ndarray  # (steps,)
+    recall: np.ndarray      # (G, steps)
+    error: np.ndarray       # (G, steps): relative output error, NaN without values
     kept: np.ndarray
 
 
@@ -53,27 +100,27 @@ class Policy:
 
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
     ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None;
-    ``run(head, budget, params)`` returns a :class:`Trace`.
+    ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`.
     """
 
     name: str
     summary: str
     params: dict[str, Param]
-    run: Callable[[Head, int, dict], Trace]
+    run: Callable[[Group, int, dict], Trace]
     min_budget: Callable[[dict], int] = lambda params: 1
     check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
 
 
-def new_trace(head: Head) -> Trace:
-    """Empty per-step outputs for the decode steps of ``head``."""
-    steps = head.T - head.prompt_len
-    return Trace(np.zeros(steps), np.zeros(steps, np.int64), np.zeros(steps),
+def new_trace(group: Group) -> Trace:
+    """Empty per-step outputs for the decode steps of ``group``."""
+    G, steps = len(group.heads), group.T - group.prompt_len
+    error = np.zeros((G, steps)) if group.field.has_values else np.full((G, steps), np.nan)
+    return Trace(np.zeros((G, steps)), np.zeros(steps, np.int64), np.zeros((G, steps)), error,
                  np.empty(0, np.int64))
 
 
-def run_decode(head: Head, capacity: int, kept: np.ndarray, *, score=None, seen=None,
+def run_decode(group: Group, capacity: int, kept: np.ndarray, *, score=None, seen=None,
                static_score=None, evict_rule: int = kernels.EVICT_RING, ring=(0, 0, 1),
                recent: int = 0, normalize: bool = False,
                update_rule: int = kernels.UPDATE_NONE, evict_slots=None) -> Trace:
@@ -91,12 +138,14 @@ def run_decode(head: Head, capacity: int, kept: np.ndarray, *, score=None, seen=
         state[:n] = score
     if seen is not None:
         counts[:n] = seen
-    trace = new_trace(head)
+    trace = new_trace(group)
+    steps = group.T - group.prompt_len
     n = kernels.decode(
-        head.attn, head.prompt_len, cache, n, state, counts,
-        np.zeros(head.T) if static_score is None else static_score,
-        evict_rule, np.asarray(ring, np.int64), recent, normalize, update_rule,
-        np.zeros(head.T - head.prompt_len, np.int64) if evict_slots is None else evict_slots,
-        head.important, trace.mass, trace.cache_size, trace.recall)
+        group.field, group.row_max, group.row_sum, group.heads, group.prompt_len, cache, n,
+        state, counts, np.zeros(group.T) if static_score is None else static_score,
+        evict_rule, np.asarray(ring, np.int64), recent, normalize, update_rule, group.gqa,
+        np.zeros(steps, np.int64) if evict_slots is None else evict_slots,
+        group.important, group.full_output, trace.mass, trace.cache_size, trace.recall,
+        trace.error)
     trace.kept = np.sort(cache[:n])
     return trace

@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from kvsim.policies.base import Head, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Policy, Trace, run_decode
 
 
-def _run(head: Head, budget: int, params: dict) -> Trace:
+def _run(group: Group, budget: int, params: dict) -> Trace:
     # A capacity of T is never reached before the last step, so nothing is evicted.
-    return run_decode(head, head.T, np.arange(head.prompt_len))
+    return run_decode(group, group.T, np.arange(group.prompt_len))
 
 
 POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, _run,

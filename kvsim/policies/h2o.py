@@ -7,7 +7,7 @@ heavy hitters, the keys with the largest accumulated attention.
 import numpy as np
 
 from kvsim import kernels
-from kvsim.policies.base import Head, Param, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
 
 RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",
                      check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)")
@@ -25,32 +25,32 @@ def recent_count(budget: int, params: dict) -> int:
     return int(params["recent_ratio"] * budget)
 
 
-def _prefill(head: Head, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
-    P = head.prompt_len
+def _prefill(group: Group, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
+    P = group.prompt_len
     if P <= budget:
         return np.arange(P)
     heavy = kernels.top_ranked(ranking, 0, P - recent, budget - recent)
     return np.concatenate((heavy, np.arange(P - recent, P)))
 
 
-def _run_online(head: Head, budget: int, params: dict) -> Trace:
-    P, recent = head.prompt_len, recent_count(budget, params)
-    score = head.column_sums(0, P)[:P]
+def _run_online(group: Group, budget: int, params: dict) -> Trace:
+    P, recent = group.prompt_len, recent_count(budget, params)
+    score = group.prompt_scores()[:P]
     seen = (P - np.arange(P)).astype(np.float64)
     ranking = score / seen if params["normalize"] else score
-    kept = _prefill(head, budget, recent, ranking)
+    kept = _prefill(group, budget, recent, ranking)
     update = (kernels.UPDATE_ADD_OBSERVED if params["accumulate"] == "observed"
               else kernels.UPDATE_ADD_FULL)
-    return run_decode(head, budget, kept, score=score[kept], seen=seen[kept],
+    return run_decode(group, budget, kept, score=score[kept], seen=seen[kept],
                       evict_rule=kernels.EVICT_LOWEST, recent=recent,
                       normalize=params["normalize"], update_rule=update)
 
 
-def _run_offline(head: Head, budget: int, params: dict) -> Trace:
+def _run_offline(group: Group, budget: int, params: dict) -> Trace:
     recent = recent_count(budget, params)
-    score = head.column_sums(0, head.T)
-    kept = _prefill(head, budget, recent, score)
-    return run_decode(head, budget, kept, score=score[kept], static_score=score,
+    score = group.global_scores()
+    kept = _prefill(group, budget, recent, score)
+    return run_decode(group, budget, kept, score=score[kept], static_score=score,
                       evict_rule=kernels.EVICT_LOWEST, recent=recent)
 
 

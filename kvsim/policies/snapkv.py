@@ -4,7 +4,7 @@ import numpy as np
 
 from kvsim import kernels
 from kvsim._numba import jit
-from kvsim.policies.base import Head, Param, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
 
 POOLING = ("max", "avg", "none")
 
@@ -43,19 +43,19 @@ def pool(votes, kernel, mode):
     return out
 
 
-def _run(head: Head, budget: int, params: dict) -> Trace:
-    P = head.prompt_len
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    P = group.prompt_len
     w = min(params["window"], P)
-    votes = head.column_sums(P - w, P)
+    votes = group.row_scores(P - w, P)
     mode = POOLING.index(params["pooling"])
     if not params["protect_window"]:
         kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
-        return run_decode(head, budget, kept)
+        return run_decode(group, budget, kept)
     prefix = P - w
     n_pinned = min(prefix, budget - w)
     pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
-    return run_decode(head, budget, kept, evict_rule=kernels.EVICT_RING,
+    return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
                       ring=(n_pinned, prefix, budget - n_pinned))
 
 

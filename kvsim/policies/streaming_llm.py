@@ -3,7 +3,7 @@
 import numpy as np
 
 from kvsim import kernels
-from kvsim.policies.base import Head, Param, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
 
 PARAMS = {
     "sinks": Param(int, 4, "number of first tokens always kept", check=lambda v: v >= 0,
@@ -11,12 +11,12 @@ PARAMS = {
 }
 
 
-def _run(head: Head, budget: int, params: dict) -> Trace:
-    P, sinks = head.prompt_len, params["sinks"]
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    P, sinks = group.prompt_len, params["sinks"]
     width = budget - sinks
     start = max(sinks, P - width)  # oldest position in the ring
     kept = np.concatenate((np.arange(min(sinks, P)), np.arange(start, P)))
-    return run_decode(head, budget, kept, evict_rule=kernels.EVICT_RING,
+    return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
                       ring=(sinks, start, width))
 
 

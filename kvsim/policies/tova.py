@@ -3,14 +3,14 @@
 import numpy as np
 
 from kvsim import kernels
-from kvsim.policies.base import Head, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Policy, Trace, run_decode
 
 
-def _run(head: Head, budget: int, params: dict) -> Trace:
-    P = head.prompt_len
-    last = head.attn[P - 1] if P > 0 else np.zeros(head.T)
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    P = group.prompt_len
+    last = group.row_scores(P - 1, P) if P > 0 else np.zeros(group.T)
     kept = kernels.top_ranked(last, 0, P, budget)
-    return run_decode(head, budget, kept, score=last[kept], evict_rule=kernels.EVICT_LOWEST,
+    return run_decode(group, budget, kept, score=last[kept], evict_rule=kernels.EVICT_LOWEST,
                       update_rule=kernels.UPDATE_SET_OBSERVED)
 
 

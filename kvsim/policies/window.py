@@ -3,13 +3,13 @@
 import numpy as np
 
 from kvsim import kernels
-from kvsim.policies.base import Head, Policy, Trace, run_decode
+from kvsim.policies.base import Group, Policy, Trace, run_decode
 
 
-def _run(head: Head, budget: int, params: dict) -> Trace:
-    P = head.prompt_len
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    P = group.prompt_len
     start = max(0, P - budget)
-    return run_decode(head, budget, np.arange(start, P),
+    return run_decode(group, budget, np.arange(start, P),
                       evict_rule=kernels.EVICT_RING, ring=(0, start, budget))
 
 

@@ -1,0 +1,134 @@
+"""An attention field as Numba-ready arrays, and the exact logit and probability of one entry.
+
+A field holds, for ``H`` query heads over ``T`` positions, either dense probabilities
+or the components that define a logit ``l(h, q, k)`` on the fly (O(T) memory per
+head, O(T d) for query/key vectors). Every probability kvsim uses is
+``exp(l - row_max[h, q]) / row_sum[h, q]`` with the row statistics of the full pass,
+so one formula serves the full pass, the policies and the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim._numba import jit
+
+NOISE_NONE, NOISE_GAUSSIAN, NOISE_GUMBEL = 0, 1, 2
+NOISE_KINDS = {"gaussian": NOISE_GAUSSIAN, "gumbel": NOISE_GUMBEL}
+
+
+class FieldData(NamedTuple):
+    """Arrays defining the attention of ``H`` query heads (shapes in comments)."""
+
+    probs: np.ndarray           # (H, T, T) float64 dense probabilities, or (H, 0, 0)
+    key_bias: np.ndarray        # (H, T) float64: sinks, heavy hitters (key-only terms)
+    distance: np.ndarray        # (H, T) float64: recency term by distance q - k
+    boost_head: np.ndarray      # (nb,) int64: query head of each boost
+    boost_rows: np.ndarray      # (nb, 2) int64: query range [lo, hi)
+    boost_keys: np.ndarray      # (nb, T) bool: boosted keys
+    boost_strength: np.ndarray  # (nb,) float64
+    noise_kind: np.ndarray      # (H,) int64
+    noise_scale: np.ndarray     # (H,) float64
+    noise_key: np.ndarray       # (H,) uint64: counter-hash key of (seed, head)
+    queries: np.ndarray         # (H, T, d) float32, or (H, 0, 0)
+    keys: np.ndarray            # (H_kv, T, d) float32, or (H_kv, 0, 0)
+    values: np.ndarray          # (H_kv, T, dv) float32, or (H_kv, 0, 0)
+    qk_scale: np.ndarray        # (H,) float64: multiplies q.k (0: no qk term)
+    group: int                  # query heads per KV head
+
+    @property
+    def heads(self) -> int:
+        return self.key_bias.shape[0]
+
+    @property
+    def T(self) -> int:
+        return self.key_bias.shape[1]
+
+    @property
+    def is_dense(self) -> bool:
+        return self.probs.shape[1] > 0
+
+    @property
+    def has_values(self) -> bool:
+        return self.values.shape[1] > 0
+
+
+def empty_field(heads: int, T: int, kv_heads: int | None = None) -> dict:
+    """Keyword arguments of a :class:`FieldData` with every component off."""
+    kv_heads = heads if kv_heads is None else kv_heads
+    return dict(
+        probs=np.zeros((heads, 0, 0)), key_bias=np.zeros((heads, T)),
+        distance=np.zeros((heads, T)), boost_head=np.zeros(0, np.int64),
+        boost_rows=np.zeros((0, 2), np.int64), boost_keys=np.zeros((0, T), bool),
+        boost_strength=np.zeros(0), noise_kind=np.zeros(heads, np.int64),
+        noise_scale=np.zeros(heads), noise_key=np.zeros(heads, np.uint64),
+        queries=np.zeros((heads, 0, 0), np.float32), keys=np.zeros((kv_heads, 0, 0), np.float32),
+        values=np.zeros((kv_heads, 0, 0), np.float32), qk_scale=np.zeros(heads),
+        group=heads // kv_heads)
+
+
+def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:
+    """A field over checked float64 probabilities of shape (H, T, T)."""
+    fields = empty_field(probs.shape[0], probs.shape[1], kv_heads)
+    fields["probs"] = np.ascontiguousarray(probs, dtype=np.float64)
+    return FieldData(**fields)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_TWO_53 = 1.0 / 9007199254740992.0
+
+
+@jit
+def _mix(x):
+    """SplitMix64 finaliser: a bijective, well-mixed hash of a uint64."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+@jit
+def _uniform(x):
+    """A uint64 hash mapped to a float in (0, 1)."""
+    return (float(x >> np.uint64(11)) + 0.5) * _TWO_53
+
+
+@jit
+def noise(key, q, k, kind):
+    """Counter-based noise for entry (q, k): standard Gaussian or Gumbel."""
+    x = _mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(k)))
+    u = _uniform(x)
+    if kind == NOISE_GUMBEL:
+        return -np.log(-np.log(u))
+    v = _uniform(_mix(x + _GOLDEN))
+    return np.sqrt(-2.0 * np.log(u)) * np.cos(2.0 * np.pi * v)
+
+
+@jit
+def logit(f, h, q, k):
+    """Logit of query ``q`` for key ``k <= q`` in head ``h`` of a component field."""
+    x = f.key_bias[h, k] + f.distance[h, q - k]
+    for b in range(f.boost_strength.shape[0]):
+        if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1] \
+                and f.boost_keys[b, k]:
+            x += f.boost_strength[b]
+    if f.noise_kind[h] != NOISE_NONE:
+        x += f.noise_scale[h] * noise(f.noise_key[h], q, k, f.noise_kind[h])
+    if f.qk_scale[h] != 0.0:
+        kv = h // f.group
+        dot = 0.0
+        for i in range(f.queries.shape[2]):
+            dot += f.queries[h, q, i] * f.keys[kv, k, i]
+        x += f.qk_scale[h] * dot
+    return x
+
+
+@jit
+def prob(f, row_max, row_sum, h, q, k):
+    """Full attention ``p(q, k)`` of head ``h`` (dense entry, or from the row statistics)."""
+    if f.probs.shape[1] > 0:
+        return f.probs[h, q, k]
+    return np.exp(logit(f, h, q, k) - row_max[h, q]) / row_sum[h, q]

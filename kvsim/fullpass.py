@@ -1,0 +1,91 @@
+"""The exact full-attention pass: one streaming sweep over the rows of one head.
+
+It computes everything the policies and metrics need from the full field: row
+statistics (max and sum of ``exp(l - max)``), column sums of the prompt rows and of
+the decode rows, and the full-attention output ``o(t)`` of each decode row where the
+field has values. Memory is O(T) per head (plus a fixed number of block buffers).
+Rows are dealt round-robin to a fixed number of blocks, summed in row order within a
+block and reduced in block order, so the result is identical for any thread count.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import prange
+
+from kvsim._numba import jit_parallel
+from kvsim.field import FieldData, logit
+
+BLOCKS = 16
+
+
+class FullPass(NamedTuple):
+    """What one full pass over a head yields (``steps = T - prompt_len``)."""
+
+    row_max: np.ndarray        # (T,) float64
+    row_sum: np.ndarray        # (T,) float64
+    prompt_colsum: np.ndarray  # (T,) float64: sum over q < P of p(q, k)
+    decode_colsum: np.ndarray  # (T,) float64: sum over q >= P of p(q, k)
+    full_output: np.ndarray    # (steps, dv) float64: o(t), or (steps, 0)
+
+
+@jit_parallel
+def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks, full_output):
+    T = f.key_bias.shape[1]
+    dense = f.probs.shape[1] > 0
+    dv = full_output.shape[1]
+    kv = h // f.group
+    for b in prange(BLOCKS):
+        buf = np.empty(T)
+        for q in range(b, T, BLOCKS):
+            if dense:
+                for k in range(q + 1):
+                    buf[k] = f.probs[h, q, k]
+            else:
+                top = -np.inf
+                for k in range(q + 1):
+                    x = logit(f, h, q, k)
+                    buf[k] = x
+                    if x > top:
+                        top = x
+                total = 0.0
+                for k in range(q + 1):
+                    e = np.exp(buf[k] - top)
+                    buf[k] = e
+                    total += e
+                for k in range(q + 1):
+                    buf[k] = buf[k] / total
+                row_max[q] = top
+                row_sum[q] = total
+            target = prompt_blocks if q < prompt_len else decode_blocks
+            for k in range(q + 1):
+                target[b, k] += buf[k]
+            if q >= prompt_len and dv > 0:
+                for k in range(q + 1):
+                    for i in range(dv):
+                        full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
+
+
+def full_pass(field: FieldData, head: int, prompt_len: int) -> FullPass:
+    """Run the full pass of query head ``head`` with prompt length ``prompt_len``."""
+    T = field.T
+    dv = field.values.shape[2] if field.has_values else 0
+    row_max = np.zeros(T)
+    row_sum = np.ones(T)
+    prompt_blocks = np.zeros((BLOCKS, T))
+    decode_blocks = np.zeros((BLOCKS, T))
+    full_output = np.zeros((T - prompt_len, dv))
+    _full_pass(field, head, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
+               full_output)
+    return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
+                    full_output)
+
+
+def _reduce(blocks: np.ndarray) -> np.ndarray:
+    """Sum the block buffers in block order (a fixed order: thread-count independent)."""
+    out = blocks[0].copy()
+    for b in range(1, blocks.shape[0]):
+        out += blocks[b]
+    return out
