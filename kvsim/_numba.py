@@ -9,3 +9,4 @@ jit = njit(cache=True, nogil=True)
 
 jit_parallel = njit(cache=True, nogil=True, parallel=True)
 """Decorator for kernels that run ``prange`` loops over independent blocks."""
+

@@ -4,7 +4,7 @@ A field holds, for ``H`` query heads over ``T`` positions, either dense probabil
 or the components that define a logit ``l(h, q, k)`` on the fly (O(T) memory per
 head, O(T d) for query/key vectors). Every probability kvsim uses is
 ``exp(l - row_max[h, q]) / row_sum[h, q]`` with the row statistics of the full pass,
-so one formula serves the full pass, the policies and the metrics.
+so one formula serves the full pass, the policies and the metrics (bit for bit).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class FieldData(NamedTuple):
     queries: np.ndarray         # (H, T, d) float32, or (H, 0, 0)
     keys: np.ndarray            # (H_kv, T, d) float32, or (H_kv, 0, 0)
     values: np.ndarray          # (H_kv, T, dv) float32, or (H_kv, 0, 0)
+    value_heads: np.ndarray     # (H_kv,) bool: which KV heads have values
     qk_scale: np.ndarray        # (H,) float64: multiplies q.k (0: no qk term)
     group: int                  # query heads per KV head
 
@@ -50,9 +51,9 @@ class FieldData(NamedTuple):
     def is_dense(self) -> bool:
         return self.probs.shape[1] > 0
 
-    @property
-    def has_values(self) -> bool:
-        return self.values.shape[1] > 0
+    def has_values(self, kv_head: int) -> bool:
+        """Whether KV head ``kv_head`` has value vectors (for the output error)."""
+        return bool(self.value_heads[kv_head])
 
 
 def empty_field(heads: int, T: int, kv_heads: int | None = None) -> dict:
@@ -65,7 +66,8 @@ def empty_field(heads: int, T: int, kv_heads: int | None = None) -> dict:
         boost_strength=np.zeros(0), noise_kind=np.zeros(heads, np.int64),
         noise_scale=np.zeros(heads), noise_key=np.zeros(heads, np.uint64),
         queries=np.zeros((heads, 0, 0), np.float32), keys=np.zeros((kv_heads, 0, 0), np.float32),
-        values=np.zeros((kv_heads, 0, 0), np.float32), qk_scale=np.zeros(heads),
+        values=np.zeros((kv_heads, 0, 0), np.float32), value_heads=np.zeros(kv_heads, bool),
+        qk_scale=np.zeros(heads),
         group=heads // kv_heads)
 
 
@@ -108,27 +110,47 @@ def noise(key, q, k, kind):
 
 
 @jit
-def logit(f, h, q, k):
-    """Logit of query ``q`` for key ``k <= q`` in head ``h`` of a component field."""
-    x = f.key_bias[h, k] + f.distance[h, q - k]
+def logits_at(f, h, q, keys, n, out):
+    """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
+
+    Whole rows at a time: each component is one loop over the keys (no per-entry call).
+    """
+    for j in range(n):
+        k = keys[j]
+        out[j] = f.key_bias[h, k] + f.distance[h, q - k]
     for b in range(f.boost_strength.shape[0]):
-        if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1] \
-                and f.boost_keys[b, k]:
-            x += f.boost_strength[b]
-    if f.noise_kind[h] != NOISE_NONE:
-        x += f.noise_scale[h] * noise(f.noise_key[h], q, k, f.noise_kind[h])
+        if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1]:
+            for j in range(n):
+                if f.boost_keys[b, keys[j]]:
+                    out[j] += f.boost_strength[b]
+    kind = f.noise_kind[h]
+    if kind != NOISE_NONE:
+        scale = f.noise_scale[h]
+        key = f.noise_key[h]
+        for j in range(n):
+            out[j] += scale * noise(key, q, keys[j], kind)
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
-        dot = 0.0
-        for i in range(f.queries.shape[2]):
-            dot += f.queries[h, q, i] * f.keys[kv, k, i]
-        x += f.qk_scale[h] * dot
-    return x
+        qk_scale = f.qk_scale[h]
+        for j in range(n):
+            dot = 0.0
+            for i in range(f.queries.shape[2]):
+                dot += f.queries[h, q, i] * f.keys[kv, keys[j], i]
+            out[j] += qk_scale * dot
 
 
 @jit
-def prob(f, row_max, row_sum, h, q, k):
-    """Full attention ``p(q, k)`` of head ``h`` (dense entry, or from the row statistics)."""
+def probs_at(f, row_max, row_sum, h, q, keys, n, out):
+    """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out``.
+
+    Dense fields read their matrix; component fields use ``exp(l - row_max) / row_sum``.
+    """
     if f.probs.shape[1] > 0:
-        return f.probs[h, q, k]
-    return np.exp(logit(f, h, q, k) - row_max[h, q]) / row_sum[h, q]
+        for j in range(n):
+            out[j] = f.probs[h, q, keys[j]]
+        return
+    logits_at(f, h, q, keys, n, out)
+    top = row_max[h, q]
+    total = row_sum[h, q]
+    for j in range(n):
+        out[j] = np.exp(out[j] - top) / total

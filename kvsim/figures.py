@@ -24,10 +24,14 @@ def policy_colors(scenario: Scenario) -> dict[str, str]:
 
 
 def _by_policy_budget(rows: list[dict], metric: str) -> dict[str, dict[int, np.ndarray]]:
-    """metric values over seeds and heads, grouped as {policy: {budget: values}}."""
+    """metric values over seeds and heads, grouped as {policy: {budget: values}}.
+
+    NaN values (a head without ground truth, a run without decode steps) are left out.
+    """
     groups: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        groups[r["policy"]][r["budget"]].append(r[metric])
+        if not np.isnan(r[metric]):
+            groups[r["policy"]][r["budget"]].append(r[metric])
     return {p: {b: np.array(v, float) for b, v in sorted(d.items())} for p, d in groups.items()}
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from kvsim._numba import jit_parallel
-from kvsim.field import FieldData, logit
+from kvsim.field import FieldData, logits_at
 
 BLOCKS = 16
 
@@ -38,32 +38,32 @@ def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
     dv = full_output.shape[1]
     kv = h // f.group
     for b in prange(BLOCKS):
+        keys = np.arange(T)
         buf = np.empty(T)
         for q in range(b, T, BLOCKS):
+            n = q + 1
             if dense:
-                for k in range(q + 1):
+                for k in range(n):
                     buf[k] = f.probs[h, q, k]
             else:
+                logits_at(f, h, q, keys, n, buf)
                 top = -np.inf
-                for k in range(q + 1):
-                    x = logit(f, h, q, k)
-                    buf[k] = x
-                    if x > top:
-                        top = x
+                for k in range(n):
+                    top = max(top, buf[k])
                 total = 0.0
-                for k in range(q + 1):
-                    e = np.exp(buf[k] - top)
-                    buf[k] = e
-                    total += e
-                for k in range(q + 1):
+                for k in range(n):
+                    buf[k] = np.exp(buf[k] - top)
+                    total += buf[k]
+                # The same expression as probs_at, so every path sees identical numbers.
+                for k in range(n):
                     buf[k] = buf[k] / total
                 row_max[q] = top
                 row_sum[q] = total
             target = prompt_blocks if q < prompt_len else decode_blocks
-            for k in range(q + 1):
+            for k in range(n):
                 target[b, k] += buf[k]
             if q >= prompt_len and dv > 0:
-                for k in range(q + 1):
+                for k in range(n):
                     for i in range(dv):
                         full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
 
@@ -71,7 +71,7 @@ def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
 def full_pass(field: FieldData, head: int, prompt_len: int) -> FullPass:
     """Run the full pass of query head ``head`` with prompt length ``prompt_len``."""
     T = field.T
-    dv = field.values.shape[2] if field.has_values else 0
+    dv = field.values.shape[2] if field.has_values(head // field.group) else 0
     row_max = np.zeros(T)
     row_sum = np.ones(T)
     prompt_blocks = np.zeros((BLOCKS, T))

@@ -8,7 +8,7 @@ one KV head and the query heads that share it.
 import numpy as np
 
 from kvsim._numba import jit
-from kvsim.field import prob
+from kvsim.field import probs_at
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap
@@ -41,10 +41,14 @@ def combine(values, mode):
 @jit
 def row_sums(f, row_max, row_sum, h, lo, hi):
     """Sum over queries ``lo .. hi-1`` of head ``h``'s attention rows, one value per key."""
-    out = np.zeros(f.key_bias.shape[1])
+    T = f.key_bias.shape[1]
+    keys = np.arange(T)
+    row = np.empty(T)
+    out = np.zeros(T)
     for q in range(lo, hi):
+        probs_at(f, row_max, row_sum, h, q, keys, q + 1, row)
         for k in range(q + 1):
-            out[k] += prob(f, row_max, row_sum, h, q, k)
+            out[k] += row[k]
     return out
 
 
@@ -82,12 +86,11 @@ def _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, fu
     kv = heads[0] // f.group
     dv = full_output.shape[2]
     for g in range(heads.shape[0]):
+        probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g])
         m = 0.0
         hits = 0
         for j in range(n):
-            v = prob(f, row_max, row_sum, heads[g], t, cache[j])
-            obs[g, j] = v
-            m += v
+            m += obs[g, j]
             if important[g, cache[j]]:
                 hits += 1
         mass[g] = m
@@ -209,6 +212,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budget, gqa, important, full_
     T = f.key_bias.shape[1]
     G = heads.shape[0]
     rows = np.empty((G, T))
+    keys = np.arange(T)
     combined = np.empty(T)
     per_head = np.empty(G)
     cache = np.empty(min(budget, T), np.int64)
@@ -223,8 +227,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budget, gqa, important, full_
     n = 0
     for t in range(max(prompt_len - 1, 0), T):
         for g in range(G):
-            for k in range(t + 1):
-                rows[g, k] = prob(f, row_max, row_sum, heads[g], t, k)
+            probs_at(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g])
         for k in range(t + 1):
             for g in range(G):
                 per_head[g] = rows[g, k]

@@ -10,7 +10,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.attention.sources import SOURCES, Field
+from kvsim.attention.components import BOOST, COMPONENTS
+from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.kernels import GQA_MODES
 from kvsim.params import Param
@@ -226,6 +227,85 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
                       tuple(figures))
 
 
+def _read_field(chk: _Checker, table: dict) -> dict:
+    """Checked parameters of a composed field, with each head's components resolved."""
+    nested = (*COMPONENTS, "boost", "head")
+    scalars = {k: v for k, v in table.items() if k not in nested}
+    params = chk.params(scalars, FIELD_PARAMS, "attention.", skip=("source",))
+    overrides = table.get("head", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
+        chk.add("attention.head", "expected [[attention.head]] tables, one per head")
+        overrides = []
+    heads = params.get("heads", 1) if "heads" in table or not overrides else len(overrides)
+    params["heads"] = heads
+    if overrides and len(overrides) != heads:
+        chk.add("attention.head", f"expected one [[attention.head]] table per head ({heads}), "
+                                  f"got {len(overrides)}")
+    kv_heads = params.get("kv_heads") or heads
+    params["kv_heads"] = kv_heads
+    if heads % kv_heads:
+        chk.add("attention.kv_heads", f"expected a divisor of heads ({heads}), got {kv_heads}")
+    T = params.get("T", 1)
+
+    def components(raw: dict, prefix: str) -> dict:
+        chk.unknown_keys(raw, (*COMPONENTS, "boost"), prefix)
+        out = {}
+        for name, spec in COMPONENTS.items():
+            if name in raw:
+                sub = chk.table(raw, name, prefix + name)
+                out[name] = (sub, chk.params(sub, spec, f"{prefix}{name}."))
+        boosts = raw.get("boost", [])
+        if not isinstance(boosts, list) or not all(isinstance(b, dict) for b in boosts):
+            chk.add(prefix + "boost", "expected [[...boost]] tables")
+            boosts = []
+        out["boost"] = []
+        for i, b in enumerate(boosts):
+            where = f"{prefix}boost[{i}]"
+            checked = chk.params(b, BOOST, where + ".")
+            if "queries" not in b:
+                chk.add(where + ".queries", "expected [lo, hi], got nothing")
+            if ("keys" in b) == ("key_positions" in b):
+                chk.add(where, "expected exactly one of keys = [lo, hi] or key_positions")
+            for key in ("keys", "queries"):
+                if key in checked and checked[key] and checked[key][1] > T:
+                    chk.add(f"{where}.{key}", f"expected a range within [0, {T}], "
+                                              f"got {checked[key]}")
+            out["boost"].append(checked)
+        return out
+
+    shared = components({k: v for k, v in table.items() if k in (*COMPONENTS, "boost")},
+                        "attention.")
+    per_head = []
+    for h in range(heads):
+        own = components(overrides[h], f"attention.head[{h}].") if h < len(overrides) else {}
+        merged = {}
+        for name in COMPONENTS:
+            if name in shared or name in own:
+                raw = {**shared.get(name, ({}, {}))[0], **own.get(name, ({}, {}))[0]}
+                merged[name] = {k: raw.get(k, p.default) for k, p in COMPONENTS[name].items()}
+                merged[name] = {k: float(v) if COMPONENTS[name][k].type is float else v
+                                for k, v in merged[name].items()}
+        merged["boost"] = shared["boost"] + own.get("boost", [])
+        hh = merged.get("heavy_hitters")
+        if hh and (max(hh["positions"], default=-1) >= T or hh["hi"] > T):
+            chk.add(f"attention.head[{h}].heavy_hitters" if "heavy_hitters" in own
+                    else "attention.heavy_hitters",
+                    f"expected positions and hi within [0, {T}], got {hh['positions'] or hh['hi']}")
+        per_head.append(merged)
+    dims = {c["qk"]["dim"] for c in per_head if "qk" in c}
+    if len(dims) > 1:
+        chk.add("attention.qk.dim", f"expected one dimension for every head, got {sorted(dims)}")
+    for kv in range(kv_heads if heads % kv_heads == 0 else 0):
+        group = [per_head[h].get("qk") for h in range(kv * heads // kv_heads,
+                                                      (kv + 1) * heads // kv_heads)]
+        keyed = {(q["clusters"], q["spread"], q["values"]) for q in group if q}
+        if len(keyed) > 1:
+            chk.add("attention.head", f"expected the heads of KV head {kv} to share qk clusters, "
+                                      f"spread and values (they share keys), got {len(keyed)} variants")
+    params["per_head"] = per_head
+    return params
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file.
 
@@ -271,7 +351,10 @@ def load_scenario(path: str | Path) -> Scenario:
                 chk.add(f"attention.{key}", f"expected a value ({source.params[key].help}), "
                                             f"got nothing")
         before = len(chk.problems)
-        attn_params = chk.params(attention, source.params, "attention.", skip=("source",))
+        if source_name == "field":
+            attn_params = _read_field(chk, attention)
+        else:
+            attn_params = chk.params(attention, source.params, "attention.", skip=("source",))
         if len(chk.problems) == before:
             try:
                 T, heads, has_truth = source.describe(attn_params, path.parent)
@@ -303,5 +386,6 @@ def load_scenario(path: str | Path) -> Scenario:
     if chk.problems:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
-                    T, heads, heads, "mean", has_truth, tuple(experiments), tuple(formats), dpi)
+                    T, heads, attn_params.get("kv_heads", heads), attn_params.get("gqa", "mean"),
+                    has_truth, tuple(experiments), tuple(formats), dpi)
 

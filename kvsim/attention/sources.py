@@ -13,6 +13,7 @@ from typing import Callable
 
 import numpy as np
 
+from kvsim.attention import components
 from kvsim.attention.dense import probabilities, softmax_logits
 from kvsim.attention.seed_notebook import planted_matrix
 from kvsim.errors import KvsimError
@@ -154,4 +155,37 @@ MATRIX = Source(
                            expect="a list of integer positions"),
     }, ("path",), _matrix_describe, _matrix_build)
 
-SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX)}
+
+
+FIELD_PARAMS = {
+    "T": Param(int, 4096, "sequence length (prompt + decode)", check=lambda v: v >= 1,
+               expect="an integer >= 1"),
+    "heads": Param(int, 1, "query heads", check=lambda v: v >= 1, expect="an integer >= 1"),
+    "kv_heads": Param(int, 0, "KV heads (default: heads); must divide heads",
+                      check=lambda v: v >= 0, expect="an integer >= 1"),
+    "gqa": Param(str, "mean", "how a group's query heads combine scores",
+                 choices=("mean", "max", "sum")),
+}
+
+
+def _field_build(params: dict, seed: int, base: Path) -> Field:
+    data, truth = components.build(params["per_head"], params["T"], params["kv_heads"], seed)
+    return Field(data, truth)
+
+
+def _field_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+    truth = any(
+        (("heavy_hitters" in c and c["heavy_hitters"]["important"]
+          and (c["heavy_hitters"]["count"] or c["heavy_hitters"]["fraction"]
+               or c["heavy_hitters"]["positions"]))
+         or any(b["important"] for b in c.get("boost", [])))
+        for c in params["per_head"])
+    return params["T"], params["heads"], truth
+
+
+FIELD = Source(
+    "field", "a composed field: sinks, recency, heavy hitters, boosts, noise, query/key "
+    "vectors; logits evaluated on the fly (O(T) memory)",
+    FIELD_PARAMS, (), _field_describe, _field_build)
+
+SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD)}

@@ -115,7 +115,8 @@ class Policy:
 def new_trace(group: Group) -> Trace:
     """Empty per-step outputs for the decode steps of ``group``."""
     G, steps = len(group.heads), group.T - group.prompt_len
-    error = np.zeros((G, steps)) if group.field.has_values else np.full((G, steps), np.nan)
+    kv = int(group.heads[0]) // group.field.group
+    error = np.zeros((G, steps)) if group.field.has_values(kv) else np.full((G, steps), np.nan)
     return Trace(np.zeros((G, steps)), np.zeros(steps, np.int64), np.zeros((G, steps)), error,
                  np.empty(0, np.int64))
 

@@ -1,0 +1,179 @@
+"""Composable attention fields: logit components summed per head, evaluated on the fly.
+
+Each component is a table in the scenario's ``[attention]`` (shared by every head)
+and may be overridden per head in ``[[attention.head]]``. Random choices (heavy-hitter
+positions and strengths, query/key vectors) are drawn here in Python from seeds
+derived from (scenario seed, head or KV head, component), so a field is a pure
+function of its parameters and seed; per-entry noise is a counter hash in the kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.field import NOISE_KINDS, FieldData, empty_field
+from kvsim.params import Param
+
+
+def _pair(v) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v) and v[0] <= v[1]
+
+
+def _positions(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                       for x in v)
+
+
+def _number(default, help, low=None, expect=""):
+    return Param(float, default, help, check=None if low is None else (lambda v: v >= low),
+                 expect=expect or f"a number >= {low}")
+
+
+COMPONENTS: dict[str, dict[str, Param]] = {
+    "sinks": {
+        "count": Param(int, 4, "number of first tokens that are sinks", check=lambda v: v >= 0,
+                       expect="an integer >= 0"),
+        "strength": _number(5.0, "logit added to sink keys"),
+    },
+    "recency": {
+        "kind": Param(str, "power", "decay with distance d = q - k", choices=("power", "exp")),
+        "alpha": _number(1.0, "power law: -alpha * log(1 + d)", 0.0),
+        "tau": Param(float, 64.0, "exponential: -d / tau", check=lambda v: v > 0,
+                     expect="a number > 0"),
+    },
+    "heavy_hitters": {
+        "count": Param(int, 0, "number of heavy-hitter keys drawn with the seed",
+                       check=lambda v: v >= 0, expect="an integer >= 0"),
+        "fraction": _number(0.0, "share of the keys in [lo, hi) drawn as heavy hitters", 0.0),
+        "positions": Param(list, [], "explicit positions (instead of count or fraction)",
+                           check=_positions, expect="a list of positions >= 0"),
+        "lo": Param(int, 0, "first position a drawn heavy hitter may take",
+                    check=lambda v: v >= 0, expect="an integer >= 0"),
+        "hi": Param(int, -1, "end of the range (default T)", check=lambda v: v >= -1,
+                    expect="an integer >= 0"),
+        "strength": _number(4.0, "logit of the strongest heavy hitter"),
+        "exponent": _number(1.0, "the i-th strongest gets strength * i ** -exponent", 0.0),
+        "important": Param(bool, True, "count the heavy hitters as ground truth"),
+    },
+    "noise": {
+        "kind": Param(str, "gaussian", "per-entry noise", choices=tuple(NOISE_KINDS)),
+        "scale": _number(1.0, "noise scale (standard deviation for gaussian)", 0.0),
+    },
+    "qk": {
+        "dim": Param(int, 64, "vector dimension d", check=lambda v: v >= 1,
+                     expect="an integer >= 1"),
+        "clusters": Param(int, 8, "number of key clusters", check=lambda v: v >= 1,
+                          expect="an integer >= 1"),
+        "spread": _number(0.5, "within-cluster spread of keys and queries", 0.0),
+        "focus": Param(int, 1, "clusters each query mixes", check=lambda v: v >= 1,
+                       expect="an integer >= 1"),
+        "strength": _number(1.0, "multiplies q . k / sqrt(d)"),
+        "values": Param(bool, True, "draw value vectors (enables the output-error metric)"),
+    },
+}
+
+BOOST: dict[str, Param] = {
+    "keys": Param(list, [], "key range [lo, hi)", check=_pair, expect="[lo, hi] with lo <= hi"),
+    "key_positions": Param(list, [], "explicit key positions (instead of keys)",
+                           check=_positions, expect="a list of positions >= 0"),
+    "queries": Param(list, [], "query range [lo, hi) that attends to the keys", check=_pair,
+                     expect="[lo, hi] with lo <= hi"),
+    "strength": _number(6.0, "logit added to the boosted entries"),
+    "important": Param(bool, True, "count the boosted keys as ground truth"),
+}
+
+
+def _seed(seed: int, index: int, tag: str) -> np.random.Generator:
+    """Generator for (scenario seed, head or KV head, component): independent streams."""
+    return np.random.default_rng([seed, index, int.from_bytes(tag.encode(), "little")])
+
+
+def _heavy_hitters(p: dict, T: int, seed: int, kv: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, strengths); drawn per KV head, so heads of a group share their keys."""
+    if p["positions"]:
+        positions = np.array(sorted(set(p["positions"])), np.int64)
+    else:
+        hi = T if p["hi"] < 0 else min(p["hi"], T)
+        lo = min(p["lo"], hi)
+        n = p["count"] or int(round(p["fraction"] * (hi - lo)))
+        rng = _seed(seed, kv, "heavy_hitters")
+        positions = np.sort(rng.choice(np.arange(lo, hi), size=min(n, hi - lo), replace=False))
+    rank = _seed(seed, kv, "heavy_rank").permutation(positions.size) + 1
+    return positions, p["strength"] * rank.astype(np.float64) ** -p["exponent"]
+
+
+def _qk(p: dict, T: int, seed: int, h: int, kv: int):
+    """(queries, keys, values) float32: clustered keys, queries mixing cluster directions."""
+    d = p["dim"]
+    rng = _seed(seed, kv, "qk_keys")
+    centres = rng.standard_normal((p["clusters"], d))
+    labels = rng.integers(0, p["clusters"], size=T)
+    keys = centres[labels] + p["spread"] * rng.standard_normal((T, d))
+    values = rng.standard_normal((T, d)) if p["values"] else np.zeros((T, 0))
+    rng = _seed(seed, h, "qk_queries")
+    picks = rng.integers(0, p["clusters"], size=(T, p["focus"]))
+    queries = centres[picks].mean(axis=1) + p["spread"] * rng.standard_normal((T, d))
+    return queries.astype(np.float32), keys.astype(np.float32), values.astype(np.float32)
+
+
+def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldData, np.ndarray | None]:
+    """The field of one sequence and its (H, T) ground-truth mask (None if nothing is planted).
+
+    ``heads[h]`` maps component names to their checked parameters (``boost``: a list).
+    """
+    H = len(heads)
+    group = H // kv_heads
+    f = empty_field(H, T, kv_heads)
+    truth = np.zeros((H, T), bool)
+    planted = False
+    boosts = []
+    qk_dims = {c["qk"]["dim"] for c in heads if "qk" in c}
+    d = qk_dims.pop() if qk_dims else 0
+    dv = d if any(c.get("qk", {}).get("values") for c in heads) else 0
+    if d:
+        f["queries"] = np.zeros((H, T, d), np.float32)
+        f["keys"] = np.zeros((kv_heads, T, d), np.float32)
+        f["values"] = np.zeros((kv_heads, T, dv), np.float32)
+    distance = np.arange(T, dtype=np.float64)
+    for h, comp in enumerate(heads):
+        kv = h // group
+        if "sinks" in comp:
+            f["key_bias"][h, :comp["sinks"]["count"]] += comp["sinks"]["strength"]
+        if "recency" in comp:
+            r = comp["recency"]
+            f["distance"][h] = -r["alpha"] * np.log1p(distance) if r["kind"] == "power" \
+                else -distance / r["tau"]
+        if "heavy_hitters" in comp:
+            positions, strengths = _heavy_hitters(comp["heavy_hitters"], T, seed, kv)
+            f["key_bias"][h, positions] += strengths
+            if comp["heavy_hitters"]["important"] and positions.size:
+                truth[h, positions] = planted = True
+        for b in comp.get("boost", []):
+            keys = np.zeros(T, bool)
+            if b["key_positions"]:
+                keys[[k for k in b["key_positions"] if k < T]] = True
+            else:
+                keys[b["keys"][0]:b["keys"][1]] = True
+            boosts.append((h, min(b["queries"][0], T), min(b["queries"][1], T), keys,
+                           b["strength"]))
+            if b["important"] and keys.any():
+                truth[h, keys] = planted = True
+        if "noise" in comp:
+            f["noise_kind"][h] = NOISE_KINDS[comp["noise"]["kind"]]
+            f["noise_scale"][h] = comp["noise"]["scale"]
+            f["noise_key"][h] = np.random.SeedSequence([seed, h]).generate_state(1, np.uint64)[0]
+        if "qk" in comp:
+            q, k, v = _qk(comp["qk"], T, seed, h, kv)
+            f["queries"][h] = q
+            f["keys"][kv] = k
+            if dv and v.shape[1]:
+                f["values"][kv] = v
+                f["value_heads"][kv] = True
+            f["qk_scale"][h] = comp["qk"]["strength"] / np.sqrt(d)
+    if boosts:
+        f["boost_head"] = np.array([b[0] for b in boosts], np.int64)
+        f["boost_rows"] = np.array([[b[1], b[2]] for b in boosts], np.int64)
+        f["boost_keys"] = np.stack([b[3] for b in boosts])
+        f["boost_strength"] = np.array([b[4] for b in boosts])
+    return FieldData(**f), (truth if planted else None)
