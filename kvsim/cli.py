@@ -10,7 +10,7 @@ from kvsim.errors import KvsimError, ScenarioError
 
 EPILOG = """\
 commands:
-  kvsim SCENARIO.toml [--out DIR] [--force] [--quiet]
+  kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N]
                         run every experiment x policy x budget x seed and write
                         results.csv, steps.npz, scenario.json and figures to DIR
                         (default reports/<scenario name>/); prints DIR
@@ -36,7 +36,17 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="report folder (default reports/<scenario name>)")
     p.add_argument("--force", action="store_true", help="replace an existing report folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=_positive, metavar="N",
+                   help="threads for the policy runs (default: every core; results do not "
+                        "depend on it)")
     return p
+
+
+def _positive(text: str) -> int:
+    value = int(text) if text.isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
 
 
 def _validate(argv: list[str]) -> int:
@@ -71,7 +81,8 @@ def _run(argv: list[str]) -> int:
 
     args = _run_parser().parse_args(argv)
     scenario = load_scenario(args.scenario)
-    out = run(scenario, args.out, force=args.force, progress=not args.quiet)
+    out = run(scenario, args.out, force=args.force, progress=not args.quiet,
+              workers=args.workers)
     print(out)
     return 0
 

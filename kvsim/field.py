@@ -99,21 +99,51 @@ def _uniform(x):
 
 
 @jit
-def noise(key, q, k, kind):
-    """Counter-based noise for entry (q, k): standard Gaussian or Gumbel."""
-    x = _mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(k)))
-    u = _uniform(x)
-    if kind == NOISE_GUMBEL:
-        return -np.log(-np.log(u))
-    v = _uniform(_mix(x + _GOLDEN))
-    return np.sqrt(-2.0 * np.log(u)) * np.cos(2.0 * np.pi * v)
+def _gaussian_pair(key, q, pair):
+    """Two independent standard Gaussians for keys ``2 * pair`` and ``2 * pair + 1`` of row ``q``.
+
+    Marsaglia's polar method on a chain of counter hashes: no trigonometry, and a
+    rejected point simply moves to the next hash, so the result is still a pure
+    function of (key, q, pair).
+    """
+    x = _mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(pair)))
+    while True:
+        u = 2.0 * _uniform(x) - 1.0
+        x = _mix(x + _GOLDEN)
+        v = 2.0 * _uniform(x) - 1.0
+        x = _mix(x + _GOLDEN)
+        s = u * u + v * v
+        if 0.0 < s < 1.0:
+            factor = np.sqrt(-2.0 * np.log(s) / s)
+            return u * factor, v * factor
 
 
 @jit
-def logits_at(f, h, q, keys, n, out):
+def noise(key, q, k, kind):
+    """Counter-based noise for entry (q, k): standard Gaussian or Gumbel."""
+    if kind == NOISE_GUMBEL:
+        u = _uniform(_mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(k))))
+        return -np.log(-np.log(u))
+    even, odd = _gaussian_pair(key, q, k >> 1)
+    return even if k % 2 == 0 else odd
+
+
+@jit
+def _gaussian_row(key, q, n, scale, out):
+    """Add ``scale`` times the Gaussian noise of keys ``0 .. n-1`` of row ``q`` to ``out``."""
+    for pair in range((n + 1) // 2):
+        even, odd = _gaussian_pair(key, q, pair)
+        out[2 * pair] += scale * even
+        if 2 * pair + 1 < n:
+            out[2 * pair + 1] += scale * odd
+
+
+@jit
+def logits_at(f, h, q, keys, n, out, whole_row):
     """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
 
-    Whole rows at a time: each component is one loop over the keys (no per-entry call).
+    Many keys at a time: each component is one loop over the keys (no per-entry call).
+    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``, which lets the noise share work.
     """
     for j in range(n):
         k = keys[j]
@@ -127,20 +157,23 @@ def logits_at(f, h, q, keys, n, out):
     if kind != NOISE_NONE:
         scale = f.noise_scale[h]
         key = f.noise_key[h]
-        for j in range(n):
-            out[j] += scale * noise(key, q, keys[j], kind)
+        if whole_row and kind == NOISE_GAUSSIAN:
+            _gaussian_row(key, q, n, scale, out)
+        else:
+            for j in range(n):
+                out[j] += scale * noise(key, q, keys[j], kind)
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
         qk_scale = f.qk_scale[h]
         for j in range(n):
             dot = 0.0
             for i in range(f.queries.shape[2]):
-                dot += f.queries[h, q, i] * f.keys[kv, keys[j], i]
+                dot += np.float64(f.queries[h, q, i]) * f.keys[kv, keys[j], i]
             out[j] += qk_scale * dot
 
 
 @jit
-def probs_at(f, row_max, row_sum, h, q, keys, n, out):
+def probs_at(f, row_max, row_sum, h, q, keys, n, out, whole_row):
     """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out``.
 
     Dense fields read their matrix; component fields use ``exp(l - row_max) / row_sum``.
@@ -149,7 +182,7 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out):
         for j in range(n):
             out[j] = f.probs[h, q, keys[j]]
         return
-    logits_at(f, h, q, keys, n, out)
+    logits_at(f, h, q, keys, n, out, whole_row)
     top = row_max[h, q]
     total = row_sum[h, q]
     for j in range(n):

@@ -46,7 +46,7 @@ def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
                 for k in range(n):
                     buf[k] = f.probs[h, q, k]
             else:
-                logits_at(f, h, q, keys, n, buf)
+                logits_at(f, h, q, keys, n, buf, True)
                 top = -np.inf
                 for k in range(n):
                     top = max(top, buf[k])

@@ -46,7 +46,7 @@ def row_sums(f, row_max, row_sum, h, lo, hi):
     row = np.empty(T)
     out = np.zeros(T)
     for q in range(lo, hi):
-        probs_at(f, row_max, row_sum, h, q, keys, q + 1, row)
+        probs_at(f, row_max, row_sum, h, q, keys, q + 1, row, True)
         for k in range(q + 1):
             out[k] += row[k]
     return out
@@ -80,13 +80,12 @@ def _lowest_ranked_slot(cache, n, value, limit):
 
 
 @jit
-def _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
-             step, obs, mass, approx, out_mass, out_recall, out_error):
-    """Query ``t`` of every head of the group attends over the cache; record the metrics."""
+def _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
+            out_mass, out_recall, out_error):
+    """Metrics of step ``step`` from the observed full attention ``obs[g, :n]`` of each head."""
     kv = heads[0] // f.group
     dv = full_output.shape[2]
     for g in range(heads.shape[0]):
-        probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g])
         m = 0.0
         hits = 0
         for j in range(n):
@@ -111,6 +110,17 @@ def _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, fu
 
 
 @jit
+def _count_important(important, prompt_len):
+    """Number of important keys before the first decode step, per query head."""
+    counts = np.zeros(important.shape[0], np.int64)
+    for g in range(important.shape[0]):
+        for k in range(prompt_len):
+            if important[g, k]:
+                counts[g] += 1
+    return counts
+
+
+@jit
 def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static_score,
            evict_rule, ring, recent, normalize, update_rule, gqa, evict_slots, important,
            full_output, out_mass, out_size, out_recall, out_error):
@@ -128,11 +138,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
     per_head = np.empty(G)
     approx = np.empty(full_output.shape[2])
     ranking = np.empty(budget)
-    n_important = np.zeros(G, np.int64)
-    for g in range(G):
-        for k in range(prompt_len):
-            if important[g, k]:
-                n_important[g] += 1
+    n_important = _count_important(important, prompt_len)
     for t in range(prompt_len, T):
         step = t - prompt_len
         if n == budget:
@@ -155,8 +161,10 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
             if important[g, t]:
                 n_important[g] += 1
         out_size[step] = n
-        _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
-                 step, obs, mass, approx, out_mass, out_recall, out_error)
+        for g in range(G):
+            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], False)
+        _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
+                out_mass, out_recall, out_error)
 
         if update_rule == UPDATE_NONE:
             continue
@@ -203,11 +211,13 @@ def _top_ranked_linear(scores, n, k, out):
 
 
 @jit
-def oracle(f, row_max, row_sum, heads, prompt_len, budget, gqa, important, full_output,
-           out_mass, out_size, out_recall, out_error):
-    """Per step, cache the ``budget`` best-ranked keys of the group's combined full row.
+def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full_output,
+           out_mass, out_size, out_recall, out_error, out_kept):
+    """Per step and budget, cache the best-ranked keys of the group's combined full row.
 
-    Returns the last cached set (the prefill selection when there are no decode steps).
+    Every budget ``budgets[i]`` shares one evaluation of each row; its outputs are
+    ``out_*[i]``, and ``out_kept[i, :n]`` its last cached set (the prefill selection when
+    there are no decode steps). Returns the number of kept keys per budget.
     """
     T = f.key_bias.shape[1]
     G = heads.shape[0]
@@ -215,31 +225,36 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budget, gqa, important, full_
     keys = np.arange(T)
     combined = np.empty(T)
     per_head = np.empty(G)
-    cache = np.empty(min(budget, T), np.int64)
-    obs = np.empty((G, cache.shape[0]))
+    cache = np.empty(T, np.int64)
+    obs = np.empty((G, T))
     mass = np.empty(G)
     approx = np.empty(full_output.shape[2])
-    n_important = np.zeros(G, np.int64)
-    for g in range(G):
-        for k in range(prompt_len):
-            if important[g, k]:
-                n_important[g] += 1
-    n = 0
+    kept = np.zeros(budgets.shape[0], np.int64)
+    n_important = _count_important(important, prompt_len)
     for t in range(max(prompt_len - 1, 0), T):
+        step = t - prompt_len
+        if t >= prompt_len:
+            for g in range(G):
+                if important[g, t]:
+                    n_important[g] += 1
         for g in range(G):
-            probs_at(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g])
+            probs_at(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g], True)
         for k in range(t + 1):
             for g in range(G):
                 per_head[g] = rows[g, k]
             combined[k] = combine(per_head, gqa)
-        n = _top_ranked_linear(combined, t + 1, budget, cache)
-        if t < prompt_len:
-            continue  # the prefill selection, by the last prompt query
-        step = t - prompt_len
-        for g in range(G):
-            if important[g, t]:
-                n_important[g] += 1
-        out_size[step] = n
-        _observe(f, row_max, row_sum, heads, t, cache, n, important, n_important, full_output,
-                 step, obs, mass, approx, out_mass, out_recall, out_error)
-    return cache[:n].copy()
+        for i in range(budgets.shape[0]):
+            n = _top_ranked_linear(combined, t + 1, budgets[i], cache)
+            kept[i] = n
+            if t < prompt_len:
+                out_kept[i, :n] = cache[:n]
+                continue  # the prefill selection, by the last prompt query
+            for g in range(G):
+                for j in range(n):
+                    obs[g, j] = rows[g, cache[j]]
+            out_size[i, step] = n
+            _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass,
+                    approx, out_mass[i], out_recall[i], out_error[i])
+            if t == T - 1:
+                out_kept[i, :n] = cache[:n]
+    return kept

@@ -81,7 +81,7 @@ def write_report(out: Path, scenario: Scenario, results: ScenarioResults, force:
 
 
 def run(scenario: Scenario | str | Path, out: str | Path | None = None, *, force: bool = False,
-        progress: bool = False) -> Path:
+        progress: bool = False, workers: int | None = None) -> Path:
     """Run every experiment of a scenario and write its report folder.
 
     Parameters
@@ -90,6 +90,7 @@ def run(scenario: Scenario | str | Path, out: str | Path | None = None, *, force
     out : report folder (default ``reports/<scenario name>``).
     force : replace an existing report folder.
     progress : show a progress bar on stderr.
+    workers : threads running policies in parallel (default: every core).
 
     Returns
     -------
@@ -99,5 +100,5 @@ def run(scenario: Scenario | str | Path, out: str | Path | None = None, *, force
         scenario = load_scenario(scenario)
     out = Path(out) if out is not None else default_out(scenario)
     check_out(out, force)
-    results = simulate_scenario(scenario, progress=progress)
+    results = simulate_scenario(scenario, progress=progress, workers=workers)
     return write_report(out, scenario, results, force)

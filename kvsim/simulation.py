@@ -84,9 +84,15 @@ def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) ->
 
 def run_policy(policy: Policy, group: Group, budget: int, params: dict) -> Trace:
     """Run a checked policy on one KV head's ``group`` and assert the invariants."""
-    trace = policy.run(group, int(budget), params)
-    check_invariants(policy, budget, group, trace)
-    return trace
+    return run_budgets(policy, group, [budget], params)[0]
+
+
+def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict) -> list[Trace]:
+    """:func:`run_policy` at several budgets, sharing work where the policy can."""
+    traces = policy.run_all(group, [int(b) for b in budgets], params)
+    for budget, trace in zip(budgets, traces):
+        check_invariants(policy, budget, group, trace)
+    return traces
 
 
 def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.ndarray,

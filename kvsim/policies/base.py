@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,6 +30,7 @@ class Group:
     gqa: int = kernels.GQA_MEAN
     seed: int = 0
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def T(self) -> int:
@@ -49,6 +51,10 @@ class Group:
         return np.stack([p.full_output for p in self.passes])
 
     def _stats(self) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            return self._stats_locked()
+
+    def _stats_locked(self) -> tuple[np.ndarray, np.ndarray]:
         if "stats" not in self._cache:
             row_max = np.zeros((self.field.heads, self.T))
             row_sum = np.ones((self.field.heads, self.T))
@@ -76,11 +82,13 @@ class Group:
     def row_scores(self, lo: int, hi: int) -> np.ndarray:
         """Attention summed over queries ``lo .. hi-1``, combined over the group."""
         key = ("rows", lo, hi)
-        if key not in self._cache:
-            self._cache[key] = self.combine([
-                kernels.row_sums(self.field, self.row_max, self.row_sum, h, lo, hi)
-                for h in self.heads])
-        return self._cache[key]
+        row_max, row_sum = self._stats()
+        with self._lock:  # policies of one group may run on several threads
+            if key not in self._cache:
+                self._cache[key] = self.combine([
+                    kernels.row_sums(self.field, row_max, row_sum, h, lo, hi)
+                    for h in self.heads])
+            return self._cache[key]
 
 
 @dataclass
@@ -100,7 +108,9 @@ class Policy:
 
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
     ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`.
+    ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`;
+    ``run_budgets(group, budgets, params)``, where given, returns one per budget from
+    work shared across budgets.
     """
 
     name: str
@@ -110,6 +120,13 @@ class Policy:
     min_budget: Callable[[dict], int] = lambda params: 1
     check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
+    run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
+
+    def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
+        """One trace per budget (shared work where the policy supports it)."""
+        if self.run_budgets is not None:
+            return self.run_budgets(group, budgets, params)
+        return [self.run(group, b, params) for b in budgets]
 
 
 def new_trace(group: Group) -> Trace:

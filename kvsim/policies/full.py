@@ -10,5 +10,10 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
     return run_decode(group, group.T, np.arange(group.prompt_len))
 
 
+def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
+    trace = _run(group, 0, params)  # the budget is ignored: one run serves every budget
+    return [trace] * len(budgets)
+
+
 POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, _run,
-                budgeted=False)
+                budgeted=False, run_budgets=_run_budgets)

@@ -1,16 +1,29 @@
 """``oracle``: per step, the keys with the largest full attention (unrealisable bound)."""
 
+import numpy as np
+
 from kvsim import kernels
 from kvsim.policies.base import Group, Policy, Trace, new_trace
 
 
+def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
+    # All budgets share one evaluation of each full row.
+    traces = [new_trace(group) for _ in budgets]
+    stack = lambda name: np.stack([getattr(t, name) for t in traces])  # noqa: E731
+    mass, size, recall, error = (stack(n) for n in ("mass", "cache_size", "recall", "error"))
+    kept = np.zeros((len(budgets), min(max(budgets), group.T)), np.int64)
+    counts = kernels.oracle(group.field, group.row_max, group.row_sum, group.heads,
+                            group.prompt_len, np.asarray(budgets, np.int64), group.gqa,
+                            group.important, group.full_output, mass, size, recall, error, kept)
+    for i, trace in enumerate(traces):
+        trace.mass, trace.cache_size, trace.recall, trace.error = mass[i], size[i], recall[i], error[i]
+        trace.kept = kept[i, :counts[i]].copy()
+    return traces
+
+
 def _run(group: Group, budget: int, params: dict) -> Trace:
-    trace = new_trace(group)
-    trace.kept = kernels.oracle(group.field, group.row_max, group.row_sum, group.heads,
-                                group.prompt_len, budget, group.gqa, group.important,
-                                group.full_output, trace.mass, trace.cache_size, trace.recall,
-                                trace.error)
-    return trace
+    return _run_budgets(group, [budget], params)[0]
 
 
-POLICY = Policy("oracle", "per-step top B keys of the full attention (upper bound)", {}, _run)
+POLICY = Policy("oracle", "per-step top B keys of the full attention (upper bound)", {}, _run,
+                run_budgets=_run_budgets)
