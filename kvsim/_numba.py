@@ -1,6 +1,31 @@
-"""Numba options used by every kernel, kept in one place."""
+"""Numba options used by every kernel, kept in one place.
 
+Numba's on-disk cache notices a change to the file that defines a kernel but not to
+the kernels it calls from other files. kvsim therefore caches under a folder named by
+a digest of all its sources (unless ``NUMBA_CACHE_DIR`` is set), so an edit anywhere
+in the package recompiles everything that might depend on it.
+"""
+
+import hashlib
+import os
+from pathlib import Path
+
+import numba
 from numba import njit
+
+
+def _source_digest() -> str:
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+if not os.environ.get("NUMBA_CACHE_DIR"):
+    _base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    numba.config.CACHE_DIR = str(_base / "kvsim" / f"numba-{_source_digest()}")
 
 # No fastmath: kept sets must match the NumPy reference exactly, and reassociated or
 # contracted arithmetic can turn an exact tie between two scores into a strict order.
@@ -9,4 +34,3 @@ jit = njit(cache=True, nogil=True)
 
 jit_parallel = njit(cache=True, nogil=True, parallel=True)
 """Decorator for kernels that run ``prange`` loops over independent blocks."""
-

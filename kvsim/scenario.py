@@ -229,9 +229,9 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
     """Checked parameters of a composed field, with each head's components resolved."""
-    nested = (*COMPONENTS, "boost", "head")
-    scalars = {k: v for k, v in table.items() if k not in nested}
-    params = chk.params(scalars, FIELD_PARAMS, "attention.", skip=("source",))
+    chk.unknown_keys(table, ("source", *FIELD_PARAMS, *COMPONENTS, "boost", "head"), "attention.")
+    params = chk.params({k: v for k, v in table.items() if k in FIELD_PARAMS}, FIELD_PARAMS,
+                        "attention.")
     overrides = table.get("head", [])
     if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
         chk.add("attention.head", "expected [[attention.head]] tables, one per head")
@@ -266,10 +266,16 @@ def _read_field(chk: _Checker, table: dict) -> dict:
                 chk.add(where + ".queries", "expected [lo, hi], got nothing")
             if ("keys" in b) == ("key_positions" in b):
                 chk.add(where, "expected exactly one of keys = [lo, hi] or key_positions")
+            elif not (checked.get("keys") or checked.get("key_positions")):
+                given = "keys" if "keys" in b else "key_positions"
+                chk.add(f"{where}.{given}", "expected at least one key, got none")
             for key in ("keys", "queries"):
                 if key in checked and checked[key] and checked[key][1] > T:
                     chk.add(f"{where}.{key}", f"expected a range within [0, {T}], "
                                               f"got {checked[key]}")
+            if max(checked.get("key_positions") or [-1]) >= T:
+                chk.add(f"{where}.key_positions", f"expected positions below T = {T}, "
+                                                  f"got {max(checked['key_positions'])}")
             out["boost"].append(checked)
         return out
 

@@ -84,6 +84,46 @@ def test_figures_need_their_data(tmp_path):
     assert "'mass_over_time' needs decode steps" in problems(tmp_path, text)[0]
 
 
+FIELD = """\
+[attention]
+source = "field"
+T = 32
+heads = 2
+[[attention.boost]]
+{boost}
+queries = [10, 32]
+[policies.window]
+[[experiment]]
+budgets = [4]
+"""
+
+
+@pytest.mark.parametrize("boost, expected", [
+    ("keys = [3, 40]", "attention.boost[0].keys: expected a range within [0, 32], got [3, 40]"),
+    ("key_positions = [3, 32]", "attention.boost[0].key_positions: expected positions below T = 32"),
+    ("key_positions = []", "attention.boost[0].key_positions: expected at least one key"),
+    ("keys = [1, 2]\nkey_positions = [3]", "attention.boost[0]: expected exactly one of keys"),
+    ("keys = [5, 2]", "attention.boost[0].keys: expected [lo, hi] with 0 <= lo <= hi, got [5, 2]"),
+])
+def test_field_boost_problems(tmp_path, boost, expected):
+    lines = problems(tmp_path, FIELD.format(boost=boost))
+    assert any(line.startswith(expected) for line in lines), lines
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("heads = 2", "heads = 2\nkv_heads = 3", "attention.kv_heads: expected a divisor of heads (2), got 3"),
+    ("heads = 2", 'heads = 2\ngqa = "min"', "attention.gqa: expected one of 'mean', 'max', 'sum'"),
+    ("heads = 2", "heads = 2\n[attention.sinks]\ncont = 2", "attention.sinks.cont: unknown key (did you mean 'count'?)"),
+    ("heads = 2", "heads = 2\n[attention.noize]", "attention.noize: unknown key (did you mean 'noise'?)"),
+    ("heads = 2", "heads = 2\n[[attention.head]]", "attention.head: expected one [[attention.head]] table per head (2), got 1"),
+    ("heads = 2", "heads = 2\n[attention.heavy_hitters]\nhi = 40", "attention.heavy_hitters: expected positions and hi within [0, 32]"),
+])
+def test_field_problems(tmp_path, old, new, expected):
+    text = FIELD.format(boost="keys = [1, 2]").replace(old, new, 1)
+    lines = problems(tmp_path, text)
+    assert any(line.startswith(expected) for line in lines), lines
+
+
 def test_several_problems_are_all_reported(tmp_path):
     text = BASE.replace("sinks = 4", "sinks = -1").replace("seeds = [0]", "seeds = [0]\nnam = 'x'")
     lines = problems(tmp_path, text)

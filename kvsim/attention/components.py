@@ -74,7 +74,8 @@ COMPONENTS: dict[str, dict[str, Param]] = {
 }
 
 BOOST: dict[str, Param] = {
-    "keys": Param(list, [], "key range [lo, hi)", check=_pair, expect="[lo, hi] with lo <= hi"),
+    "keys": Param(list, [], "key range [lo, hi)", check=lambda v: v == [] or _pair(v),
+                  expect="[lo, hi] with 0 <= lo <= hi"),
     "key_positions": Param(list, [], "explicit key positions (instead of keys)",
                            check=_positions, expect="a list of positions >= 0"),
     "queries": Param(list, [], "query range [lo, hi) that attends to the keys", check=_pair,
@@ -151,10 +152,10 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldDat
                 truth[h, positions] = planted = True
         for b in comp.get("boost", []):
             keys = np.zeros(T, bool)
-            if b["key_positions"]:
-                keys[[k for k in b["key_positions"] if k < T]] = True
-            else:
+            if b["keys"]:
                 keys[b["keys"][0]:b["keys"][1]] = True
+            else:
+                keys[b["key_positions"]] = True
             boosts.append((h, min(b["queries"][0], T), min(b["queries"][1], T), keys,
                            b["strength"]))
             if b["important"] and keys.any():
