@@ -110,6 +110,16 @@ def _record(f, heads, cache, n, important, n_important, full_output, step, obs, 
 
 
 @jit
+def _snapshot(cache, n, step, snap_steps, snapshots, index):
+    """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step."""
+    if index < snap_steps.shape[0] and snap_steps[index] == step:
+        snapshots[index, :n] = cache[:n]
+        snapshots[index, n:] = -1
+        return index + 1
+    return index
+
+
+@jit
 def _count_important(important, prompt_len):
     """Number of important keys before the first decode step, per query head."""
     counts = np.zeros(important.shape[0], np.int64)
@@ -123,12 +133,13 @@ def _count_important(important, prompt_len):
 @jit
 def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static_score,
            evict_rule, ring, recent, normalize, update_rule, gqa, evict_slots, important,
-           full_output, out_mass, out_size, out_recall, out_error):
+           full_output, out_mass, out_size, out_recall, out_error, snap_steps, snapshots):
     """Simulate decode steps ``prompt_len .. T-1`` for one KV head; fill the outputs.
 
     ``cache``/``score``/``seen`` hold the prefill state in slots ``0 .. n-1`` and have
-    one slot per budgeted key; ``heads`` are the query heads sharing this cache. Returns
-    the final number of cached keys.
+    one slot per budgeted key; ``heads`` are the query heads sharing this cache. At the
+    decode steps ``snap_steps`` (ascending) the cached positions go to ``snapshots``
+    (padded with -1). Returns the final number of cached keys.
     """
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
@@ -139,6 +150,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
     approx = np.empty(full_output.shape[2])
     ranking = np.empty(budget)
     n_important = _count_important(important, prompt_len)
+    snap = 0
     for t in range(prompt_len, T):
         step = t - prompt_len
         if n == budget:
@@ -165,6 +177,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
             probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], False)
         _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
                 out_mass, out_recall, out_error)
+        snap = _snapshot(cache, n, step, snap_steps, snapshots, snap)
 
         if update_rule == UPDATE_NONE:
             continue
@@ -212,12 +225,13 @@ def _top_ranked_linear(scores, n, k, out):
 
 @jit
 def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full_output,
-           out_mass, out_size, out_recall, out_error, out_kept):
+           out_mass, out_size, out_recall, out_error, out_kept, snap_steps, snapshots):
     """Per step and budget, cache the best-ranked keys of the group's combined full row.
 
     Every budget ``budgets[i]`` shares one evaluation of each row; its outputs are
-    ``out_*[i]``, and ``out_kept[i, :n]`` its last cached set (the prefill selection when
-    there are no decode steps). Returns the number of kept keys per budget.
+    ``out_*[i]``, ``snapshots[i]`` its caches at ``snap_steps``, and ``out_kept[i, :n]``
+    its last cached set (the prefill selection when there are no decode steps). Returns
+    the number of kept keys per budget.
     """
     T = f.key_bias.shape[1]
     G = heads.shape[0]
@@ -231,6 +245,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
     approx = np.empty(full_output.shape[2])
     kept = np.zeros(budgets.shape[0], np.int64)
     n_important = _count_important(important, prompt_len)
+    snap = 0
     for t in range(max(prompt_len - 1, 0), T):
         step = t - prompt_len
         if t >= prompt_len:
@@ -255,6 +270,11 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
             out_size[i, step] = n
             _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass,
                     approx, out_mass[i], out_recall[i], out_error[i])
+            if snap < snap_steps.shape[0] and snap_steps[snap] == step:
+                snapshots[i, snap, :n] = cache[:n]
+                snapshots[i, snap, n:] = -1
             if t == T - 1:
                 out_kept[i, :n] = cache[:n]
+        if t >= prompt_len and snap < snap_steps.shape[0] and snap_steps[snap] == t - prompt_len:
+            snap += 1
     return kept

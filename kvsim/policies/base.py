@@ -29,6 +29,8 @@ class Group:
     important: np.ndarray
     gqa: int = kernels.GQA_MEAN
     seed: int = 0
+    snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
+    snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -100,6 +102,7 @@ class Trace:
     recall: np.ndarray      # (G, steps)
     error: np.ndarray       # (G, steps): relative output error, NaN without values
     kept: np.ndarray
+    snapshots: np.ndarray   # (len(snap_steps), budget) cached positions, -1 padded, or (0, 0)
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,12 @@ def new_trace(group: Group) -> Trace:
     kv = int(group.heads[0]) // group.field.group
     error = np.zeros((G, steps)) if group.field.has_values(kv) else np.full((G, steps), np.nan)
     return Trace(np.zeros((G, steps)), np.zeros(steps, np.int64), np.zeros((G, steps)), error,
-                 np.empty(0, np.int64))
+                 np.empty(0, np.int64), np.zeros((0, 0), np.int64))
+
+
+def snapshot_steps(group: Group, budget: int) -> np.ndarray:
+    """The decode steps at which this run records its cache (none unless asked)."""
+    return group.snap_steps if budget == group.snap_budget else np.zeros(0, np.int64)
 
 
 def run_decode(group: Group, capacity: int, kept: np.ndarray, *, score=None, seen=None,
@@ -158,12 +166,14 @@ def run_decode(group: Group, capacity: int, kept: np.ndarray, *, score=None, see
         counts[:n] = seen
     trace = new_trace(group)
     steps = group.T - group.prompt_len
+    snap_steps = snapshot_steps(group, capacity)
+    trace.snapshots = np.full((snap_steps.shape[0], capacity), -1, np.int64)
     n = kernels.decode(
         group.field, group.row_max, group.row_sum, group.heads, group.prompt_len, cache, n,
         state, counts, np.zeros(group.T) if static_score is None else static_score,
         evict_rule, np.asarray(ring, np.int64), recent, normalize, update_rule, group.gqa,
         np.zeros(steps, np.int64) if evict_slots is None else evict_slots,
         group.important, group.full_output, trace.mass, trace.cache_size, trace.recall,
-        trace.error)
+        trace.error, snap_steps, trace.snapshots)
     trace.kept = np.sort(cache[:n])
     return trace

@@ -11,13 +11,19 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     traces = [new_trace(group) for _ in budgets]
     stack = lambda name: np.stack([getattr(t, name) for t in traces])  # noqa: E731
     mass, size, recall, error = (stack(n) for n in ("mass", "cache_size", "recall", "error"))
-    kept = np.zeros((len(budgets), min(max(budgets), group.T)), np.int64)
+    width = min(max(budgets), group.T)
+    kept = np.zeros((len(budgets), width), np.int64)
+    snap_steps = group.snap_steps if group.snap_budget in budgets else np.zeros(0, np.int64)
+    snapshots = np.full((len(budgets), snap_steps.shape[0], width), -1, np.int64)
     counts = kernels.oracle(group.field, group.row_max, group.row_sum, group.heads,
                             group.prompt_len, np.asarray(budgets, np.int64), group.gqa,
-                            group.important, group.full_output, mass, size, recall, error, kept)
-    for i, trace in enumerate(traces):
+                            group.important, group.full_output, mass, size, recall, error, kept,
+                            snap_steps, snapshots)
+    for i, (budget, trace) in enumerate(zip(budgets, traces)):
         trace.mass, trace.cache_size, trace.recall, trace.error = mass[i], size[i], recall[i], error[i]
         trace.kept = kept[i, :counts[i]].copy()
+        if budget == group.snap_budget:
+            trace.snapshots = snapshots[i, :, :budget]
     return traces
 
 
