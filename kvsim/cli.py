@@ -7,11 +7,14 @@ import sys
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
+from kvsim.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
 
 EPILOG = """\
 commands:
-  kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N]
-                        run every experiment x policy x budget x seed and write
+  kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N] [--resume]
+                        [--budgets LIST] [--seeds SPEC] [--policies LIST] [--set K=V]
+                        run every experiment x policy x budget x seed x head (and
+                        every point of the file's [sweep]) and write report.md,
                         results.csv, steps.npz, scenario.json and figures to DIR
                         (default reports/<scenario name>/); prints DIR
   kvsim validate SCENARIO.toml
@@ -22,6 +25,8 @@ examples:
   python -m kvsim scenarios/seed_notebook.toml
   python -m kvsim scenarios/seed_notebook.toml --out /tmp/nb --force --quiet
   python -m kvsim validate scenarios/seed_notebook.toml
+  python -m kvsim scenarios/heavy_hitters.toml --budgets 64,128,256 --seeds 0:8 \
+      --policies h2o,h2o_offline --set attention.heavy_hitters.exponent=1.2
 
 Bad input prints one line per problem (FILE: key.path: expected ..., got ...)
 and exits with status 2. See README.md for the scenario reference.
@@ -39,7 +44,31 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_positive, metavar="N",
                    help="threads for the policy runs (default: every core; results do not "
                         "depend on it)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the units an interrupted run of this report finished")
+    _add_overrides(p)
     return p
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("overrides (validated like the file)")
+    g.add_argument("--budgets", metavar="LIST",
+                   help="budgets of every experiment, e.g. 64,128,0.25 (decimals: prompt fractions)")
+    g.add_argument("--seeds", metavar="SPEC", help="seeds, e.g. 0:8 or 0,3,5")
+    g.add_argument("--policies", metavar="LIST",
+                   help="policy labels of every experiment, e.g. h2o,h2o_offline (a policy "
+                        "name not configured in the file is added with its defaults)")
+    g.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="set any scenario key, e.g. attention.heavy_hitters.exponent=1.2 "
+                        "(repeatable; experiment.KEY sets it in every experiment)")
+
+
+def _overrides(args: argparse.Namespace) -> Overrides:
+    return Overrides(
+        budgets=parse_budgets(args.budgets) if args.budgets else None,
+        seeds=parse_seeds(args.seeds) if args.seeds else None,
+        policies=[p.strip() for p in args.policies.split(",")] if args.policies else None,
+        settings=[parse_setting(s) for s in args.set])
 
 
 def _positive(text: str) -> int:
@@ -51,14 +80,16 @@ def _positive(text: str) -> int:
 
 def _validate(argv: list[str]) -> int:
     from kvsim.engine import count_runs
-    from kvsim.scenario import load_scenario
+    from kvsim.scenario import load_sweep
 
     p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
+    _add_overrides(p)
     args = p.parse_args(argv)
-    scenario = load_scenario(args.scenario)
-    print(f"{args.scenario}: ok ({len(scenario.experiments)} experiments, "
-          f"{count_runs(scenario)} runs, T = {scenario.T})")
+    variants = load_sweep(args.scenario, _overrides(args))
+    runs = sum(count_runs(v) for v in variants)
+    print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
+          f"{len(variants[0].experiments)} experiments, {runs} runs, T = {variants[0].T})")
     return 0
 
 
@@ -77,12 +108,12 @@ def _policies(argv: list[str]) -> int:
 
 def _run(argv: list[str]) -> int:
     from kvsim.report import run
-    from kvsim.scenario import load_scenario
+    from kvsim.scenario import load_sweep
 
     args = _run_parser().parse_args(argv)
-    scenario = load_scenario(args.scenario)
-    out = run(scenario, args.out, force=args.force, progress=not args.quiet,
-              workers=args.workers)
+    variants = load_sweep(args.scenario, _overrides(args))
+    out = run(variants, args.out, force=args.force, progress=not args.quiet,
+              workers=args.workers, resume=args.resume)
     print(out)
     return 0
 

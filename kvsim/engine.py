@@ -10,22 +10,35 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.policies import POLICIES, Group
+from kvsim import kernels
+from kvsim.policies import POLICIES
 from kvsim.scenario import Experiment, Scenario
 from kvsim.simulation import final_recall, get_policy, make_group, run_budgets
+from kvsim.units import UnitStore, unit_key
 
 PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
 
 
+SNAPSHOTS = 64  # cache snapshots per run at the focus budget (kept-position rasters)
+HEATMAP_ROWS = 256  # rows of the field heatmap
+HEATMAP_BINS = 512  # key bins of the field heatmap (max over each bin)
+
+
 @dataclass
 class ExperimentSteps:
-    """Per-step series of every run of one experiment, one row per results row."""
+    """Per-step series of every run of one experiment, one row per results row.
+
+    ``snapshots[(policy label, seed, kv head)]`` holds the cache at ``snap_steps`` for
+    the focus budget.
+    """
 
     mass: list = field(default_factory=list)
     cache_size: list = field(default_factory=list)
     recall: list = field(default_factory=list)
     error: list = field(default_factory=list)
     kept: list = field(default_factory=list)
+    snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    snapshots: dict = field(default_factory=dict)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Stacked arrays; ``kept`` padded with -1 to the largest final cache."""
@@ -33,19 +46,31 @@ class ExperimentSteps:
         kept = np.full((len(self.kept), width), -1, np.int64)
         for i, k in enumerate(self.kept):
             kept[i, :k.shape[0]] = k
-        return {"mass": np.array(self.mass, np.float64).reshape(len(self.mass), -1),
-                "cache_size": np.array(self.cache_size, np.int64).reshape(len(self.mass), -1),
-                "recall": np.array(self.recall, np.float64).reshape(len(self.mass), -1),
-                "error": np.array(self.error, np.float64).reshape(len(self.mass), -1),
-                "kept": kept}
+        rows = len(self.mass)
+        return {"mass": np.array(self.mass, np.float64).reshape(rows, -1),
+                "cache_size": np.array(self.cache_size, np.int64).reshape(rows, -1),
+                "recall": np.array(self.recall, np.float64).reshape(rows, -1),
+                "error": np.array(self.error, np.float64).reshape(rows, -1),
+                "kept": kept, "snap_steps": self.snap_steps}
+
+
+@dataclass
+class FieldSample:
+    """What the field figures show of one head (first seed)."""
+
+    colsum: np.ndarray   # (T,) attention each key receives from all queries
+    rows: np.ndarray     # (R,) query positions of the heatmap
+    heatmap: np.ndarray  # (R, bins) max attention per key bin
+    bin_width: int
 
 
 @dataclass
 class ScenarioResults:
-    """Everything a run produced: tidy rows and per-step series per experiment."""
+    """Everything a run produced: tidy rows, per-step series, field samples."""
 
     rows: list[dict]
     steps: dict[str, ExperimentSteps]
+    fields: list[FieldSample] = field(default_factory=list)
 
 
 def random_seed(seed: int, head: int) -> int:
@@ -80,50 +105,110 @@ def count_runs(scenario: Scenario) -> int:
         * len(scenario.seeds) * scenario.heads
 
 
-def simulate_scenario(scenario: Scenario, *, progress: bool = True,
-                      workers: int | None = None) -> ScenarioResults:
+def _snap_steps(exp: Experiment, T: int) -> np.ndarray:
+    steps = T - exp.prompt_len
+    return np.unique(np.linspace(0, steps - 1, min(SNAPSHOTS, steps)).astype(np.int64)) \
+        if steps > 0 else np.zeros(0, np.int64)
+
+
+def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int | None = None,
+                      store: UnitStore | None = None, bar: tqdm | None = None) -> ScenarioResults:
     """Run every experiment x policy x budget x seed x head of ``scenario``.
 
     The policies of one KV head run on ``workers`` threads (default: every core); the
-    kernels release the GIL, and results do not depend on the number of workers.
+    kernels release the GIL, and results do not depend on the number of workers. With a
+    ``store``, finished units are saved (and reused when it resumes).
     """
     workers = workers or os.cpu_count() or 1
     rows: list[dict] = []
-    steps = {e.name: ExperimentSteps() for e in scenario.experiments}
-    bar = tqdm(total=count_runs(scenario), unit="run", disable=not progress, dynamic_ncols=True,
-               desc=scenario.name)
-    with bar:
+    steps = {e.name: ExperimentSteps(snap_steps=_snap_steps(e, scenario.T))
+             for e in scenario.experiments}
+    own_bar = bar is None
+    bar = bar or tqdm(total=count_runs(scenario), unit="run", disable=not progress,
+                      dynamic_ncols=True, desc=scenario.name)
+    fields: list[FieldSample] = []
+    try:
         for seed in scenario.seeds:
-            sequence = scenario.field(seed)
+            sequence = scenario.field(seed)  # O(T) arrays; the full passes come on demand
             passes: dict = {}
             for kv in range(scenario.kv_heads):
                 for exp in scenario.experiments:
-                    group = make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
-                                       scenario.gqa_mode, random_seed(seed, kv))
-                    _run_experiment(scenario, exp, group, seed, kv, rows, steps[exp.name], bar,
-                                    workers)
-    return ScenarioResults(rows, steps)
+                    def group_for(exp=exp, kv=kv):
+                        return make_group(sequence.data, kv, exp.prompt_len, sequence.mask,
+                                          passes, scenario.gqa_mode, random_seed(seed, kv),
+                                          exp.focus_budget, steps[exp.name].snap_steps)
+                    _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
+                                    steps[exp.name], bar, workers, store)
+            if seed == scenario.seeds[0]:
+                fields = _field_samples(scenario, sequence, passes)
+    finally:
+        if own_bar:
+            bar.close()
+    return ScenarioResults(rows, steps, fields)
 
 
-def _run_experiment(scenario: Scenario, exp: Experiment, group: Group, seed: int, kv: int,
-                    rows: list[dict], steps: ExperimentSteps, bar: tqdm, workers: int) -> None:
-    def run(config):
-        traces = run_budgets(get_policy(config.kind), group, list(exp.budgets), config.params)
-        bar.update(len(group.heads) * len(traces))
+def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSample]:
+    """Column sums and a heatmap window of every query head (first experiment's prompt)."""
+    P = scenario.experiments[0].prompt_len
+    T = scenario.T
+    lo = max(0, min(P - HEATMAP_ROWS // 2, T - HEATMAP_ROWS))
+    rows = np.arange(lo, min(T, lo + HEATMAP_ROWS))
+    width = -(-T // HEATMAP_BINS)
+    samples = []
+    for kv in range(scenario.kv_heads):
+        group = make_group(sequence.data, kv, P, sequence.mask, passes, scenario.gqa_mode)
+        for g, h in enumerate(group.heads):
+            fp = group.passes[g]
+            heat = np.zeros((rows.size, -(-T // width)))
+            for i, q in enumerate(rows):
+                row = kernels.row_sums(group.field, group.row_max, group.row_sum, int(h), q, q + 1)
+                padded = np.zeros(heat.shape[1] * width)
+                padded[:T] = row
+                heat[i] = padded.reshape(-1, width).max(axis=1)
+            samples.append(FieldSample(fp.prompt_colsum + fp.decode_colsum, rows, heat, width))
+    return samples
+
+
+def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.ndarray,
+                    seed: int, kv: int, rows: list[dict], steps: ExperimentSteps, bar: tqdm,
+                    workers: int, store: UnitStore | None) -> None:
+    heads_per_kv = scenario.heads // scenario.kv_heads
+    keys = [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
+                     heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
+                     seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
+                     budgets=exp.budgets, focus=exp.focus_budget, snaps=steps.snap_steps.tolist())
+            for c in exp.policies]
+    stored = [store.load(k) if store else None for k in keys]
+    group = group_for() if any(s is None for s in stored) else None
+
+    def run(i):
+        if stored[i] is not None:
+            traces = stored[i]
+        else:
+            config = exp.policies[i]
+            traces = run_budgets(get_policy(config.kind), group, list(exp.budgets),
+                                 config.params)
+            if store:
+                store.save(keys[i], traces)
+        bar.update(heads_per_kv * len(traces))
         return traces
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(run, exp.policies))  # in policy order, whatever finishes first
+        results = list(pool.map(run, range(len(exp.policies))))  # in policy order
+    heads = range(kv * heads_per_kv, (kv + 1) * heads_per_kv)
     for config, traces in zip(exp.policies, results):
         for budget, spec, trace in zip(exp.budgets, exp.budget_specs, traces):
-            for g, h in enumerate(group.heads):
-                row = {"experiment": exp.name, "unit": len(steps.mass), "policy": config.label,
+            if budget == exp.focus_budget and trace.snapshots.size:
+                steps.snapshots[config.label, seed, kv] = trace.snapshots
+            for g, h in enumerate(heads):
+                row = {"variant": scenario.variant_label, "experiment": exp.name,
+                       "unit": len(steps.mass), "policy": config.label,
                        "kind": config.kind, "budget": budget, "budget_spec": spec,
-                       "seed": seed, "head": int(h), "kv_head": kv, "T": group.T,
-                       "prompt_len": group.prompt_len, "steps": group.T - group.prompt_len}
+                       "seed": seed, "head": h, "kv_head": kv, "T": scenario.T,
+                       "prompt_len": exp.prompt_len, "steps": scenario.T - exp.prompt_len}
                 row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
                 row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept,
-                                    group.important[g], scenario.has_truth, group.T))
+                                    truth[h], scenario.has_truth, scenario.T))
                 rows.append(row)
                 steps.mass.append(trace.mass[g])
                 steps.cache_size.append(trace.cache_size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +15,15 @@ import numpy as np  # noqa: E402
 from kvsim.scenario import Experiment, Scenario  # noqa: E402
 
 MAX_TIME_PANELS = 4
+RASTER_BINS = 256
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where figures go: a folder and a file-name prefix (for sweep variants)."""
+
+    folder: Path
+    prefix: str = ""
 
 
 def policy_colors(scenario: Scenario) -> dict[str, str]:
@@ -35,10 +45,10 @@ def _by_policy_budget(rows: list[dict], metric: str) -> dict[str, dict[int, np.n
     return {p: {b: np.array(v, float) for b, v in sorted(d.items())} for p, d in groups.items()}
 
 
-def _save(fig, out: Path, stem: str, scenario: Scenario) -> list[Path]:
+def _save(fig, out: Target, stem: str, scenario: Scenario) -> list[Path]:
     paths = []
     for fmt in scenario.formats:
-        path = out / f"{stem}.{fmt}"
+        path = out.folder / f"{out.prefix}{stem}.{fmt}"
         fig.savefig(path, dpi=scenario.dpi)
         paths.append(path)
     plt.close(fig)
@@ -134,7 +144,7 @@ def mass_over_time(scenario, exp, rows, steps, colors, out):
     for ax, budget in zip(axes[0], budgets):
         for policy in dict.fromkeys(r["policy"] for r in rows):
             units = [r["unit"] for r in rows if r["policy"] == policy and r["budget"] == budget]
-            ax.plot(t, steps["mass"][units].mean(axis=0), color=colors[policy], lw=1,
+            ax.plot(t, steps.arrays()["mass"][units].mean(axis=0), color=colors[policy], lw=1,
                     label=policy)
         ax.set(title=f"budget {budget}", xlabel="decode position t")
         ax.grid(True, alpha=0.3)
@@ -146,12 +156,76 @@ def mass_over_time(scenario, exp, rows, steps, colors, out):
     return _save(fig, out, f"{exp.name}_mass_over_time", scenario)
 
 
+def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> np.ndarray:
+    """(bins, snapshots) share of each position bin held in the cache at each snapshot."""
+    width = -(-T // bins)
+    image = np.zeros((-(-T // width), snapshots.shape[0]))
+    for j, cached in enumerate(snapshots):
+        cached = cached[cached >= 0]
+        np.add.at(image[:, j], cached // width, 1.0)
+    return image / width
+
+
+def kept_raster(scenario, exp, rows, steps, colors, out):
+    """Which positions are cached at each decode step: a panel per policy (focus budget)."""
+    seed = scenario.seeds[0]
+    labels = [p.label for p in exp.policies if (p.label, seed, 0) in steps.snapshots]
+    if not labels:
+        return []
+    cols = min(3, len(labels))
+    nrows = -(-len(labels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False,
+                             sharex=True, sharey=True)
+    t = exp.prompt_len + steps.snap_steps
+    for ax, label in zip(axes.flat, labels):
+        image = _occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS)
+        ax.imshow(image, origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=1,
+                  extent=(t[0], t[-1] + 1, 0, scenario.T), interpolation="nearest")
+        ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.6, alpha=0.6)
+        ax.set_title(label, color=colors[label], fontsize=10)
+    for ax in axes.flat[len(labels):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("decode step t")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("key position")
+    fig.suptitle(f"{scenario.name}/{exp.name}: cached positions at budget {exp.focus_budget} "
+                 f"(seed {seed}, KV head 0; dark = cached, red = t)", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out, f"{exp.name}_kept_raster", scenario)
+
+
 FIGURE_FUNCTIONS = {"pareto": pareto, "recall_vs_budget": recall_vs_budget,
-                    "mass_vs_budget": mass_vs_budget, "mass_over_time": mass_over_time}
+                    "mass_vs_budget": mass_vs_budget, "mass_over_time": mass_over_time,
+                    "kept_raster": kept_raster}
 
 
-def draw(scenario: Scenario, exp: Experiment, rows: list[dict], steps: dict[str, np.ndarray],
-         out: Path) -> list[Path]:
+def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
+    """Per head: a heatmap of a window of rows and the column-sum distribution (log-log)."""
+    if not samples:
+        return []
+    n = len(samples)
+    fig, axes = plt.subplots(2, n, figsize=(3.8 * n, 6.6), squeeze=False)
+    for h, sample in enumerate(samples):
+        ax = axes[0][h]
+        image = np.log10(np.maximum(sample.heatmap, 1e-8))
+        ax.imshow(image, origin="lower", aspect="auto", cmap="magma", vmin=-6, vmax=0,
+                  extent=(0, sample.heatmap.shape[1] * sample.bin_width, sample.rows[0],
+                          sample.rows[-1] + 1), interpolation="nearest")
+        ax.set(title=f"head {h}: log10 p(q, k)", xlabel="key position k", ylabel="query q")
+        ax = axes[1][h]
+        ranked = np.sort(sample.colsum)[::-1]
+        ranked = ranked[ranked > 0]
+        ax.loglog(np.arange(1, ranked.size + 1), ranked, color="tab:blue", lw=1)
+        ax.set(xlabel="key rank", ylabel="column sum (attention received)",
+               title=f"head {h}: column sums")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"{scenario.name}: the attention field (seed {scenario.seeds[0]})", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, out, "field", scenario)
+
+
+def draw(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: Target) -> list[Path]:
     """Draw the experiment's figures into ``out``; return the files written."""
     colors = policy_colors(scenario)
     paths = []

@@ -11,11 +11,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from kvsim import figures
-from kvsim.engine import ScenarioResults, simulate_scenario
+from kvsim import h2o_study, markdown
+from kvsim.engine import ScenarioResults, count_runs, simulate_scenario
 from kvsim.errors import KvsimError
-from kvsim.scenario import Scenario, load_scenario
+from kvsim.overrides import Overrides
+from kvsim.scenario import Scenario, load_sweep
+from kvsim.units import UnitStore
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -44,24 +48,41 @@ def _versions() -> dict:
 def _scenario_json(scenario: Scenario) -> dict:
     data = dataclasses.asdict(scenario)
     data["path"] = str(scenario.path)
-    return {"scenario": data, "versions": _versions()}
+    return data
 
 
-def _write_files(folder: Path, scenario: Scenario, results: ScenarioResults) -> None:
+def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults]) -> None:
+    rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(results.rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows(results.rows)
-    arrays = {f"{exp}/{name}": value for exp, steps in results.steps.items()
-              for name, value in steps.arrays().items()}
+        writer.writerows(rows)
+    arrays = {}
+    for i, res in enumerate(results):
+        prefix = f"v{i}/" if len(variants) > 1 else ""
+        for exp, steps in res.steps.items():
+            arrays.update({f"{prefix}{exp}/{name}": value
+                           for name, value in steps.arrays().items()})
+            for (label, seed, kv), snaps in steps.snapshots.items():
+                arrays[f"{prefix}{exp}/snapshots/{label}/seed{seed}/kv{kv}"] = snaps
     np.savez_compressed(folder / "steps.npz", **arrays)
-    (folder / "scenario.json").write_text(json.dumps(_scenario_json(scenario), indent=2) + "\n")
-    for exp in scenario.experiments:
-        rows = [r for r in results.rows if r["experiment"] == exp.name]
-        figures.draw(scenario, exp, rows, results.steps[exp.name].arrays(), folder)
+    meta = {"variants": [_scenario_json(v) for v in variants], "versions": _versions()}
+    (folder / "scenario.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+    drawn: dict = {}
+    for i, (scenario, res) in enumerate(zip(variants, results)):
+        target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
+        drawn[i, "field"] = figures.field_figures(scenario, res.fields, target)
+        for exp in scenario.experiments:
+            rows = [r for r in res.rows if r["experiment"] == exp.name]
+            steps = res.steps[exp.name]
+            drawn[i, exp.name] = figures.draw(scenario, exp, rows, steps, target)
+            if h2o_study.applies(exp) and exp.prompt_len < scenario.T:
+                drawn[i, exp.name, "h2o"] = h2o_study.figures(scenario, exp, rows, steps, target)
+    markdown.write(folder, variants, results, drawn)
 
 
-def write_report(out: Path, scenario: Scenario, results: ScenarioResults, force: bool) -> Path:
+def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],
+                 force: bool) -> Path:
     """Write the report into a temporary folder, then move it to ``out`` in one rename."""
     check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +91,7 @@ def write_report(out: Path, scenario: Scenario, results: ScenarioResults, force:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_files(tmp, scenario, results)
+        _write_files(tmp, variants, results)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
@@ -80,25 +101,38 @@ def write_report(out: Path, scenario: Scenario, results: ScenarioResults, force:
     return out
 
 
-def run(scenario: Scenario | str | Path, out: str | Path | None = None, *, force: bool = False,
-        progress: bool = False, workers: int | None = None) -> Path:
-    """Run every experiment of a scenario and write its report folder.
+def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None = None, *,
+        force: bool = False, progress: bool = False, workers: int | None = None,
+        resume: bool = False, overrides: Overrides | None = None) -> Path:
+    """Run every experiment of a scenario (every variant of its sweep) and write the report.
 
     Parameters
     ----------
-    scenario : a :class:`Scenario` or the path of a scenario file.
+    scenario : a :class:`Scenario`, a list of sweep variants, or a scenario file's path.
     out : report folder (default ``reports/<scenario name>``).
     force : replace an existing report folder.
     progress : show a progress bar on stderr.
     workers : threads running policies in parallel (default: every core).
+    resume : reuse the units an interrupted run of the same report already finished.
+    overrides : command-line changes applied to a scenario file before validation.
 
     Returns
     -------
     Path of the report folder.
     """
-    if not isinstance(scenario, Scenario):
-        scenario = load_scenario(scenario)
-    out = Path(out) if out is not None else default_out(scenario)
+    if isinstance(scenario, Scenario):
+        variants = [scenario]
+    elif isinstance(scenario, list):
+        variants = scenario
+    else:
+        variants = load_sweep(scenario, overrides)
+    out = Path(out) if out is not None else default_out(variants[0])
     check_out(out, force)
-    results = simulate_scenario(scenario, progress=progress, workers=workers)
-    return write_report(out, scenario, results, force)
+    store = UnitStore(out.parent / f".{out.name}.units", resume)
+    total = sum(count_runs(v) for v in variants)
+    with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
+              desc=variants[0].name) as bar:
+        results = [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
+    write_report(out, variants, results, force)
+    shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
+    return out

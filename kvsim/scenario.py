@@ -7,22 +7,24 @@ Validation is complete before any work starts; every problem becomes one line
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvsim.attention.components import BOOST, COMPONENTS
 from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.kernels import GQA_MODES
+from kvsim.overrides import Overrides, apply, expand_sweep
 from kvsim.params import Param
 from kvsim.policies import POLICIES
 from kvsim.simulation import budget_problem, did_you_mean, get_policy, resolve_params
 
-FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time")
+FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster")
 FORMATS = ("png", "svg", "pdf")
 
-TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output")
-EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures")
+TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
+            "sweep")
+EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget")
 OUTPUT_KEYS = ("formats", "dpi")
 
 
@@ -45,6 +47,7 @@ class Experiment:
     budget_specs: tuple[int | float, ...]  # as written: tokens, or fractions of the prompt
     policies: tuple[PolicyConfig, ...]
     figures: tuple[str, ...]
+    focus_budget: int  # the budget whose caches are recorded (rasters, overlaps)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,12 @@ class Scenario:
     experiments: tuple[Experiment, ...]
     formats: tuple[str, ...]
     dpi: int
+    variant: dict = field(default_factory=dict)  # sweep values that define this field variant
+
+    @property
+    def variant_label(self) -> str:
+        """``path=value`` pairs of the sweep point, or an empty string."""
+        return ",".join(f"{k}={v}" for k, v in self.variant.items())
 
     @property
     def gqa_mode(self) -> int:
@@ -209,22 +218,26 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
         chosen.append(config)
     decodes = prompt_len < T
     default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
-                       and (decodes or not f.startswith("mass"))]
+                       and (decodes or not f.startswith(("mass", "kept")))]
     figures = table.get("figures", default_figures)
     if not isinstance(figures, list) or any(f not in FIGURES for f in figures):
         chk.add(f"{where}.figures", f"expected a list of {', '.join(FIGURES)}, got {figures!r}")
         figures = []
     for f in figures:
-        if f.startswith("mass") and not decodes:
+        if f.startswith(("mass", "kept")) and not decodes:
             chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs decode "
                                         f"steps (prompt_len < {T})")
         if ("recall" in f or f == "pareto") and not has_truth:
             chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs ground-truth "
                                         f"important tokens, which this attention source lacks")
+    focus = table.get("focus_budget", budgets[len(budgets) // 2] if budgets else 0)
+    if budgets and focus not in budgets:
+        chk.add(f"{where}.focus_budget", f"expected one of the resolved budgets "
+                                         f"{budgets}, got {focus!r}")
     if len(chk.problems) > before:
         return None
     return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
-                      tuple(figures))
+                      tuple(figures), focus)
 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
@@ -312,18 +325,11 @@ def _read_field(chk: _Checker, table: dict) -> dict:
     return params
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file.
-
-    Raises
-    ------
-    ScenarioError
-        With one line per problem, naming the file and the key path.
-    """
+def read_document(path: str | Path) -> dict:
+    """Parse a scenario file's TOML; unreadable or invalid files raise :class:`ScenarioError`."""
     path = Path(path)
-    chk = _Checker(path)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ScenarioError([(str(path), "", "expected an existing scenario file")]) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -331,6 +337,45 @@ def load_scenario(path: str | Path) -> Scenario:
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError([(str(path), "", f"expected valid TOML ({exc})")]) from None
 
+
+def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Scenario]:
+    """Read a scenario file, apply command-line ``overrides`` and expand its ``[sweep]``.
+
+    Returns one validated :class:`Scenario` per field variant of the sweep (one when the
+    sweep varies no attention or experiment setting).
+    """
+    doc = read_document(path)
+    if overrides is not None:
+        try:
+            doc = apply(doc, overrides)
+        except KvsimError as exc:
+            raise ScenarioError([(str(path), "", str(exc))]) from None
+    try:
+        points = expand_sweep(doc, str(path))
+    except KvsimError as exc:
+        raise ScenarioError([(str(path), "", str(exc).removeprefix(f"{path}: "))]) from None
+    return [validate(point, path, variant) for point, variant in points]
+
+
+def load_scenario(path: str | Path, overrides: Overrides | None = None) -> Scenario:
+    """Read and validate a scenario file (with one field variant; see :func:`load_sweep`).
+
+    Raises
+    ------
+    ScenarioError
+        With one line per problem, naming the file and the key path.
+    """
+    variants = load_sweep(path, overrides)
+    if len(variants) > 1:
+        raise ScenarioError([(str(path), "sweep", f"expected a single field variant for "
+                              f"load_scenario, got {len(variants)}; use load_sweep")])
+    return variants[0]
+
+
+def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenario:
+    """Validate a parsed scenario document (paths resolve relative to ``path``)."""
+    path = Path(path)
+    chk = _Checker(path)
     chk.unknown_keys(doc, TOP_KEYS, "")
     name = doc.get("name", path.stem)
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
@@ -393,5 +438,5 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
                     T, heads, attn_params.get("kv_heads", heads), attn_params.get("gqa", "mean"),
-                    has_truth, tuple(experiments), tuple(formats), dpi)
+                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}))
 

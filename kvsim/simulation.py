@@ -96,17 +96,20 @@ def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict) 
 
 
 def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.ndarray,
-               passes: dict, gqa: int = GQA_MEAN, seed: int = 0) -> Group:
+               passes: dict, gqa: int = GQA_MEAN, seed: int = 0, snap_budget: int = -1,
+               snap_steps: np.ndarray | None = None) -> Group:
     """The :class:`Group` of KV head ``kv_head``; full passes are memoised in ``passes``.
 
-    ``important`` is an (H, T) mask; ``passes`` maps (head, prompt_len) to a full pass.
+    ``important`` is an (H, T) mask; ``passes`` maps (head, prompt_len) to a full pass;
+    runs at ``snap_budget`` record their cache at the decode steps ``snap_steps``.
     """
     heads = np.arange(kv_head * field.group, (kv_head + 1) * field.group, dtype=np.int64)
     for h in heads:
         if (h, prompt_len) not in passes:
             passes[h, prompt_len] = full_pass(field, int(h), prompt_len)
     return Group(field, heads, prompt_len, tuple(passes[h, prompt_len] for h in heads),
-                 np.ascontiguousarray(important[heads]), gqa, seed)
+                 np.ascontiguousarray(important[heads]), gqa, seed, snap_budget,
+                 np.zeros(0, np.int64) if snap_steps is None else snap_steps)
 
 
 def important_mask(important, T: int) -> np.ndarray:

@@ -54,7 +54,7 @@ def test_run_writes_report(scenario, tmp_path, capsys):
     assert (steps["decode/cache_size"][[int(r["unit"]) for r in rows if r["policy"] == "h2o"
                                         and r["budget"] == "8"]] <= 8).all()
     meta = json.loads((out / "scenario.json").read_text())
-    assert meta["scenario"]["experiments"][0]["budgets"] == [8, 12]
+    assert meta["variants"][0]["experiments"][0]["budgets"] == [8, 12]
     assert "numba" in meta["versions"]
     for fig in ("decode_mass_vs_budget", "decode_mass_over_time", "decode_recall_vs_budget",
                 "decode_pareto"):

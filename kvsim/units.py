@@ -1,0 +1,52 @@
+"""Finished units of work on disk, so an interrupted run can resume (``--resume``).
+
+A unit is one policy configuration at every budget of one experiment, for one
+sequence (seed) and one KV head. It is stored under a hash of everything that
+determines its result, written atomically, and read back only when that hash matches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.policies import Trace
+
+FIELDS = ("mass", "cache_size", "recall", "error", "kept", "snapshots")
+
+
+def unit_key(**parts) -> str:
+    """A stable hash of a unit's resolved configuration (JSON of ``parts``)."""
+    from kvsim import __version__
+
+    text = json.dumps({"kvsim": __version__, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class UnitStore:
+    """A folder of finished units; ``resume`` says whether existing ones are reused."""
+
+    def __init__(self, folder: Path, resume: bool):
+        self.folder = folder
+        self.resume = resume
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def load(self, key: str) -> list[Trace] | None:
+        """The stored traces of unit ``key``, or None (also when not resuming)."""
+        path = self.folder / f"{key}.npz"
+        if not self.resume or not path.exists():
+            return None
+        with np.load(path) as data:
+            count = int(data["count"])
+            return [Trace(*(data[f"{i}/{name}"] for name in FIELDS)) for i in range(count)]
+
+    def save(self, key: str, traces: list[Trace]) -> None:
+        """Store unit ``key`` atomically (a temporary file, then a rename)."""
+        arrays = {f"{i}/{name}": getattr(t, name) for i, t in enumerate(traces) for name in FIELDS}
+        tmp = self.folder / f".{key}.{os.getpid()}.tmp.npz"
+        np.savez(tmp, count=len(traces), **arrays)
+        os.replace(tmp, self.folder / f"{key}.npz")
