@@ -20,6 +20,7 @@ commands:
   kvsim validate SCENARIO.toml
                         check a scenario file without running it
   kvsim policies        list the policies and their parameters
+  kvsim bench [--quick] measure speed on this machine (table + bench.json)
 
 examples:
   python -m kvsim scenarios/seed_notebook.toml
@@ -118,7 +119,22 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"validate": _validate, "policies": _policies}
+def _bench(argv: list[str]) -> int:
+    from kvsim.bench import run_bench
+
+    p = argparse.ArgumentParser(
+        prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
+        "pass, policy kernels, kvsim vs NumPy, end to end, scaling. Prints a table and "
+        "writes bench.json and bench_scaling.png.")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    p.add_argument("--out", type=Path, default=Path("reports/bench"),
+                   help="folder for bench.json and the figure (default reports/bench)")
+    args = p.parse_args(argv)
+    run_bench(args.quick, args.out)
+    return 0
+
+
+COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,6 +166,11 @@ def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> np.ndarray:
     return image / width
 
 
+def _visible(occupancy: np.ndarray) -> np.ndarray:
+    """Grey level of a bin: any cached key shows (0.35), a full bin is black (1)."""
+    return np.where(occupancy > 0, 0.35 + 0.65 * occupancy, 0.0)
+
+
 def kept_raster(scenario, exp, rows, steps, colors, out):
     """Which positions are cached at each decode step: a panel per policy (focus budget)."""
     seed = scenario.seeds[0]
@@ -178,7 +183,7 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
                              sharex=True, sharey=True)
     t = exp.prompt_len + steps.snap_steps
     for ax, label in zip(axes.flat, labels):
-        image = _occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS)
+        image = _visible(_occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS))
         ax.imshow(image, origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=1,
                   extent=(t[0], t[-1] + 1, 0, scenario.T), interpolation="nearest")
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.6, alpha=0.6)
@@ -190,7 +195,8 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
     for ax in axes[:, 0]:
         ax.set_ylabel("key position")
     fig.suptitle(f"{scenario.name}/{exp.name}: cached positions at budget {exp.focus_budget} "
-                 f"(seed {seed}, KV head 0; dark = cached, red = t)", fontsize=10)
+                 f"(seed {seed}, KV head 0; grey: some keys of a bin cached, black: all; red: t)",
+                 fontsize=10)
     fig.tight_layout()
     return _save(fig, out, f"{exp.name}_kept_raster", scenario)
 

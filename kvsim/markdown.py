@@ -60,6 +60,18 @@ def _table(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list[str]:
     if scenario.has_truth:
         lines += _pivot(exp, groups, f"Important-token recall of the final cache (mean {spread})",
                         _mean_of("final_recall"))
+    heads = sorted({r["head"] for r in rows})
+    if exp.prompt_len < scenario.T and len(heads) > 1:
+        focus = [r for r in rows if r["budget"] == exp.focus_budget]
+        lines += [f"**Mass by head at budget {exp.focus_budget} (mean over seeds)**", "",
+                  "| policy | " + " | ".join(f"head {h}" for h in heads) + " |",
+                  "| --- |" + " --- |" * len(heads)]
+        for p in exp.policies:
+            lines.append(f"| `{p.label}` | " + " | ".join(
+                _fmt(float(np.mean([r["mass_mean"] for r in focus
+                                    if r["policy"] == p.label and r["head"] == h])))
+                for h in heads) + " |")
+        lines.append("")
     if any(not np.isnan(r["error_mean"]) for r in rows):
         lines += _pivot(exp, groups, "Relative output error |o~ - o| / |o|, mean over decode steps",
                         _mean_of("error_mean"))

@@ -1,0 +1,240 @@
+"""``python -m kvsim bench``: kvsim's speed, measured on this machine, as ratios.
+
+Every figure comes from this run: the machine's own NumPy ``exp`` throughput as the
+ceiling of the full pass, kvsim against a vectorised NumPy implementation of the same
+simulation, kernel throughputs, end-to-end wall time and memory, and scaling with T.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+import numpy as np
+
+from kvsim.attention import components
+from kvsim.attention.sources import Field
+from kvsim.bench.numpy_baseline import BASELINES
+from kvsim.field import FieldData
+from kvsim.fullpass import full_pass
+from kvsim.kernels import row_sums
+from kvsim.policies import POLICIES
+from kvsim.simulation import make_group, resolve_params, simulate
+
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "long_context.toml"
+
+
+def _timed(fn, repeats: int = 3) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+def exp_rate() -> float:
+    """NumPy float32 ``exp`` evaluations per second on one core."""
+    x = np.random.default_rng(0).random(1 << 22, dtype=np.float32) * -8.0
+    out = np.empty_like(x)
+    return x.size / _timed(lambda: np.exp(x, out=out), repeats=7)
+
+
+def bench_field(T: int, noise: bool) -> FieldData:
+    """A long-context head: sinks, recency, heavy hitters (and Gaussian noise)."""
+    comps = {
+        "sinks": {"count": 4, "strength": 6.0},
+        "recency": {"kind": "power", "alpha": 0.8, "tau": 64.0},
+        "heavy_hitters": {"count": max(T // 128, 1), "fraction": 0.0, "positions": [], "lo": 0,
+                          "hi": -1, "strength": 7.0, "exponent": 0.6, "important": True},
+        "boost": [],
+    }
+    if noise:
+        comps["noise"] = {"kind": "gaussian", "scale": 0.5}
+    return components.build([comps], T, 1, seed=0)[0]
+
+
+def full_pass_rate(T: int, noise: bool) -> float:
+    """Logit evaluations per second of the full pass over one head."""
+    field = bench_field(T, noise)
+    seconds = _timed(lambda: full_pass(field, 0, T - 1024), repeats=1 if T > 16384 else 3)
+    return T * (T + 1) / 2 / seconds
+
+
+def policy_rates(budgets, prompt_len: int, steps: int) -> dict:
+    """Kept-key updates (decode steps x budget) per second of each policy's run."""
+    T = prompt_len + steps
+    field = bench_field(T, noise=False)
+    sequence = Field(field, None)
+    group_passes: dict = {}
+    out = {}
+    for name, policy in POLICIES.items():
+        params = resolve_params(policy, {})
+        for budget in budgets:
+            if budget < policy.min_budget(params):
+                continue
+            group = make_group(field, 0, prompt_len, sequence.mask, group_passes)
+            seconds = _timed(lambda: policy.run(group, budget, params), repeats=1)
+            out[f"{name}@{budget}"] = steps * budget / seconds
+    return out
+
+
+def dense_matrix(T: int) -> np.ndarray:
+    """The benchmark field materialised as a dense (T, T) probability matrix."""
+    field = bench_field(T, noise=True)
+    sequence = Field(field, None)
+    group = make_group(field, 0, T, sequence.mask, {})
+    return np.stack([row_sums(field, group.row_max, group.row_sum, 0, q, q + 1)
+                     for q in range(T)])
+
+
+def versus_numpy(workloads: dict, repeats: int) -> dict:
+    """kvsim.simulate against the NumPy baselines on dense matrices (same results checked)."""
+    out = {}
+    for name, (T, P, B) in workloads.items():
+        A = dense_matrix(T)
+        for policy, baseline in BASELINES.items():
+            ours = simulate(A, policy, B, P)
+            mass, kept = baseline(A, P, B)
+            if not (np.allclose(ours.mass, mass, rtol=0, atol=1e-9)
+                    and np.array_equal(np.sort(kept), ours.kept)):
+                raise AssertionError(f"NumPy baseline and kvsim disagree: {policy} on {name}")
+            t_kvsim = _timed(lambda: simulate(A, policy, B, P), repeats)
+            t_numpy = _timed(lambda: baseline(A, P, B), repeats)
+            out[f"{policy}/{name}"] = {"T": T, "prompt_len": P, "budget": B,
+                                       "kvsim_s": t_kvsim, "numpy_s": t_numpy,
+                                       "speedup": t_numpy / t_kvsim}
+    return out
+
+
+def end_to_end(scenario: Path) -> dict:
+    """Wall time and peak memory of a scenario run with an empty, then a warm, Numba cache."""
+    out = {}
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as reports:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        for label in ("cold", "warm"):
+            start = time.perf_counter()
+            proc = subprocess.Popen([sys.executable, "-m", "kvsim", str(scenario), "--out",
+                                     f"{reports}/{label}", "--quiet"], env=env,
+                                    stdout=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            if status:
+                raise RuntimeError(f"{scenario} failed with status {status}")
+            out[label] = {"seconds": time.perf_counter() - start,
+                          "peak_mb": usage.ru_maxrss / 1024}
+    return out
+
+
+def scaling(lengths, budget: int, steps: int) -> dict:
+    """Full-pass and h2o times against T (one head, fixed decode steps and budget)."""
+    out = {}
+    policy = POLICIES["h2o"]
+    params = resolve_params(policy, {})
+    for T in lengths:
+        field = bench_field(T, noise=False)
+        sequence = Field(field, None)
+        start = time.perf_counter()
+        passes: dict = {}
+        group = make_group(field, 0, T - steps, sequence.mask, passes)
+        t_pass = time.perf_counter() - start
+        t_policy = _timed(lambda: policy.run(group, budget, params), repeats=1)
+        out[T] = {"full_pass_s": t_pass, "h2o_s": t_policy}
+    return out
+
+
+def scaling_figure(result: dict, out: Path) -> Path:
+    """Log-log time against T, with the T^2/2 and steps x B reference slopes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T = np.array(sorted(result["scaling"]), float)
+    rows = [result["scaling"][int(t)] for t in T]
+    full = np.array([r["full_pass_s"] for r in rows])
+    pol = np.array([r["h2o_s"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    ax.loglog(T, full, "o-", label="full-attention pass")
+    ax.loglog(T, pol, "s-", label="h2o decode (fixed steps x B)")
+    ax.loglog(T, full[0] * (T / T[0]) ** 2, "k--", lw=0.8, label="slope T^2/2")
+    ax.loglog(T, np.full_like(T, pol[0]), "k:", lw=0.8, label="slope steps x B (flat in T)")
+    s = result["config"]["scaling"]
+    ax.set(xlabel="sequence length T", ylabel="seconds (one head)",
+           title=f"kvsim scaling on this machine (B = {s['budget']}, {s['steps']} decode steps)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "bench_scaling.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_bench(quick: bool, out: Path) -> dict:
+    """Run every measurement, print the table, write ``bench.json`` and the figure."""
+    import numba
+
+    threads = numba.get_num_threads()
+    config = {
+        "full_pass_T": [4096, 8192] if quick else [8192, 32768, 131072],
+        "policy": {"budgets": [256, 1024] if quick else [256, 1024, 4096],
+                   "prompt_len": 8192, "steps": 256 if quick else 1024},
+        "numpy": {"prefill_heavy": (4096, 2048, 256), "decode_heavy": (4096, 512, 64)}
+        if not quick else {"prefill_heavy": (2048, 1024, 128), "decode_heavy": (2048, 256, 64)},
+        "scaling": {"T": [2048, 4096, 8192] if quick else [4096, 8192, 16384, 32768, 65536, 131072],
+                    "budget": 1024, "steps": 1024},
+        "end_to_end": "scenarios/seed_notebook.toml" if quick else "scenarios/long_context.toml",
+    }
+    result = {"machine": {"python": platform.python_version(), "numpy": np.__version__,
+                          "numba": numba.__version__, "cores": os.cpu_count(),
+                          "numba_threads": threads, "processor": platform.processor()},
+              "config": config}
+    per_core = exp_rate()
+    ceiling = per_core * threads
+    result["exp_per_core"] = per_core
+    result["exp_ceiling"] = ceiling
+    print(f"machine: NumPy float32 exp {per_core / 1e6:,.0f} M/s per core; ceiling x{threads} "
+          f"threads = {ceiling / 1e6:,.0f} M/s")
+    result["full_pass"] = {}
+    for T in config["full_pass_T"]:
+        for noise in (False, True):
+            rate = full_pass_rate(T, noise)
+            key = f"{T}{'+noise' if noise else ''}"
+            result["full_pass"][key] = {"logits_per_s": rate, "of_ceiling": rate / ceiling}
+            print(f"full pass T={T:>6} {'with noise' if noise else 'no noise  '}: "
+                  f"{rate / 1e6:8,.1f} M logits/s = {rate / ceiling:6.1%} of the exp ceiling")
+    p = config["policy"]
+    result["policies"] = {}
+    for key, rate in policy_rates(p["budgets"], p["prompt_len"], p["steps"]).items():
+        result["policies"][key] = {"updates_per_s": rate, "per_core": rate}
+        print(f"policy {key:<20} {rate / 1e9:7.3f} G kept-key updates/s (one thread)")
+    result["numpy"] = versus_numpy(config["numpy"], repeats=1 if quick else 3)
+    for key, r in result["numpy"].items():
+        print(f"vs NumPy {key:<28} kvsim {r['kvsim_s']:7.3f} s  numpy {r['numpy_s']:7.3f} s  "
+              f"speed-up x{r['speedup']:.1f}")
+    scenario = Path(config["end_to_end"])
+    if not scenario.is_absolute():
+        scenario = SCENARIO.parent.parent / scenario
+    result["end_to_end"] = end_to_end(scenario)
+    for label, r in result["end_to_end"].items():
+        print(f"end to end {scenario.name} ({label} cache): {r['seconds']:.1f} s, "
+              f"peak {r['peak_mb']:.0f} MB")
+    s = config["scaling"]
+    result["scaling"] = scaling(s["T"], s["budget"], s["steps"])
+    for T, r in result["scaling"].items():
+        print(f"scaling T={T:>6}: full pass {r['full_pass_s']:8.2f} s, h2o {r['h2o_s']:6.3f} s")
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, out / "bench.json")
+    print(f"wrote {out / 'bench.json'} and {scaling_figure(result, out)}")
+    return result
