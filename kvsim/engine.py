@@ -158,7 +158,7 @@ def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSamp
     for kv in range(scenario.kv_heads):
         group = make_group(sequence.data, kv, P, sequence.mask, passes, scenario.gqa_mode)
         for g, h in enumerate(group.heads):
-            fp = group.passes[g]
+            fp = group.passes()[g]
             heat = np.zeros((rows.size, -(-T // width)))
             for i, q in enumerate(rows):
                 row = kernels.row_sums(group.field, group.row_max, group.row_sum, int(h), q, q + 1)

@@ -32,7 +32,8 @@ class FullPass(NamedTuple):
 
 
 @jit_parallel
-def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks, full_output):
+def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
+               full_output):
     T = f.key_bias.shape[1]
     dense = f.probs.shape[1] > 0
     dv = full_output.shape[1]
@@ -40,7 +41,7 @@ def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
     for b in prange(BLOCKS):
         keys = np.arange(T)
         buf = np.empty(T)
-        for q in range(b, T, BLOCKS):
+        for q in range(b, rows, BLOCKS):
             n = q + 1
             if dense:
                 for k in range(n):
@@ -68,16 +69,22 @@ def _full_pass(f, h, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
                         full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
 
 
-def full_pass(field: FieldData, head: int, prompt_len: int) -> FullPass:
-    """Run the full pass of query head ``head`` with prompt length ``prompt_len``."""
+def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None) -> FullPass:
+    """Run the full pass of query head ``head`` with prompt length ``prompt_len``.
+
+    ``rows`` limits the pass to queries ``0 .. rows-1`` (a dense field that only needs
+    prompt column sums); each block still sums its rows in the same order, so a partial
+    pass gives bit-identical prompt sums.
+    """
     T = field.T
+    rows = T if rows is None else rows
     dv = field.values.shape[2] if field.has_values(head // field.group) else 0
     row_max = np.zeros(T)
     row_sum = np.ones(T)
     prompt_blocks = np.zeros((BLOCKS, T))
     decode_blocks = np.zeros((BLOCKS, T))
     full_output = np.zeros((T - prompt_len, dv))
-    _full_pass(field, head, prompt_len, row_max, row_sum, prompt_blocks, decode_blocks,
+    _full_pass(field, head, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
                full_output)
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
                     full_output)

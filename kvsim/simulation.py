@@ -10,7 +10,6 @@ import numpy as np
 from kvsim.attention.dense import probabilities
 from kvsim.errors import InvariantError, KvsimError
 from kvsim.field import FieldData, dense_field
-from kvsim.fullpass import full_pass
 from kvsim.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, Group, Policy, Trace
 
@@ -100,16 +99,16 @@ def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.nd
                snap_steps: np.ndarray | None = None) -> Group:
     """The :class:`Group` of KV head ``kv_head``; full passes are memoised in ``passes``.
 
-    ``important`` is an (H, T) mask; ``passes`` maps (head, prompt_len) to a full pass;
-    runs at ``snap_budget`` record their cache at the decode steps ``snap_steps``.
+    ``important`` is an (H, T) mask; ``passes`` is the memo of full passes shared by the
+    groups of one sequence; runs at ``snap_budget`` record their cache at the decode
+    steps ``snap_steps``. A component field's passes run here, on the calling thread.
     """
     heads = np.arange(kv_head * field.group, (kv_head + 1) * field.group, dtype=np.int64)
-    for h in heads:
-        if (h, prompt_len) not in passes:
-            passes[h, prompt_len] = full_pass(field, int(h), prompt_len)
-    return Group(field, heads, prompt_len, tuple(passes[h, prompt_len] for h in heads),
-                 np.ascontiguousarray(important[heads]), gqa, seed, snap_budget,
-                 np.zeros(0, np.int64) if snap_steps is None else snap_steps)
+    group = Group(field, heads, prompt_len, passes, np.ascontiguousarray(important[heads]), gqa,
+                  seed, snap_budget, np.zeros(0, np.int64) if snap_steps is None else snap_steps)
+    if not field.is_dense:
+        group.row_max  # noqa: B018 - every policy needs the row statistics: compute them now
+    return group
 
 
 def important_mask(important, T: int) -> np.ndarray:

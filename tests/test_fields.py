@@ -208,9 +208,8 @@ def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -
         for P in prompt_lens:
             gc, *gds = (make_group(f, kv, P, important, p, gqa, seed=3)
                         for f, p in zip((field, *twins), passes))
-            for h in gc.heads:
-                a = passes[0][h, P]
-                for b in (passes[1][h, P], passes[2][h, P]):
+            for h, a, *bs in zip(gc.heads, gc.passes(), *(g.passes() for g in gds)):
+                for b in bs:
                     for name in ("prompt_colsum", "decode_colsum", "full_output"):
                         assert np.array_equal(getattr(a, name), getattr(b, name)), (h, P, name)
             for name, policy in POLICIES.items():

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from kvsim._numba import jit
 from kvsim.errors import KvsimError
 
 ROW_SUM_TOL = 1e-5
@@ -15,33 +16,50 @@ def _check_square(a: np.ndarray, what: str) -> None:
         raise KvsimError(f"{what}: expected real numbers, got dtype {a.dtype}")
 
 
+@jit
+def _first_bad_row(a, tol):
+    """(0, -1) when every row is valid, else (problem, first bad row): 1 non-finite,
+    2 negative, 3 non-zero above the diagonal, 4 sum away from 1. One pass, no copy."""
+    T = a.shape[0]
+    for q in range(T):
+        total = 0.0
+        for k in range(T):
+            x = float(a[q, k])
+            if not np.isfinite(x):
+                return 1, q
+            if x < 0.0:
+                return 2, q
+            if k > q and x != 0.0:
+                return 3, q
+            total += x
+        if abs(total - 1.0) > tol:
+            return 4, q
+    return 0, -1
+
+
+_PROBLEMS = {1: "expected finite values, row {row} is not",
+             2: "expected non-negative probabilities, row {row} has a negative entry",
+             3: "expected a causal matrix (zero above the diagonal), row {row} attends to a "
+                "later key",
+             4: "expected rows summing to 1 (within {tol:g}), row {row} sums to {total:.6g}"}
+
+
 def probabilities(a: np.ndarray, what: str = "attention") -> np.ndarray:
     """Check a causal probability matrix and return it in float64, rows summing to 1.
 
-    Raises :class:`KvsimError` naming the first bad row.
+    The checks are one compiled pass; raises :class:`KvsimError` naming the first bad row.
     """
     a = np.asarray(a)
     _check_square(a, what)
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float64)
+    problem, row = _first_bad_row(np.ascontiguousarray(a), ROW_SUM_TOL)
+    if problem:
+        total = float(np.asarray(a[row], np.float64).sum())
+        raise KvsimError(f"{what}: " + _PROBLEMS[problem].format(row=row, tol=ROW_SUM_TOL,
+                                                                  total=total))
     a = a.astype(np.float64)
-    bad = ~np.isfinite(a).all(axis=1)
-    if bad.any():
-        raise KvsimError(f"{what}: expected finite values, row {int(np.argmax(bad))} is not")
-    bad = (a < 0).any(axis=1)
-    if bad.any():
-        raise KvsimError(f"{what}: expected non-negative probabilities, "
-                         f"row {int(np.argmax(bad))} has a negative entry")
-    bad = np.triu(a, 1).any(axis=1)
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise KvsimError(f"{what}: expected a causal matrix (zero above the diagonal), "
-                         f"row {row} attends to a later key")
-    sums = a.sum(axis=1)
-    bad = np.abs(sums - 1.0) > ROW_SUM_TOL
-    if bad.any():
-        row = int(np.argmax(bad))
-        raise KvsimError(f"{what}: expected rows summing to 1 (within {ROW_SUM_TOL:g}), "
-                         f"row {row} sums to {sums[row]:.6g}")
-    return a / sums[:, None]
+    return a / a.sum(axis=1, keepdims=True)
 
 
 def softmax_logits(a: np.ndarray, what: str = "attention") -> np.ndarray:

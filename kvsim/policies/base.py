@@ -10,7 +10,7 @@ import numpy as np
 
 from kvsim import kernels
 from kvsim.field import FieldData
-from kvsim.fullpass import FullPass
+from kvsim.fullpass import FullPass, full_pass
 from kvsim.params import Param
 
 
@@ -18,14 +18,16 @@ from kvsim.params import Param
 class Group:
     """Everything a policy may read about one KV head and the query heads sharing it.
 
-    ``passes`` holds the full pass of each query head in ``heads``; ``important`` is a
-    (G, T) boolean mask of ground-truth positions per query head.
+    ``important`` is a (G, T) boolean mask of ground-truth positions per query head. Full
+    passes are computed on first use and memoised in ``memo`` (shared by the groups of one
+    sequence), keyed by (head, prompt length, rows): a component field needs every row
+    (its row statistics), a dense field only what a policy asks for.
     """
 
     field: FieldData
     heads: np.ndarray
     prompt_len: int
-    passes: tuple[FullPass, ...]
+    memo: dict
     important: np.ndarray
     gqa: int = kernels.GQA_MEAN
     seed: int = 0
@@ -47,22 +49,32 @@ class Group:
     def row_sum(self) -> np.ndarray:
         return self._stats()[1]
 
+    def passes(self, rows: int | None = None) -> tuple[FullPass, ...]:
+        """The full pass of every query head of the group over queries ``0 .. rows-1``."""
+        rows = self.T if rows is None or not self.field.is_dense else rows
+        with self._lock:  # one parallel full pass at a time, whatever thread asks
+            for h in self.heads:
+                key = (int(h), self.prompt_len, rows)
+                if key not in self.memo:
+                    self.memo[key] = full_pass(self.field, int(h), self.prompt_len, rows)
+            return tuple(self.memo[int(h), self.prompt_len, rows] for h in self.heads)
+
     @property
     def full_output(self) -> np.ndarray:
-        """(G, steps, dv) full-attention outputs ``o(t)``."""
-        return np.stack([p.full_output for p in self.passes])
+        """(G, steps, dv) full-attention outputs ``o(t)`` (dv = 0 without values)."""
+        if not self.field.has_values(int(self.heads[0]) // self.field.group):
+            return np.zeros((len(self.heads), self.T - self.prompt_len, 0))
+        return np.stack([p.full_output for p in self.passes()])
 
     def _stats(self) -> tuple[np.ndarray, np.ndarray]:
-        with self._lock:
-            return self._stats_locked()
-
-    def _stats_locked(self) -> tuple[np.ndarray, np.ndarray]:
         if "stats" not in self._cache:
             row_max = np.zeros((self.field.heads, self.T))
             row_sum = np.ones((self.field.heads, self.T))
-            for h, p in zip(self.heads, self.passes):
-                row_max[h], row_sum[h] = p.row_max, p.row_sum
-            self._cache["stats"] = (row_max, row_sum)
+            if not self.field.is_dense:  # dense probabilities need no row statistics
+                for h, p in zip(self.heads, self.passes()):
+                    row_max[h], row_sum[h] = p.row_max, p.row_sum
+            with self._lock:
+                self._cache.setdefault("stats", (row_max, row_sum))
         return self._cache["stats"]
 
     def combine(self, per_head: list[np.ndarray]) -> np.ndarray:
@@ -75,11 +87,11 @@ class Group:
 
     def prompt_scores(self) -> np.ndarray:
         """Column sums of the prompt rows, combined over the group."""
-        return self.combine([p.prompt_colsum for p in self.passes])
+        return self.combine([p.prompt_colsum for p in self.passes(self.prompt_len)])
 
     def global_scores(self) -> np.ndarray:
         """Column sums of all rows (future queries included), combined over the group."""
-        return self.combine([p.prompt_colsum + p.decode_colsum for p in self.passes])
+        return self.combine([p.prompt_colsum + p.decode_colsum for p in self.passes()])
 
     def row_scores(self, lo: int, hi: int) -> np.ndarray:
         """Attention summed over queries ``lo .. hi-1``, combined over the group."""
