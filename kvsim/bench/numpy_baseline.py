@@ -71,7 +71,8 @@ def snapkv(attn: np.ndarray, prompt_len: int, budget: int, window: int = 32, ker
     votes = attn[P - w:P, :P - w].sum(axis=0)
     half = kernel // 2
     padded = np.pad(votes, half, constant_values=-np.inf)
-    pooled = np.lib.stride_tricks.sliding_window_view(padded, kernel).max(axis=1)
+    pooled = (np.lib.stride_tricks.sliding_window_view(padded, kernel).max(axis=1)
+              if votes.size else votes)
     pinned = _top(pooled, min(P - w, budget - w))
     ring = budget - pinned.size
     mass = np.empty(T - P)
