@@ -416,7 +416,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     configs = _read_policies(chk, doc)
     output = chk.table(doc, "output", "output")
     chk.unknown_keys(output, OUTPUT_KEYS, "output.")
-    formats = output.get("formats", ["png"])
+    formats = output.get("formats", ["png", "svg"])
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
         chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
     dpi = output.get("dpi", 120)
