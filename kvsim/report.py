@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kvsim import figures
-from kvsim import h2o_study, markdown
+from kvsim import figures, h2o_study, markdown
 from kvsim.engine import ScenarioResults, count_runs, simulate_scenario
 from kvsim.errors import KvsimError
 from kvsim.overrides import Overrides
