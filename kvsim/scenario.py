@@ -391,7 +391,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
 
     attention = chk.table(doc, "attention", "attention")
     source_name = attention.get("source")
-    T, heads, has_truth, attn_params = 0, 1, False, {}
+    T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
     if source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
@@ -408,7 +408,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
             attn_params = chk.params(attention, source.params, "attention.", skip=("source",))
         if len(chk.problems) == before:
             try:
-                T, heads, has_truth = source.describe(attn_params, path.parent)
+                T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
             except KvsimError as exc:
                 key, _, message = str(exc).partition(": ")
                 chk.add(f"attention.{key}", message)
@@ -437,6 +437,6 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     if chk.problems:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
-                    T, heads, attn_params.get("kv_heads", heads), attn_params.get("gqa", "mean"),
+                    T, heads, kv_heads, attn_params.get("gqa", "mean"),
                     has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}))
 

@@ -47,7 +47,7 @@ def test_base_is_valid(tmp_path):
     ("window = 8", "windw = 8", "policies.snapkv.windw: unknown key (did you mean 'window'?)"),
     ("prompt_len = 32", "promptlen = 32", "experiment[0].promptlen: unknown key (did you mean 'prompt_len'?)"),
     ("[policies.snapkv]", "[policies.snapkvv]", "policies.snapkvv: expected a policy name (did you mean 'snapkv'?)"),
-    ('source = "seed_notebook"', 'source = "seed_notebok"', "attention.source: expected one of seed_notebook, matrix, field (did you mean 'seed_notebook'?)"),
+    ('source = "seed_notebook"', 'source = "seed_notebok"', "attention.source: expected one of seed_notebook, matrix, field, trace (did you mean 'seed_notebook'?)"),
     # wrong types
     ("sinks = 4", 'sinks = "4"', "policies.streaming_llm.sinks: expected int, got '4'"),
     ("T = 64", "T = 64.0", "attention.T: expected int, got 64.0"),

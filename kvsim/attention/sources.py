@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from kvsim.attention import components
+from kvsim.attention import components, trace
 from kvsim.attention.dense import probabilities, softmax_logits
 from kvsim.attention.seed_notebook import planted_matrix
 from kvsim.errors import KvsimError
@@ -57,22 +57,22 @@ class Source:
     """A registered attention source.
 
     ``describe(params, base)`` checks the parameters against the data and gives
-    ``(T, heads, has ground truth)``, or raises :class:`KvsimError`; ``build(params, seed, base)`` returns a :class:`Field`.
+    ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`; ``build(params, seed, base)`` returns a :class:`Field`.
     """
 
     name: str
     summary: str
     params: dict[str, Param]
     required: tuple[str, ...]
-    describe: Callable[[dict, Path], tuple[int, int, bool]]
+    describe: Callable[[dict, Path], tuple[int, int, int, bool]]
     build: Callable[[dict, int, Path], Field]
 
 
-def _notebook_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
     if params["important"] > params["T"]:
         raise KvsimError(f"important: expected at most T = {params['T']}, "
                          f"got {params['important']}")
-    return params["T"], 1, params["important"] > 0
+    return params["T"], 1, 1, params["important"] > 0
 
 
 def _notebook_build(params: dict, seed: int, base: Path) -> Field:
@@ -134,10 +134,10 @@ def _matrix_build(params: dict, seed: int, base: Path) -> Field:
     return Field(dense_field(probs), positions_mask(important, probs.shape[0], T))
 
 
-def _matrix_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+def _matrix_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
     # Validation checks the whole matrix, so bad data never reaches a run.
     field = _matrix_build(params, 0, base)
-    return field.T, field.data.heads, field.important is not None
+    return field.T, field.data.heads, field.data.heads, field.important is not None
 
 
 MATRIX = Source(
@@ -173,14 +173,14 @@ def _field_build(params: dict, seed: int, base: Path) -> Field:
     return Field(data, truth)
 
 
-def _field_describe(params: dict, base: Path) -> tuple[int, int, bool]:
+def _field_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
     truth = any(
         (("heavy_hitters" in c and c["heavy_hitters"]["important"]
           and (c["heavy_hitters"]["count"] or c["heavy_hitters"]["fraction"]
                or c["heavy_hitters"]["positions"]))
          or any(b["important"] for b in c.get("boost", [])))
         for c in params["per_head"])
-    return params["T"], params["heads"], truth
+    return params["T"], params["heads"], params["kv_heads"], truth
 
 
 FIELD = Source(
@@ -188,4 +188,21 @@ FIELD = Source(
     "vectors; logits evaluated on the fly (O(T) memory)",
     FIELD_PARAMS, (), _field_describe, _field_build)
 
-SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD)}
+TRACE = Source(
+    "trace", "recorded post-RoPE queries, keys and values of a real model (.npz); logits "
+    "q . k / sqrt(d) on the fly",
+    {
+        "path": Param(str, "", "trace file, relative to the scenario file"),
+        "layer": Param(int, -1, "model layer index (default: the first recorded)",
+                       check=lambda v: v >= -1, expect="an integer >= 0"),
+        "kv_head_ids": Param(list, [], "KV heads to replay, with their query heads (default all)",
+                             check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
+                                                 for x in v),
+                             expect="a list of KV head indices"),
+        "T": Param(int, 0, "tokens replayed from the start (default: all recorded)",
+                   check=lambda v: v >= 0, expect="an integer >= 1"),
+        "gqa": FIELD_PARAMS["gqa"],
+    }, ("path",), trace.describe, lambda params, seed, base: Field(trace.build(params, seed,
+                                                                               base), None))
+
+SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD, TRACE)}
