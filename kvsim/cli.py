@@ -21,6 +21,8 @@ commands:
                         check a scenario file without running it
   kvsim policies        list the policies and their parameters
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
+  kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
+                        record a real model's q/k/v into a trace (needs the capture extra)
 
 examples:
   python -m kvsim scenarios/seed_notebook.toml
@@ -134,7 +136,34 @@ def _bench(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench}
+def _capture(argv: list[str]) -> int:
+    from kvsim.capture import capture
+
+    p = argparse.ArgumentParser(
+        prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "
+        "a Hugging Face causal LM on a text (CPU, eager attention) into a trace that the "
+        "'trace' attention source replays. Needs: pip install -e \".[capture]\".")
+    p.add_argument("--model", required=True, help="local model directory or cached hub id "
+                   "(never downloaded)")
+    p.add_argument("--gguf-file", help="GGUF weights file inside --model")
+    p.add_argument("--text", type=Path, required=True, help="text file to run the model on")
+    p.add_argument("--tokens", type=_positive, default=2048, help="tokens to record (2048)")
+    p.add_argument("--layers", help="layer indices, e.g. 0,15,29 (default: all)")
+    p.add_argument("--out", type=Path, default=Path("trace.npz"), help="trace file (trace.npz)")
+    args = p.parse_args(argv)
+    layers = None
+    if args.layers:
+        try:
+            layers = [int(x) for x in args.layers.split(",")]
+        except ValueError:
+            raise KvsimError(f"--layers: expected comma-separated integers, got "
+                             f"{args.layers!r}") from None
+    print(capture(args.model, args.text, args.tokens, args.out, layers, args.gguf_file))
+    return 0
+
+
+COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
+            "capture": _capture}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,9 @@
 
 A trace holds, per recorded layer, the post-RoPE queries ``(L, H, T, d)``, keys
 ``(L, H_kv, T, d)`` and optionally values ``(L, H_kv, T, dv)`` (float16 or float32),
-plus ``layers``: the model's index of each recorded layer. kvsim evaluates the logits
-``q . k / sqrt(d)`` on the fly (O(T d) memory), with the model's grouped-query layout.
+plus ``layers``: the model's index of each recorded layer, and ``scaling``: the model's
+logit scale (default ``1 / sqrt(d)``). kvsim evaluates the logits ``q . k * scaling`` on
+the fly (O(T d) memory), with the model's grouped-query layout.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 def build(params: dict, seed: int, base: Path) -> FieldData:
     """The field of the selected layer, KV heads and length."""
     path = (base / params["path"]).resolve()
-    q, k, v, i = _checked(_load(path), params, path)
+    arrays = _load(path)
+    q, k, v, i = _checked(arrays, params, path)
     H_kv, T_all = k.shape[1], k.shape[2]
     group = q.shape[1] // H_kv
     kv_ids = params["kv_head_ids"] or list(range(H_kv))
@@ -81,5 +83,6 @@ def build(params: dict, seed: int, base: Path) -> FieldData:
     if v is not None:
         f["values"] = np.ascontiguousarray(v[i, kv_ids, :T], dtype=np.float32)
         f["value_heads"] = np.ones(len(kv_ids), bool)
-    f["qk_scale"] = np.full(len(heads), 1.0 / np.sqrt(q.shape[3]))
+    scale = float(arrays["scaling"]) if "scaling" in arrays else 1.0 / np.sqrt(q.shape[3])
+    f["qk_scale"] = np.full(len(heads), scale)
     return FieldData(**f)
