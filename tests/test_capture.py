@@ -68,7 +68,7 @@ def test_capture_needs_the_extra_or_names_it(monkeypatch):
         load_model("anything")
 
 
-def test_tiny_random_llama_capture_and_replay(tmp_path):
+def test_tiny_random_llama_capture_and_replay(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from kvsim.capture import check, record
@@ -89,6 +89,28 @@ def test_tiny_random_llama_capture_and_replay(tmp_path):
     assert check(trace, own) < 2e-3
     np.savez(tmp_path / "tiny.npz", **trace)
     replay_vs_dense(tmp_path / "tiny.npz", 2, 48, [0, 1], (8, 16), tmp_path)
+
+    # The model's own attention outputs (before o_proj) against kvsim's o(t) = sum p v.
+    import sys
+    module = sys.modules[type(net.model.layers[0].self_attn).__module__]
+    original, outputs = module.eager_attention_forward, {}
+
+    def keep_output(mod, *args, **kwargs):
+        out, w = original(mod, *args, **kwargs)
+        outputs[mod.layer_idx] = out[0].detach().numpy()  # (T, H, d)
+        return out, w
+
+    monkeypatch.setattr(module, "eager_attention_forward", keep_output)
+    with torch.no_grad():
+        net(torch.as_tensor(ids[None]))
+    (tmp_path / "o.toml").write_text(
+        f'[attention]\nsource = "trace"\npath = "{tmp_path / "tiny.npz"}"\nlayer = 2\n'
+        "[policies.window]\n[[experiment]]\nprompt_len = 16\nbudgets = [8]\n")
+    field = kvsim.load_scenario(tmp_path / "o.toml").field(0).data
+    for kv in range(2):
+        group = make_group(field, kv, 16, np.zeros((4, 48), bool), {})
+        for g, h in enumerate(group.heads):
+            assert np.allclose(group.full_output[g], outputs[2][16:, h], atol=5e-3), h
     with pytest.raises(KvsimError, match="expected layer indices in"):
         record(net, ids, [3])
 
