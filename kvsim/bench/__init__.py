@@ -22,6 +22,7 @@ import numpy as np
 from kvsim.attention import components
 from kvsim.attention.sources import Field
 from kvsim.bench.numpy_baseline import BASELINES
+from kvsim.errors import KvsimError
 from kvsim.field import FieldData, dense_field
 from kvsim.fullpass import full_pass
 from kvsim.kernels import row_sums
@@ -232,9 +233,10 @@ def run_bench(quick: bool, out: Path) -> dict:
         print(f"vs NumPy {key:<28} kvsim {r['kvsim_s']:7.4f} s  numpy {r['numpy_s']:7.4f} s  "
               f"speed-up x{r['speedup']:.1f}  (simulate() with input checks "
               f"{r['simulate_s']:.4f} s: x{r['speedup_with_checks']:.1f})")
-    scenario = Path(config["end_to_end"])
-    if not scenario.is_absolute():
-        scenario = SCENARIO.parent.parent / scenario
+    scenario = SCENARIO.parent.parent / config["end_to_end"]
+    if not scenario.is_file():
+        raise KvsimError(f"bench: expected the repository's {config['end_to_end']} (run the "
+                         f"benchmark from a checkout of kvsim), got no file at {scenario}")
     result["end_to_end"] = end_to_end(scenario)
     for label, r in result["end_to_end"].items():
         print(f"end to end {scenario.name} ({label} cache): {r['seconds']:.1f} s, "
