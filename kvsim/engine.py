@@ -39,19 +39,24 @@ class ExperimentSteps:
     kept: list = field(default_factory=list)
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     snapshots: dict = field(default_factory=dict)
+    _stacked: tuple = (0, None)  # (rows stacked, arrays): figures ask many times
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Stacked arrays; ``kept`` padded with -1 to the largest final cache."""
+        if self._stacked[0] == len(self.mass) and self._stacked[1] is not None:
+            return self._stacked[1]
         width = max((k.shape[0] for k in self.kept), default=0)
         kept = np.full((len(self.kept), width), -1, np.int64)
         for i, k in enumerate(self.kept):
             kept[i, :k.shape[0]] = k
         rows = len(self.mass)
-        return {"mass": np.array(self.mass, np.float64).reshape(rows, -1),
-                "cache_size": np.array(self.cache_size, np.int64).reshape(rows, -1),
-                "recall": np.array(self.recall, np.float64).reshape(rows, -1),
-                "error": np.array(self.error, np.float64).reshape(rows, -1),
-                "kept": kept, "snap_steps": self.snap_steps}
+        arrays = {"mass": np.array(self.mass, np.float64).reshape(rows, -1),
+                  "cache_size": np.array(self.cache_size, np.int64).reshape(rows, -1),
+                  "recall": np.array(self.recall, np.float64).reshape(rows, -1),
+                  "error": np.array(self.error, np.float64).reshape(rows, -1),
+                  "kept": kept, "snap_steps": self.snap_steps}
+        self._stacked = (rows, arrays)
+        return arrays
 
 
 @dataclass
