@@ -3,7 +3,8 @@
 A field holds, for ``H`` query heads over ``T`` positions, either dense probabilities
 or the components that define a logit ``l(h, q, k)`` on the fly (O(T) memory per
 head, O(T d) for query/key vectors). Every probability kvsim uses is
-``exp(l - row_max[h, q]) / row_sum[h, q]`` with the row statistics of the full pass,
+``exp(l - row_max[h, q]) / row_sum[h, q]`` with the row statistics of the full pass
+(``exp`` being :func:`kvsim.fastexp.exp_nonpositive`),
 so one formula serves the full pass, the policies and the metrics (bit for bit).
 """
 
@@ -14,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim._numba import jit
+from kvsim.fastexp import exp_nonpositive
 
 NOISE_NONE, NOISE_GAUSSIAN, NOISE_GUMBEL = 0, 1, 2
 NOISE_KINDS = {"gaussian": NOISE_GAUSSIAN, "gumbel": NOISE_GUMBEL}
@@ -186,4 +188,4 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out, whole_row):
     top = row_max[h, q]
     total = row_sum[h, q]
     for j in range(n):
-        out[j] = np.exp(out[j] - top) / total
+        out[j] = exp_nonpositive(out[j] - top) / total

@@ -16,6 +16,7 @@ import numpy as np
 from numba import prange
 
 from kvsim._numba import jit_parallel
+from kvsim.fastexp import exp_nonpositive
 from kvsim.field import FieldData, logits_at
 
 BLOCKS = 16
@@ -51,9 +52,10 @@ def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_b
                 top = -np.inf
                 for k in range(n):
                     top = max(top, buf[k])
+                for k in range(n):  # a loop of its own, so that it vectorises
+                    buf[k] = exp_nonpositive(buf[k] - top)
                 total = 0.0
                 for k in range(n):
-                    buf[k] = np.exp(buf[k] - top)
                     total += buf[k]
                 # The same expression as probs_at, so every path sees identical numbers.
                 for k in range(n):
