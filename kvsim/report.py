@@ -46,7 +46,10 @@ def _versions() -> dict:
 
 def _scenario_json(scenario: Scenario) -> dict:
     data = dataclasses.asdict(scenario)
-    data["path"] = str(scenario.path)
+    # Relative to the working directory when below it: reports do not record the machine.
+    cwd = Path.cwd().resolve()
+    path = scenario.path
+    data["path"] = str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
     return data
 
 
