@@ -246,6 +246,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
     kept = np.zeros(budgets.shape[0], np.int64)
     n_important = _count_important(important, prompt_len)
     snap = 0
+    advanced = 0
     for t in range(max(prompt_len - 1, 0), T):
         step = t - prompt_len
         if t >= prompt_len:
@@ -270,11 +271,9 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
             out_size[i, step] = n
             _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass,
                     approx, out_mass[i], out_recall[i], out_error[i])
-            if snap < snap_steps.shape[0] and snap_steps[snap] == step:
-                snapshots[i, snap, :n] = cache[:n]
-                snapshots[i, snap, n:] = -1
+            advanced = _snapshot(cache, n, step, snap_steps, snapshots[i], snap)
             if t == T - 1:
                 out_kept[i, :n] = cache[:n]
-        if t >= prompt_len and snap < snap_steps.shape[0] and snap_steps[snap] == t - prompt_len:
-            snap += 1
+        if t >= prompt_len:
+            snap = advanced  # every budget recorded this step's snapshot, or none did
     return kept

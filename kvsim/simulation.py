@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.attention.dense import probabilities
+from kvsim.attention.sources import positions_mask
 from kvsim.errors import InvariantError, KvsimError
 from kvsim.field import FieldData, dense_field
 from kvsim.kernels import GQA_MEAN
@@ -113,16 +114,12 @@ def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.nd
 
 def important_mask(important, T: int) -> np.ndarray:
     """Boolean mask of length ``T`` from a list of positions (checked)."""
-    mask = np.zeros(T, dtype=bool)
     if important is None:
-        return mask
+        return np.zeros(T, dtype=bool)
     pos = np.asarray(important)
     if pos.ndim != 1 or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
         raise KvsimError("important: expected a 1-D array of integer positions")
-    if pos.size and (pos.min() < 0 or pos.max() >= T):
-        raise KvsimError(f"important: expected positions in [0, {T}), got {pos.min()}..{pos.max()}")
-    mask[pos] = True
-    return mask
+    return positions_mask(pos, 1, T)[0]
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,13 @@ class Field:
 
 
 def positions_mask(positions: np.ndarray | None, heads: int, T: int) -> np.ndarray | None:
-    """(heads, T) mask with the same important positions for every head."""
+    """(heads, T) mask with the same important positions for every head (range checked)."""
     if positions is None:
         return None
+    positions = np.asarray(positions)
+    if positions.size and (positions.min() < 0 or positions.max() >= T):
+        raise KvsimError(f"important: expected positions in [0, {T}), "
+                         f"got {positions.min()}..{positions.max()}")
     mask = np.zeros((heads, T), bool)
     mask[:, positions] = True
     return mask
@@ -127,11 +131,7 @@ def _matrix_build(params: dict, seed: int, base: Path) -> Field:
     matrix, important = _read_matrix(params, base)
     convert = probabilities if params["kind"] == "probabilities" else softmax_logits
     probs = np.stack([convert(m, f"path: head {h}") for h, m in enumerate(matrix)])
-    T = probs.shape[-1]
-    if important is not None and important.size and (important.min() < 0 or important.max() >= T):
-        raise KvsimError(f"important: expected positions in [0, {T}), "
-                         f"got {important.min()}..{important.max()}")
-    return Field(dense_field(probs), positions_mask(important, probs.shape[0], T))
+    return Field(dense_field(probs), positions_mask(important, probs.shape[0], probs.shape[-1]))
 
 
 def _matrix_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:

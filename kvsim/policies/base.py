@@ -64,7 +64,11 @@ class Group:
         """(G, steps, dv) full-attention outputs ``o(t)`` (dv = 0 without values)."""
         if not self.field.has_values(int(self.heads[0]) // self.field.group):
             return np.zeros((len(self.heads), self.T - self.prompt_len, 0))
-        return np.stack([p.full_output for p in self.passes()])
+        if "full_output" not in self._cache:  # every policy and budget reads it
+            stacked = np.stack([p.full_output for p in self.passes()])
+            with self._lock:
+                self._cache.setdefault("full_output", stacked)
+        return self._cache["full_output"]
 
     def _stats(self) -> tuple[np.ndarray, np.ndarray]:
         if "stats" not in self._cache:
