@@ -29,8 +29,16 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 
 # No fastmath: kept sets must match the NumPy reference exactly, and reassociated or
 # contracted arithmetic can turn an exact tie between two scores into a strict order.
-jit = njit(cache=True, nogil=True)
+# error_model="numpy": a division by zero gives inf/nan (every kernel guards the ones
+# that matter) instead of a Python exception, whose check keeps loops from vectorising.
+_OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+jit = njit(**_OPTIONS)
 """Decorator for kvsim kernels: cached to disk, compiled once per signature."""
 
-jit_parallel = njit(cache=True, nogil=True, parallel=True)
+jit_parallel = njit(parallel=True, **_OPTIONS)
 """Decorator for kernels that run ``prange`` loops over independent blocks."""
+
+jit_inline = njit(inline="always", **_OPTIONS)
+"""Decorator for small per-entry functions that must be inlined into their loops (LLVM
+would keep a large one as a call, and a loop with a call does not vectorise)."""

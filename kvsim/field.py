@@ -4,7 +4,7 @@ A field holds, for ``H`` query heads over ``T`` positions, either dense probabil
 or the components that define a logit ``l(h, q, k)`` on the fly (O(T) memory per
 head, O(T d) for query/key vectors). Every probability kvsim uses is
 ``exp(l - row_max[h, q]) / row_sum[h, q]`` with the row statistics of the full pass
-(``exp`` being :func:`kvsim.fastexp.exp_nonpositive`),
+(``exp`` being :func:`kvsim.elementary.exp_nonpositive`),
 so one formula serves the full pass, the policies and the metrics (bit for bit).
 """
 
@@ -15,10 +15,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim._numba import jit
-from kvsim.fastexp import exp_nonpositive
-
-NOISE_NONE, NOISE_GAUSSIAN, NOISE_GUMBEL = 0, 1, 2
-NOISE_KINDS = {"gaussian": NOISE_GAUSSIAN, "gumbel": NOISE_GUMBEL}
+from kvsim.elementary import exp_nonpositive
+from kvsim.noise import add_noise
 
 
 class FieldData(NamedTuple):
@@ -80,90 +78,27 @@ def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:
     return FieldData(**fields)
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_TWO_53 = 1.0 / 9007199254740992.0
-
-
-@jit
-def _mix(x):
-    """SplitMix64 finaliser: a bijective, well-mixed hash of a uint64."""
-    x = (x ^ (x >> np.uint64(30))) * _MIX1
-    x = (x ^ (x >> np.uint64(27))) * _MIX2
-    return x ^ (x >> np.uint64(31))
-
-
-@jit
-def _uniform(x):
-    """A uint64 hash mapped to a float in (0, 1)."""
-    return (float(x >> np.uint64(11)) + 0.5) * _TWO_53
-
-
-@jit
-def _gaussian_pair(key, q, pair):
-    """Two independent standard Gaussians for keys ``2 * pair`` and ``2 * pair + 1`` of row ``q``.
-
-    Marsaglia's polar method on a chain of counter hashes: no trigonometry, and a
-    rejected point simply moves to the next hash, so the result is still a pure
-    function of (key, q, pair).
-    """
-    x = _mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(pair)))
-    while True:
-        u = 2.0 * _uniform(x) - 1.0
-        x = _mix(x + _GOLDEN)
-        v = 2.0 * _uniform(x) - 1.0
-        x = _mix(x + _GOLDEN)
-        s = u * u + v * v
-        if 0.0 < s < 1.0:
-            factor = np.sqrt(-2.0 * np.log(s) / s)
-            return u * factor, v * factor
-
-
-@jit
-def noise(key, q, k, kind):
-    """Counter-based noise for entry (q, k): standard Gaussian or Gumbel."""
-    if kind == NOISE_GUMBEL:
-        u = _uniform(_mix(key ^ _mix(np.uint64(q) * _GOLDEN + np.uint64(k))))
-        return -np.log(-np.log(u))
-    even, odd = _gaussian_pair(key, q, k >> 1)
-    return even if k % 2 == 0 else odd
-
-
-@jit
-def _gaussian_row(key, q, n, scale, out):
-    """Add ``scale`` times the Gaussian noise of keys ``0 .. n-1`` of row ``q`` to ``out``."""
-    for pair in range((n + 1) // 2):
-        even, odd = _gaussian_pair(key, q, pair)
-        out[2 * pair] += scale * even
-        if 2 * pair + 1 < n:
-            out[2 * pair + 1] += scale * odd
-
-
 @jit
 def logits_at(f, h, q, keys, n, out, whole_row):
     """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
 
     Many keys at a time: each component is one loop over the keys (no per-entry call).
-    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``, which lets the noise share work.
+    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``, which lets the first loop read
+    contiguous memory.
     """
-    for j in range(n):
-        k = keys[j]
-        out[j] = f.key_bias[h, k] + f.distance[h, q - k]
+    if whole_row:
+        for k in range(n):
+            out[k] = f.key_bias[h, k] + f.distance[h, q - k]
+    else:
+        for j in range(n):
+            k = keys[j]
+            out[j] = f.key_bias[h, k] + f.distance[h, q - k]
     for b in range(f.boost_strength.shape[0]):
         if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1]:
             for j in range(n):
                 if f.boost_keys[b, keys[j]]:
                     out[j] += f.boost_strength[b]
-    kind = f.noise_kind[h]
-    if kind != NOISE_NONE:
-        scale = f.noise_scale[h]
-        key = f.noise_key[h]
-        if whole_row and kind == NOISE_GAUSSIAN:
-            _gaussian_row(key, q, n, scale, out)
-        else:
-            for j in range(n):
-                out[j] += scale * noise(key, q, keys[j], kind)
+    add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out)
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
         qk_scale = f.qk_scale[h]

@@ -15,8 +15,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from kvsim._numba import jit_parallel
-from kvsim.fastexp import exp_nonpositive
+from kvsim._numba import jit, jit_parallel
+from kvsim.elementary import exp_nonpositive
 from kvsim.field import FieldData, logits_at
 
 BLOCKS = 16
@@ -32,6 +32,51 @@ class FullPass(NamedTuple):
     full_output: np.ndarray    # (steps, dv) float64: o(t), or (steps, 0)
 
 
+@jit
+def lane_max(x, n):
+    """Maximum of ``x[:n]`` (n >= 1), over 8 interleaved lanes so that it vectorises."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x[0]
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        m0 = m0 if m0 >= x[k] else x[k]
+        m1 = m1 if m1 >= x[k + 1] else x[k + 1]
+        m2 = m2 if m2 >= x[k + 2] else x[k + 2]
+        m3 = m3 if m3 >= x[k + 3] else x[k + 3]
+        m4 = m4 if m4 >= x[k + 4] else x[k + 4]
+        m5 = m5 if m5 >= x[k + 5] else x[k + 5]
+        m6 = m6 if m6 >= x[k + 6] else x[k + 6]
+        m7 = m7 if m7 >= x[k + 7] else x[k + 7]
+    for k in range(whole, n):
+        m0 = m0 if m0 >= x[k] else x[k]
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@jit
+def exp_shifted_sum(x, n, top):
+    """Replace ``x[:n]`` by ``exp(x - top)`` and return their sum.
+
+    The sum runs over 8 interleaved lanes (element ``k`` goes to lane ``k % 8``, in order),
+    combined pairwise at the end: a fixed order, so the result is deterministic, and a
+    vectorised one.
+    """
+    for k in range(n):  # a loop of its own, so that it vectorises
+        x[k] = exp_nonpositive(x[k] - top)
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        s0 += x[k]
+        s1 += x[k + 1]
+        s2 += x[k + 2]
+        s3 += x[k + 3]
+        s4 += x[k + 4]
+        s5 += x[k + 5]
+        s6 += x[k + 6]
+        s7 += x[k + 7]
+    for k in range(whole, n):
+        s0 += x[k]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
 @jit_parallel
 def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
                full_output):
@@ -44,27 +89,21 @@ def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_b
         buf = np.empty(T)
         for q in range(b, rows, BLOCKS):
             n = q + 1
+            target = prompt_blocks[b] if q < prompt_len else decode_blocks[b]
             if dense:
                 for k in range(n):
                     buf[k] = f.probs[h, q, k]
+                    target[k] += buf[k]
             else:
                 logits_at(f, h, q, keys, n, buf, True)
-                top = -np.inf
-                for k in range(n):
-                    top = max(top, buf[k])
-                for k in range(n):  # a loop of its own, so that it vectorises
-                    buf[k] = exp_nonpositive(buf[k] - top)
-                total = 0.0
-                for k in range(n):
-                    total += buf[k]
+                top = lane_max(buf, n)
+                total = exp_shifted_sum(buf, n, top)
                 # The same expression as probs_at, so every path sees identical numbers.
                 for k in range(n):
                     buf[k] = buf[k] / total
+                    target[k] += buf[k]
                 row_max[q] = top
                 row_sum[q] = total
-            target = prompt_blocks if q < prompt_len else decode_blocks
-            for k in range(n):
-                target[b, k] += buf[k]
             if q >= prompt_len and dv > 0:
                 for k in range(n):
                     for i in range(dv):
