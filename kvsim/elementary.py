@@ -8,6 +8,7 @@ Accuracy: ``exp_nonpositive`` within 1.5 ulp of the true value for ``-708 <= x <
 """
 
 import math
+from fractions import Fraction
 
 import numpy as np
 from llvmlite import ir
@@ -37,6 +38,10 @@ if config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): the same reinterpr
     def _bits_from_float(x):
         """Reinterpret a float64 as the int64 with the same bits."""
         return int(np.array(x, np.float64).view(np.int64))
+
+    def fma(a, b, c):
+        """``a * b + c`` rounded once (exact rational arithmetic, then one rounding)."""
+        return float(Fraction(a) * Fraction(b) + Fraction(c))
 else:
     @intrinsic
     def _float_from_bits(typingctx, bits):
@@ -52,13 +57,23 @@ else:
             return builder.bitcast(args[0], ir.IntType(64))
         return types.int64(types.float64), codegen
 
+    @intrinsic
+    def fma(typingctx, a, b, c):
+        """``a * b + c`` rounded once (IEEE fused multiply-add: the same on every machine)."""
+        def codegen(context, builder, signature, args):
+            double = ir.DoubleType()
+            fn = builder.module.declare_intrinsic("llvm.fma", [double],
+                                                  ir.FunctionType(double, [double] * 3))
+            return builder.call(fn, args)
+        return types.float64(types.float64, types.float64, types.float64), codegen
+
 
 @jit
 def _horner(x, coefficients):
     """The polynomial with ``coefficients`` (highest power first) at ``x``, by Horner's rule."""
     p = coefficients[0]
     for c in coefficients[1:]:
-        p = c + x * p
+        p = fma(x, p, c)
     return p
 
 
