@@ -2,10 +2,11 @@
 
 It computes everything the policies and metrics need from the full field: row
 statistics (max and sum of ``exp(l - max)``), column sums of the prompt rows and of
-the decode rows, and the full-attention output ``o(t)`` of each decode row where the
-field has values. Memory is O(T) per head (plus a fixed number of block buffers).
-Rows are dealt round-robin to a fixed number of blocks, summed in row order within a
-block and reduced in block order, so the result is identical for any thread count.
+the decode rows, each decode row's total probability (the ``full`` policy's mass), and
+the full-attention output ``o(t)`` of each decode row where the field has values.
+Memory is O(T) per head (plus a fixed number of block buffers). Rows are dealt
+round-robin to a fixed number of blocks, summed in row order within a block and
+reduced in block order, so the result is identical for any thread count.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import prange
 
-from kvsim._numba import jit, jit_parallel
-from kvsim.elementary import exp_nonpositive
+from kvsim._numba import jit_parallel
 from kvsim.field import FieldData, logits_at
+from kvsim.lanes import exp_shifted_sum, lane_max, lane_sum
 
 BLOCKS = 16
 
@@ -30,56 +31,12 @@ class FullPass(NamedTuple):
     prompt_colsum: np.ndarray  # (T,) float64: sum over q < P of p(q, k)
     decode_colsum: np.ndarray  # (T,) float64: sum over q >= P of p(q, k)
     full_output: np.ndarray    # (steps, dv) float64: o(t), or (steps, 0)
-
-
-@jit
-def lane_max(x, n):
-    """Maximum of ``x[:n]`` (n >= 1), over 8 interleaved lanes so that it vectorises."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x[0]
-    whole = n - n % 8
-    for k in range(0, whole, 8):
-        m0 = m0 if m0 >= x[k] else x[k]
-        m1 = m1 if m1 >= x[k + 1] else x[k + 1]
-        m2 = m2 if m2 >= x[k + 2] else x[k + 2]
-        m3 = m3 if m3 >= x[k + 3] else x[k + 3]
-        m4 = m4 if m4 >= x[k + 4] else x[k + 4]
-        m5 = m5 if m5 >= x[k + 5] else x[k + 5]
-        m6 = m6 if m6 >= x[k + 6] else x[k + 6]
-        m7 = m7 if m7 >= x[k + 7] else x[k + 7]
-    for k in range(whole, n):
-        m0 = m0 if m0 >= x[k] else x[k]
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-
-
-@jit
-def exp_shifted_sum(x, n, top):
-    """Replace ``x[:n]`` by ``exp(x - top)`` and return their sum.
-
-    The sum runs over 8 interleaved lanes (element ``k`` goes to lane ``k % 8``, in order),
-    combined pairwise at the end: a fixed order, so the result is deterministic, and a
-    vectorised one.
-    """
-    for k in range(n):  # a loop of its own, so that it vectorises
-        x[k] = exp_nonpositive(x[k] - top)
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    whole = n - n % 8
-    for k in range(0, whole, 8):
-        s0 += x[k]
-        s1 += x[k + 1]
-        s2 += x[k + 2]
-        s3 += x[k + 3]
-        s4 += x[k + 4]
-        s5 += x[k + 5]
-        s6 += x[k + 6]
-        s7 += x[k + 7]
-    for k in range(whole, n):
-        s0 += x[k]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    decode_mass: np.ndarray    # (steps,) float64: sum over k of p(t, k), for t >= P
 
 
 @jit_parallel
 def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
-               full_output):
+               full_output, decode_mass):
     T = f.key_bias.shape[1]
     dense = f.probs.shape[1] > 0
     dv = full_output.shape[1]
@@ -104,6 +61,8 @@ def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_b
                     target[k] += buf[k]
                 row_max[q] = top
                 row_sum[q] = total
+            if q >= prompt_len:
+                decode_mass[q - prompt_len] = lane_sum(buf, n)
             if q >= prompt_len and dv > 0:
                 for k in range(n):
                     for i in range(dv):
@@ -125,10 +84,11 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     prompt_blocks = np.zeros((BLOCKS, T))
     decode_blocks = np.zeros((BLOCKS, T))
     full_output = np.zeros((T - prompt_len, dv))
+    decode_mass = np.zeros(T - prompt_len)
     _full_pass(field, head, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
-               full_output)
+               full_output, decode_mass)
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
-                    full_output)
+                    full_output, decode_mass)
 
 
 def _reduce(blocks: np.ndarray) -> np.ndarray:

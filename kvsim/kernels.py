@@ -9,6 +9,7 @@ import numpy as np
 
 from kvsim._numba import jit
 from kvsim.field import probs_at
+from kvsim.lanes import lane_sum
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap
@@ -86,12 +87,10 @@ def _record(f, heads, cache, n, important, n_important, full_output, step, obs, 
     kv = heads[0] // f.group
     dv = full_output.shape[2]
     for g in range(heads.shape[0]):
-        m = 0.0
+        m = lane_sum(obs[g], n)
         hits = 0
         for j in range(n):
-            m += obs[g, j]
-            if important[g, cache[j]]:
-                hits += 1
+            hits += important[g, cache[j]]
         mass[g] = m
         out_mass[g, step] = m
         out_recall[g, step] = hits / n_important[g] if n_important[g] > 0 else np.nan
@@ -131,6 +130,42 @@ def _count_important(important, prompt_len):
 
 
 @jit
+def _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen):
+    """Apply a score-update rule from the observed full attention ``obs[g, :n]`` of each head.
+
+    Heads are combined key by key in head order, as :func:`combine` does, so scores are
+    bit-identical to a per-key call of it; each loop runs over the keys, so it vectorises.
+    """
+    G = obs.shape[0]
+    for g in range(G):
+        m = mass[g]
+        kept_mass = m > 0.0
+        for j in range(n):
+            if update_rule == UPDATE_ADD_FULL:
+                v = obs[g, j]
+            else:
+                # p~ = p / mass (0 where no mass is kept), divided rather than multiplied by
+                # 1 / mass, so that equal scores stay bit-equal with the plain reference.
+                v = obs[g, j] / m if kept_mass else 0.0
+            if g == 0:
+                combined[j] = v
+            elif gqa == GQA_MAX:
+                combined[j] = max(combined[j], v)
+            else:
+                combined[j] += v
+    if gqa == GQA_MEAN:
+        for j in range(n):
+            combined[j] /= G
+    if update_rule == UPDATE_SET_OBSERVED:
+        for j in range(n):
+            score[j] = combined[j]
+    else:
+        for j in range(n):
+            score[j] += combined[j]
+            seen[j] += 1.0
+
+
+@jit
 def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static_score,
            evict_rule, ring, recent, normalize, update_rule, gqa, evict_slots, important,
            full_output, out_mass, out_size, out_recall, out_error, snap_steps, snapshots):
@@ -146,9 +181,9 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
     G = heads.shape[0]
     obs = np.empty((G, budget))
     mass = np.empty(G)
-    per_head = np.empty(G)
     approx = np.empty(full_output.shape[2])
     ranking = np.empty(budget)
+    combined = np.empty(budget)
     n_important = _count_important(important, prompt_len)
     snap = 0
     for t in range(prompt_len, T):
@@ -157,10 +192,12 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
             if evict_rule == EVICT_RING:
                 slot = ring[0] + (t - ring[1]) % ring[2]
             elif evict_rule == EVICT_LOWEST:
-                for j in range(n):
-                    ranking[j] = score[j] / seen[j] if normalize else score[j]
+                if normalize:
+                    for j in range(n):
+                        ranking[j] = score[j] / seen[j]
                 # The `recent` newest keys, token t included, are protected.
-                slot = _lowest_ranked_slot(cache, n, ranking, t - recent + 1)
+                slot = _lowest_ranked_slot(cache, n, ranking if normalize else score,
+                                           t - recent + 1)
             else:
                 slot = evict_slots[step]
         else:
@@ -181,20 +218,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
 
         if update_rule == UPDATE_NONE:
             continue
-        for j in range(n):
-            for g in range(G):
-                if update_rule == UPDATE_ADD_FULL:
-                    per_head[g] = obs[g, j]
-                else:
-                    # p~ = p / mass, divided rather than multiplied by 1 / mass so that
-                    # equal scores stay bit-equal with the plainly written reference.
-                    per_head[g] = obs[g, j] / mass[g] if mass[g] > 0.0 else 0.0
-            value = combine(per_head, gqa)
-            if update_rule == UPDATE_SET_OBSERVED:
-                score[j] = value
-            else:
-                score[j] += value
-                seen[j] += 1.0
+        _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen)
     return n
 
 
@@ -240,6 +264,9 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
     combined = np.empty(T)
     per_head = np.empty(G)
     cache = np.empty(T, np.int64)
+    chosen = np.empty(T, np.int64)
+    value = np.empty(T)
+    by_size = np.argsort(-budgets, kind="mergesort")
     obs = np.empty((G, T))
     mass = np.empty(G)
     approx = np.empty(full_output.shape[2])
@@ -259,8 +286,22 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
             for g in range(G):
                 per_head[g] = rows[g, k]
             combined[k] = combine(per_head, gqa)
-        for i in range(budgets.shape[0]):
-            n = _top_ranked_linear(combined, t + 1, budgets[i], cache)
+        # Budgets from the largest down: each one's keys are the best-ranked of the
+        # previous (larger) selection, which holds them all, as the ranking is total.
+        m = t + 1
+        for r in range(budgets.shape[0]):
+            i = by_size[r]
+            if r == 0:
+                n = _top_ranked_linear(combined, m, budgets[i], chosen)
+                for j in range(n):
+                    cache[j] = chosen[j]
+                    value[j] = combined[chosen[j]]
+            else:
+                n = _top_ranked_linear(value, m, budgets[i], chosen)
+                for j in range(n):  # in place: chosen is ascending, chosen[j] >= j
+                    cache[j] = cache[chosen[j]]
+                    value[j] = value[chosen[j]]
+            m = n
             kept[i] = n
             if t < prompt_len:
                 out_kept[i, :n] = cache[:n]

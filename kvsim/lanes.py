@@ -1,0 +1,56 @@
+"""Row reductions over 8 interleaved lanes: deterministic and vectorised.
+
+Element ``k`` goes to lane ``k % 8`` (in order) and the lanes are combined pairwise at
+the end. The order is fixed, so results never depend on the machine or thread count,
+and LLVM turns the lanes into one SIMD register, which a strictly sequential
+floating-point reduction (fastmath being off) would forbid.
+"""
+
+from kvsim._numba import jit
+from kvsim.elementary import exp_nonpositive
+
+
+@jit
+def lane_max(x, n):
+    """Maximum of ``x[:n]`` (n >= 1)."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x[0]
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        m0 = m0 if m0 >= x[k] else x[k]
+        m1 = m1 if m1 >= x[k + 1] else x[k + 1]
+        m2 = m2 if m2 >= x[k + 2] else x[k + 2]
+        m3 = m3 if m3 >= x[k + 3] else x[k + 3]
+        m4 = m4 if m4 >= x[k + 4] else x[k + 4]
+        m5 = m5 if m5 >= x[k + 5] else x[k + 5]
+        m6 = m6 if m6 >= x[k + 6] else x[k + 6]
+        m7 = m7 if m7 >= x[k + 7] else x[k + 7]
+    for k in range(whole, n):
+        m0 = m0 if m0 >= x[k] else x[k]
+    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@jit
+def lane_sum(x, n):
+    """Sum of ``x[:n]``."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        s0 += x[k]
+        s1 += x[k + 1]
+        s2 += x[k + 2]
+        s3 += x[k + 3]
+        s4 += x[k + 4]
+        s5 += x[k + 5]
+        s6 += x[k + 6]
+        s7 += x[k + 7]
+    for k in range(whole, n):
+        s0 += x[k]
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@jit
+def exp_shifted_sum(x, n, top):
+    """Replace ``x[:n]`` by ``exp(x - top)`` and return their :func:`lane_sum`."""
+    for k in range(n):  # a loop of its own, so that it vectorises
+        x[k] = exp_nonpositive(x[k] - top)
+    return lane_sum(x, n)
