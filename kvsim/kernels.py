@@ -28,18 +28,6 @@ GQA_MODES = {"mean": GQA_MEAN, "max": GQA_MAX, "sum": GQA_SUM}
 
 
 @jit
-def combine(values, mode):
-    """Combine one value per query head of a group (mean, max or sum, in head order)."""
-    acc = values[0]
-    for g in range(1, values.shape[0]):
-        if mode == GQA_MAX:
-            acc = max(acc, values[g])
-        else:
-            acc += values[g]
-    return acc / values.shape[0] if mode == GQA_MEAN else acc
-
-
-@jit
 def row_sums(f, row_max, row_sum, h, lo, hi):
     """Sum over queries ``lo .. hi-1`` of head ``h``'s attention rows, one value per key."""
     T = f.key_bias.shape[1]
@@ -130,32 +118,41 @@ def _count_important(important, prompt_len):
 
 
 @jit
+def combine_rows(rows, n, mode, out):
+    """Combine the heads' values of each key: ``out[j]`` from ``rows[:, j]``, ``j < n``.
+
+    Mean, max or sum, accumulated in head order (mean divides the sum by the group
+    size); one loop over the keys per head, so it vectorises.
+    """
+    G = rows.shape[0]
+    for j in range(n):
+        out[j] = rows[0, j]
+    for g in range(1, G):
+        if mode == GQA_MAX:
+            for j in range(n):
+                out[j] = max(out[j], rows[g, j])
+        else:
+            for j in range(n):
+                out[j] += rows[g, j]
+    if mode == GQA_MEAN:
+        for j in range(n):
+            out[j] /= G
+
+
+@jit
 def _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen):
     """Apply a score-update rule from the observed full attention ``obs[g, :n]`` of each head.
 
-    Heads are combined key by key in head order, as :func:`combine` does, so scores are
-    bit-identical to a per-key call of it; each loop runs over the keys, so it vectorises.
+    For the observed rules ``obs`` is renormalised in place to ``p~ = p / mass`` (0 where
+    no mass is kept), divided rather than multiplied by ``1 / mass`` so that equal scores
+    stay bit-equal with the plain reference.
     """
-    G = obs.shape[0]
-    for g in range(G):
-        m = mass[g]
-        kept_mass = m > 0.0
-        for j in range(n):
-            if update_rule == UPDATE_ADD_FULL:
-                v = obs[g, j]
-            else:
-                # p~ = p / mass (0 where no mass is kept), divided rather than multiplied by
-                # 1 / mass, so that equal scores stay bit-equal with the plain reference.
-                v = obs[g, j] / m if kept_mass else 0.0
-            if g == 0:
-                combined[j] = v
-            elif gqa == GQA_MAX:
-                combined[j] = max(combined[j], v)
-            else:
-                combined[j] += v
-    if gqa == GQA_MEAN:
-        for j in range(n):
-            combined[j] /= G
+    if update_rule != UPDATE_ADD_FULL:
+        for g in range(obs.shape[0]):
+            m = mass[g]
+            for j in range(n):
+                obs[g, j] = obs[g, j] / m if m > 0.0 else 0.0
+    combine_rows(obs, n, gqa, combined)
     if update_rule == UPDATE_SET_OBSERVED:
         for j in range(n):
             score[j] = combined[j]
@@ -248,6 +245,38 @@ def _top_ranked_linear(scores, n, k, out):
 
 
 @jit
+def _top_ranked_above(scores, n, k, guess, out, cand_pos, cand_val):
+    """Like :func:`_top_ranked_linear`, after keeping only scores >= a threshold.
+
+    The threshold starts at ``guess`` and is lowered until at least ``k`` scores pass,
+    so every top-ranked score (and every score tied with the k-th) is a candidate and the
+    result is exact whatever the guess; a good guess only makes it fast. Returns the
+    number selected and the k-th largest score (a guess for the next row).
+    """
+    if k >= n:
+        for j in range(n):
+            out[j] = j
+        return n, -np.inf
+    tau = guess
+    while True:
+        m = 0
+        for j in range(n):
+            if scores[j] >= tau:
+                cand_pos[m] = j
+                cand_val[m] = scores[j]
+                m += 1
+        if m >= k:
+            break
+        tau = tau * 0.5 if tau > 1e-300 else -np.inf
+    chosen = _top_ranked_linear(cand_val, m, k, out)
+    kth = np.inf
+    for j in range(chosen):
+        kth = min(kth, cand_val[out[j]])
+        out[j] = cand_pos[out[j]]
+    return chosen, kth
+
+
+@jit
 def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full_output,
            out_mass, out_size, out_recall, out_error, out_kept, snap_steps, snapshots):
     """Per step and budget, cache the best-ranked keys of the group's combined full row.
@@ -262,11 +291,11 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
     rows = np.empty((G, T))
     keys = np.arange(T)
     combined = np.empty(T)
-    per_head = np.empty(G)
     cache = np.empty(T, np.int64)
     chosen = np.empty(T, np.int64)
     value = np.empty(T)
     by_size = np.argsort(-budgets, kind="mergesort")
+    guess = 0.0
     obs = np.empty((G, T))
     mass = np.empty(G)
     approx = np.empty(full_output.shape[2])
@@ -282,17 +311,15 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
                     n_important[g] += 1
         for g in range(G):
             probs_at(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g], True)
-        for k in range(t + 1):
-            for g in range(G):
-                per_head[g] = rows[g, k]
-            combined[k] = combine(per_head, gqa)
+        combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.
         m = t + 1
         for r in range(budgets.shape[0]):
             i = by_size[r]
             if r == 0:
-                n = _top_ranked_linear(combined, m, budgets[i], chosen)
+                n, kth = _top_ranked_above(combined, m, budgets[i], guess, chosen, cache, value)
+                guess = 0.9 * kth  # rows change slowly: near the last threshold
                 for j in range(n):
                     cache[j] = chosen[j]
                     value[j] = combined[chosen[j]]

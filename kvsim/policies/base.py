@@ -83,7 +83,7 @@ class Group:
 
     def combine(self, per_head: list[np.ndarray]) -> np.ndarray:
         """Combine one score array per query head (mean, max or sum), in the same order as
-        :func:`kvsim.kernels.combine`, so Python-side and kernel scores agree bit for bit."""
+        :func:`kvsim.kernels.combine_rows`, so Python-side and kernel scores agree bit for bit."""
         stacked = np.stack(per_head)
         out = stacked[0].copy()
         for row in stacked[1:]:
