@@ -56,8 +56,9 @@ def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_b
                 top = lane_max(buf, n)
                 total = exp_shifted_sum(buf, n, top)
                 # The same expression as probs_at, so every path sees identical numbers.
+                scale = 1.0 / total
                 for k in range(n):
-                    buf[k] = buf[k] / total
+                    buf[k] = buf[k] * scale
                     target[k] += buf[k]
                 row_max[q] = top
                 row_sum[q] = total

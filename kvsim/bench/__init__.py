@@ -79,6 +79,8 @@ def policy_rates(budgets, prompt_len: int, steps: int) -> dict:
     group_passes: dict = {}
     out = {}
     for name, policy in POLICIES.items():
+        if name == "full":  # its trace is read off the full pass: no kernel of its own
+            continue
         params = resolve_params(policy, {})
         for budget in budgets:
             if budget < policy.min_budget(params):
