@@ -84,7 +84,7 @@ def logits_at(f, h, q, keys, n, out, whole_row):
 
     Many keys at a time: each component is one loop over the keys (no per-entry call).
     ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``, which lets the first loop read
-    contiguous memory.
+    contiguous memory and the noise share work between neighbouring keys.
     """
     if whole_row:
         for k in range(n):
@@ -98,7 +98,7 @@ def logits_at(f, h, q, keys, n, out, whole_row):
             for j in range(n):
                 if f.boost_keys[b, keys[j]]:
                     out[j] += f.boost_strength[b]
-    add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out)
+    add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out, whole_row)
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
         qk_scale = f.qk_scale[h]

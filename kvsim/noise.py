@@ -1,10 +1,11 @@
 """Counter-based noise: each entry (q, k) of a head's field is a pure function of them.
 
-Entry ``(q, k)`` of the head with key ``key`` draws the SplitMix64 outputs of that key's
-stream at indices ``2c`` and ``2c + 1``, with counter ``c = q * 2^32 + k``: no state, any
-order, any thread, the same numbers. Gaussian noise is Box-Muller on the two uniforms,
-Gumbel noise ``-log(-log(u))`` on the first; both use the vectorisable functions of
-:mod:`kvsim.elementary`, so a whole row of noise is one SIMD loop.
+Uniforms are outputs ``2c`` and ``2c + 1`` of the SplitMix64 stream of the head's key,
+for a counter ``c = q * 2^32 + i``: no state, any order, any thread, the same numbers.
+Gaussian noise is Box-Muller on the two uniforms of ``i = k // 2``, whose cosine and
+sine go to keys ``2i`` and ``2i + 1``; Gumbel noise is ``-log(-log(u))`` on the first
+uniform of ``i = k``. Both use the vectorisable functions of :mod:`kvsim.elementary`, so
+a row of noise is one SIMD loop.
 """
 
 import numpy as np
@@ -40,12 +41,20 @@ def _uniform(key, index):
 
 
 @jit_inline
-def gaussian(key, q, k):
-    """Standard Gaussian noise of entry (q, k): Box-Muller on the entry's two uniforms."""
-    c = ((np.uint64(q) << np.uint64(32)) | np.uint64(k)) << np.uint64(1)
+def _polar(key, q, pair):
+    """Box-Muller radius ``sqrt(-2 log u)`` and turn ``v`` of keys ``2 pair, 2 pair + 1`` of row q."""
+    c = ((np.uint64(q) << np.uint64(32)) | np.uint64(pair)) << np.uint64(1)
     u = _uniform(key, c)
     v = _uniform(key, c + np.uint64(1))
-    return np.sqrt(-2.0 * log_positive(u)) * cos_two_pi(v)
+    return np.sqrt(-2.0 * log_positive(u)), v
+
+
+@jit_inline
+def gaussian(key, q, k):
+    """Standard Gaussian noise of entry (q, k): Box-Muller's cosine for an even key, its
+    sine (the cosine a quarter turn back, ``v - 1/4`` being exact) for the odd key."""
+    radius, turn = _polar(key, q, k >> 1)
+    return radius * cos_two_pi(turn - 0.25 * (k & 1))
 
 
 @jit_inline
@@ -56,9 +65,20 @@ def gumbel(key, q, k):
 
 
 @jit
-def add_noise(kind, key, scale, q, keys, n, out):
-    """Add ``scale`` times the noise of entries ``(q, keys[j])`` to ``out[j]``, ``j < n``."""
-    if kind == NOISE_GAUSSIAN:
+def add_noise(kind, key, scale, q, keys, n, out, whole_row):
+    """Add ``scale`` times the noise of entries ``(q, keys[j])`` to ``out[j]``, ``j < n``.
+
+    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``: Gaussian noise then draws each pair
+    of keys' radius once (the same numbers as key by key, half the logarithms).
+    """
+    if kind == NOISE_GAUSSIAN and whole_row:
+        for pair in range(n // 2):
+            radius, turn = _polar(key, q, pair)
+            out[2 * pair] += scale * (radius * cos_two_pi(turn))
+            out[2 * pair + 1] += scale * (radius * cos_two_pi(turn - 0.25))
+        if n % 2:
+            out[n - 1] += scale * gaussian(key, q, n - 1)
+    elif kind == NOISE_GAUSSIAN:
         for j in range(n):
             out[j] += scale * gaussian(key, q, keys[j])
     elif kind == NOISE_GUMBEL:
