@@ -45,8 +45,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing report folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=_positive, metavar="N",
-                   help="threads for the policy runs (default: every core; results do not "
-                        "depend on it)")
+                   help="threads for the policy runs, then processes drawing the figures "
+                        "(default: every core; results do not depend on it)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the units an interrupted run of this report finished")
     _add_overrides(p)

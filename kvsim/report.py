@@ -5,9 +5,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import multiprocessing as mp
 import os
 import platform
 import shutil
+import zipfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +56,17 @@ def _scenario_json(scenario: Scenario) -> dict:
     return data
 
 
-def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults]) -> None:
+def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Like ``np.savez_compressed`` (same format, read by ``np.load``), at zlib level 1:
+    several times faster than the default level, for files a little larger."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
+def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
+                 workers: int) -> None:
     rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -67,25 +80,56 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
                            for name, value in steps.arrays().items()})
             for (label, seed, kv), snaps in steps.snapshots.items():
                 arrays[f"{prefix}{exp}/snapshots/{label}/seed{seed}/kv{kv}"] = snaps
-    np.savez_compressed(folder / "steps.npz", **arrays)
+    _savez_fast(folder / "steps.npz", arrays)
     meta = {"variants": [_scenario_json(v) for v in variants], "versions": _versions()}
     (folder / "scenario.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    drawn: dict = {}
+    jobs = []  # (key in the report, drawing function, its arguments), in report order
     for i, (scenario, res) in enumerate(zip(variants, results)):
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
-        drawn[i, "field"] = figures.field_figures(scenario, res.fields, target)
+        jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
+        colors = figures.policy_colors(scenario)
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
             steps = res.steps[exp.name]
-            drawn[i, exp.name] = figures.draw(scenario, exp, rows, steps, target)
+            jobs += [((i, exp.name), figures.FIGURE_FUNCTIONS[name],
+                      (scenario, exp, rows, steps, colors, target)) for name in exp.figures]
             if h2o_study.applies(exp) and exp.prompt_len < scenario.T:
-                drawn[i, exp.name, "h2o"] = h2o_study.figures(scenario, exp, rows, steps, target)
+                jobs.append(((i, exp.name, "h2o"), h2o_study.figures,
+                             (scenario, exp, rows, steps, target)))
+    drawn: dict = {}
+    for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers)):
+        drawn.setdefault(key, []).extend(paths)
     markdown.write(folder, variants, results, drawn)
 
 
+_JOBS: list = []  # the figure jobs, inherited by forked drawing processes
+
+
+def _draw(index: int) -> list[Path]:
+    _, function, args = _JOBS[index]
+    return function(*args)
+
+
+def _draw_all(jobs: list, workers: int) -> list[list[Path]]:
+    """Draw every figure job, on ``workers`` forked processes where there are several
+    (matplotlib holds the GIL, so threads would not help); results in job order."""
+    global _JOBS
+    _JOBS = jobs
+    try:
+        if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
+            return [_draw(i) for i in range(len(jobs))]
+        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("fork")) as pool:
+            return list(pool.map(_draw, range(len(jobs))))
+    finally:
+        _JOBS = []
+
+
 def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 force: bool) -> Path:
-    """Write the report into a temporary folder, then move it to ``out`` in one rename."""
+                 force: bool, workers: int = 1) -> Path:
+    """Write the report into a temporary folder, then move it to ``out`` in one rename.
+
+    Figures are drawn on ``workers`` processes.
+    """
     check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -93,7 +137,7 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_files(tmp, variants, results)
+        _write_files(tmp, variants, results, workers)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
@@ -114,7 +158,8 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     out : report folder (default ``reports/<scenario name>``).
     force : replace an existing report folder.
     progress : show a progress bar on stderr.
-    workers : threads running policies in parallel (default: every core).
+    workers : threads running policies, then processes drawing figures, in parallel
+        (default: every core).
     resume : reuse the units an interrupted run of the same report already finished.
     overrides : command-line changes applied to a scenario file before validation.
 
@@ -135,6 +180,6 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
               desc=variants[0].name) as bar:
         results = [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
-    write_report(out, variants, results, force)
+    write_report(out, variants, results, force, workers or os.cpu_count() or 1)
     shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out
