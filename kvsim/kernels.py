@@ -9,7 +9,7 @@ import numpy as np
 
 from kvsim._numba import jit
 from kvsim.field import probs_at
-from kvsim.lanes import lane_sum
+from kvsim.lanes import lane_sum, masked_min
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap
@@ -56,16 +56,18 @@ def top_ranked(scores, lo, hi, k):
 
 
 @jit
-def _lowest_ranked_slot(cache, n, value, limit):
-    """Slot of the worst-ranked key among positions < limit (lowest value, then highest position)."""
-    best = -1
+def _lowest_ranked_slot(cache, n, value, limit, slot_of):
+    """Slot of the worst-ranked key among positions < limit (lowest value, then highest
+    position), or -1 if there is none; ``slot_of`` maps a cached position to its slot.
+
+    Two vectorised passes: the lowest value, then the highest position holding it.
+    """
+    lowest = masked_min(value, cache, n, limit)
+    top = -1
     for j in range(n):
-        pos = cache[j]
-        if pos >= limit:
-            continue
-        if best < 0 or value[j] < value[best] or (value[j] == value[best] and pos > cache[best]):
-            best = j
-    return best
+        pos = cache[j] if (cache[j] < limit) & (value[j] == lowest) else -1
+        top = max(top, pos)
+    return slot_of[top] if top >= 0 else -1
 
 
 @jit
@@ -145,8 +147,15 @@ def _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen):
 
     For the observed rules ``obs`` is renormalised in place to ``p~ = p / mass`` (0 where
     no mass is kept), divided rather than multiplied by ``1 / mass`` so that equal scores
-    stay bit-equal with the plain reference.
+    stay bit-equal with the plain reference. A single head adds ``p~`` directly (its
+    combined value is ``p~`` itself, ``mean`` dividing by 1).
     """
+    if obs.shape[0] == 1 and update_rule == UPDATE_ADD_OBSERVED:  # one fused loop
+        m = mass[0]
+        for j in range(n):
+            score[j] += obs[0, j] / m if m > 0.0 else 0.0
+            seen[j] += 1.0
+        return
     if update_rule != UPDATE_ADD_FULL:
         for g in range(obs.shape[0]):
             m = mass[g]
@@ -182,6 +191,9 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
     ranking = np.empty(budget)
     combined = np.empty(budget)
     n_important = _count_important(important, prompt_len)
+    slot_of = np.empty(T, np.int64)  # the slot of each cached position
+    for j in range(n):
+        slot_of[cache[j]] = j
     snap = 0
     for t in range(prompt_len, T):
         step = t - prompt_len
@@ -194,13 +206,14 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
                         ranking[j] = score[j] / seen[j]
                 # The `recent` newest keys, token t included, are protected.
                 slot = _lowest_ranked_slot(cache, n, ranking if normalize else score,
-                                           t - recent + 1)
+                                           t - recent + 1, slot_of)
             else:
                 slot = evict_slots[step]
         else:
             slot = n
             n += 1
         cache[slot] = t
+        slot_of[t] = slot
         score[slot] = static_score[t]
         seen[slot] = 0.0
         for g in range(G):

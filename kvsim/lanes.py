@@ -6,6 +6,8 @@ and LLVM turns the lanes into one SIMD register, which a strictly sequential
 floating-point reduction (fastmath being off) would forbid.
 """
 
+import numpy as np
+
 from kvsim._numba import jit
 from kvsim.elementary import exp_nonpositive
 
@@ -54,3 +56,37 @@ def exp_shifted_sum(x, n, top):
     for k in range(n):  # a loop of its own, so that it vectorises
         x[k] = exp_nonpositive(x[k] - top)
     return lane_sum(x, n)
+
+
+@jit
+def _below(x, key, k, limit):
+    """``x[k]`` where ``key[k] < limit``, else +inf."""
+    return x[k] if key[k] < limit else np.inf
+
+
+@jit
+def masked_min(x, key, n, limit):
+    """Minimum of ``x[j]`` over ``j < n`` with ``key[j] < limit`` (+inf if there is none)."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.inf
+    whole = n - n % 8
+    for k in range(0, whole, 8):
+        v0 = _below(x, key, k, limit)
+        v1 = _below(x, key, k + 1, limit)
+        v2 = _below(x, key, k + 2, limit)
+        v3 = _below(x, key, k + 3, limit)
+        v4 = _below(x, key, k + 4, limit)
+        v5 = _below(x, key, k + 5, limit)
+        v6 = _below(x, key, k + 6, limit)
+        v7 = _below(x, key, k + 7, limit)
+        m0 = v0 if v0 < m0 else m0
+        m1 = v1 if v1 < m1 else m1
+        m2 = v2 if v2 < m2 else m2
+        m3 = v3 if v3 < m3 else m3
+        m4 = v4 if v4 < m4 else m4
+        m5 = v5 if v5 < m5 else m5
+        m6 = v6 if v6 < m6 else m6
+        m7 = v7 if v7 < m7 else m7
+    for k in range(whole, n):
+        v = _below(x, key, k, limit)
+        m0 = v if v < m0 else m0
+    return min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
