@@ -16,7 +16,7 @@ import numpy as np
 
 from kvsim._numba import jit
 from kvsim.elementary import exp_nonpositive
-from kvsim.noise import add_noise
+from kvsim.noise import add_noise, add_noise_row
 
 
 class FieldData(NamedTuple):
@@ -79,26 +79,16 @@ def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:
 
 
 @jit
-def logits_at(f, h, q, keys, n, out, whole_row):
-    """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
-
-    Many keys at a time: each component is one loop over the keys (no per-entry call).
-    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``, which lets the first loop read
-    contiguous memory and the noise share work between neighbouring keys.
-    """
-    if whole_row:
-        for k in range(n):
-            out[k] = f.key_bias[h, k] + f.distance[h, q - k]
-    else:
-        for j in range(n):
-            k = keys[j]
-            out[j] = f.key_bias[h, k] + f.distance[h, q - k]
+def _add_boosts(f, h, q, keys, n, out):
     for b in range(f.boost_strength.shape[0]):
         if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1]:
             for j in range(n):
                 if f.boost_keys[b, keys[j]]:
                     out[j] += f.boost_strength[b]
-    add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out, whole_row)
+
+
+@jit
+def _add_qk(f, h, q, keys, n, out):
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
         qk_scale = f.qk_scale[h]
@@ -110,7 +100,43 @@ def logits_at(f, h, q, keys, n, out, whole_row):
 
 
 @jit
-def probs_at(f, row_max, row_sum, h, q, keys, n, out, whole_row):
+def logits_at(f, h, q, keys, n, out):
+    """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
+
+    Each component (key and distance terms, boosts, noise, q.k) is one loop over the keys,
+    added in that order; :func:`logits_row` gives the same numbers for a whole row.
+    """
+    for j in range(n):
+        k = keys[j]
+        out[j] = f.key_bias[h, k] + f.distance[h, q - k]
+    _add_boosts(f, h, q, keys, n, out)
+    add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out)
+    _add_qk(f, h, q, keys, n, out)
+
+
+@jit
+def logits_row(f, h, q, keys, n, out):
+    """:func:`logits_at` for keys ``0 .. n-1`` (``keys`` holds them): contiguous reads, and
+    noise that shares work between neighbouring keys. A kernel of its own, so that the
+    kernels that only need rows, or only cached keys, compile only what they use."""
+    for k in range(n):
+        out[k] = f.key_bias[h, k] + f.distance[h, q - k]
+    _add_boosts(f, h, q, keys, n, out)
+    add_noise_row(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, n, out)
+    _add_qk(f, h, q, keys, n, out)
+
+
+@jit
+def _exp_scaled(f, row_max, row_sum, h, q, n, out):
+    """``out[:n] = exp(out - row_max) * (1 / row_sum)``: logits to probabilities."""
+    top = row_max[h, q]
+    scale = 1.0 / row_sum[h, q]  # a multiply per key: a division costs ten times more
+    for j in range(n):
+        out[j] = exp_nonpositive(out[j] - top) * scale
+
+
+@jit
+def probs_at(f, row_max, row_sum, h, q, keys, n, out):
     """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out``.
 
     Dense fields read their matrix; component fields use ``exp(l - row_max) * (1 / row_sum)``.
@@ -119,8 +145,16 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out, whole_row):
         for j in range(n):
             out[j] = f.probs[h, q, keys[j]]
         return
-    logits_at(f, h, q, keys, n, out, whole_row)
-    top = row_max[h, q]
-    scale = 1.0 / row_sum[h, q]  # a multiply per key: a division costs ten times more
-    for j in range(n):
-        out[j] = exp_nonpositive(out[j] - top) * scale
+    logits_at(f, h, q, keys, n, out)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+
+
+@jit
+def probs_row(f, row_max, row_sum, h, q, keys, n, out):
+    """:func:`probs_at` for keys ``0 .. n-1`` (``keys`` holds them)."""
+    if f.probs.shape[1] > 0:
+        for k in range(n):
+            out[k] = f.probs[h, q, k]
+        return
+    logits_row(f, h, q, keys, n, out)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)

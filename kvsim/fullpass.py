@@ -17,7 +17,7 @@ import numpy as np
 from numba import prange
 
 from kvsim._numba import jit_parallel
-from kvsim.field import FieldData, logits_at
+from kvsim.field import FieldData, logits_row
 from kvsim.lanes import exp_shifted_sum, lane_max, lane_sum
 
 BLOCKS = 16
@@ -52,7 +52,7 @@ def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_b
                     buf[k] = f.probs[h, q, k]
                     target[k] += buf[k]
             else:
-                logits_at(f, h, q, keys, n, buf, True)
+                logits_row(f, h, q, keys, n, buf)
                 top = lane_max(buf, n)
                 total = exp_shifted_sum(buf, n, top)
                 # The same expression as probs_at, so every path sees identical numbers.

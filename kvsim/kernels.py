@@ -8,7 +8,7 @@ one KV head and the query heads that share it.
 import numpy as np
 
 from kvsim._numba import jit
-from kvsim.field import probs_at
+from kvsim.field import probs_at, probs_row
 from kvsim.lanes import lane_sum, masked_min
 
 # Eviction rules (which cached key leaves when the budget is reached).
@@ -35,7 +35,7 @@ def row_sums(f, row_max, row_sum, h, lo, hi):
     row = np.empty(T)
     out = np.zeros(T)
     for q in range(lo, hi):
-        probs_at(f, row_max, row_sum, h, q, keys, q + 1, row, True)
+        probs_row(f, row_max, row_sum, h, q, keys, q + 1, row)
         for k in range(q + 1):
             out[k] += row[k]
     return out
@@ -50,9 +50,9 @@ def top_ranked(scores, lo, hi, k):
     n = hi - lo
     if k >= n:
         return np.arange(lo, hi)
-    # A stable sort of the negated scores keeps equal scores in position order.
-    order = np.argsort(-scores[lo:hi], kind="mergesort")
-    return np.sort(order[:k]) + lo
+    out = np.empty(k, np.int64)
+    _top_ranked_linear(scores[lo:hi], n, k, out)
+    return out + lo
 
 
 @jit
@@ -221,7 +221,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
                 n_important[g] += 1
         out_size[step] = n
         for g in range(G):
-            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], False)
+            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g])
         _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
                 out_mass, out_recall, out_error)
         snap = _snapshot(cache, n, step, snap_steps, snapshots, snap)
@@ -233,24 +233,55 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
 
 
 @jit
+def _kth_largest(scores, n, k):
+    """The ``k``-th largest of ``scores[:n]`` (1 <= k <= n): quickselect on a copy.
+
+    Hoare partitions around a median of three, so sorted runs and many equal scores stay
+    O(n); deterministic (no random pivot).
+    """
+    work = scores[:n].copy()
+    lo, hi, target = 0, n - 1, k - 1  # the target index in descending order
+    while lo < hi:
+        mid = (lo + hi) // 2
+        a, b, c = work[lo], work[mid], work[hi]
+        pivot = max(min(a, b), min(max(a, b), c))
+        i, j = lo, hi
+        while i <= j:
+            while work[i] > pivot:
+                i += 1
+            while work[j] < pivot:
+                j -= 1
+            if i <= j:
+                work[i], work[j] = work[j], work[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break  # between j and i: every element there equals the pivot
+    return work[target]
+
+
+@jit
 def _top_ranked_linear(scores, n, k, out):
     """Like :func:`top_ranked` over ``[0, n)`` in O(n): fills ``out[:k]`` ascending."""
     if k >= n:
         for j in range(n):
             out[j] = j
         return n
-    threshold = np.partition(-scores[:n], k - 1)[k - 1]  # minus the k-th largest score
+    kth = _kth_largest(scores, n, k)
     count = 0
     for j in range(n):
-        if -scores[j] < threshold:
-            count += 1
-    ties = k - count  # equal-to-threshold keys to take, lowest positions first
+        count += scores[j] > kth
+    ties = k - count  # scores equal to the k-th to take, lowest positions first
     filled = 0
     for j in range(n):
-        if -scores[j] < threshold:
+        if scores[j] > kth:
             out[filled] = j
             filled += 1
-        elif -scores[j] == threshold and ties > 0:
+        elif scores[j] == kth and ties > 0:
             out[filled] = j
             filled += 1
             ties -= 1
@@ -323,7 +354,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
                 if important[g, t]:
                     n_important[g] += 1
         for g in range(G):
-            probs_at(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g], True)
+            probs_row(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g])
         combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.

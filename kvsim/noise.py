@@ -65,22 +65,27 @@ def gumbel(key, q, k):
 
 
 @jit
-def add_noise(kind, key, scale, q, keys, n, out, whole_row):
-    """Add ``scale`` times the noise of entries ``(q, keys[j])`` to ``out[j]``, ``j < n``.
+def add_noise(kind, key, scale, q, keys, n, out):
+    """Add ``scale`` times the noise of entries ``(q, keys[j])`` to ``out[j]``, ``j < n``."""
+    if kind == NOISE_GAUSSIAN:
+        for j in range(n):
+            out[j] += scale * gaussian(key, q, keys[j])
+    elif kind == NOISE_GUMBEL:
+        for j in range(n):
+            out[j] += scale * gumbel(key, q, keys[j])
 
-    ``whole_row`` says ``keys[:n]`` is ``0 .. n-1``: Gaussian noise then draws each pair
-    of keys' radius once (the same numbers as key by key, half the logarithms).
-    """
-    if kind == NOISE_GAUSSIAN and whole_row:
+
+@jit
+def add_noise_row(kind, key, scale, q, n, out):
+    """:func:`add_noise` for keys ``0 .. n-1``: Gaussian noise draws each pair of keys'
+    radius once (the same numbers as key by key, half the logarithms)."""
+    if kind == NOISE_GAUSSIAN:
         for pair in range(n // 2):
             radius, turn = _polar(key, q, pair)
             out[2 * pair] += scale * (radius * cos_two_pi(turn))
             out[2 * pair + 1] += scale * (radius * cos_two_pi(turn - 0.25))
         if n % 2:
             out[n - 1] += scale * gaussian(key, q, n - 1)
-    elif kind == NOISE_GAUSSIAN:
-        for j in range(n):
-            out[j] += scale * gaussian(key, q, keys[j])
     elif kind == NOISE_GUMBEL:
-        for j in range(n):
-            out[j] += scale * gumbel(key, q, keys[j])
+        for k in range(n):
+            out[k] += scale * gumbel(key, q, k)

@@ -24,7 +24,7 @@ from scipy import stats
 
 import kvsim
 from kvsim.attention.components import BOOST, build
-from kvsim.field import FieldData, dense_field, logits_at, probs_at
+from kvsim.field import FieldData, dense_field, logits_at, logits_row, probs_at, probs_row
 from kvsim.fullpass import full_pass
 from kvsim.kernels import GQA_MODES
 from kvsim.policies import POLICIES
@@ -84,10 +84,10 @@ def row_stats(field: FieldData) -> tuple[np.ndarray, np.ndarray]:
 def rows(field: FieldData, what: str = "probs", whole_row: bool = True) -> np.ndarray:
     """The (H, T, T) causal matrix of probabilities (or logits) of a component field.
 
-    Probabilities come from :func:`probs_at` with the full pass's row statistics, so
+    Probabilities come from :func:`probs_row` with the full pass's row statistics, so
     they are the very numbers the kernels use; entries above the diagonal are 0. With
-    ``whole_row = False`` each row is evaluated the way a cache is (keys given in a
-    scattered order, not as one whole row).
+    ``whole_row = False`` each row is evaluated the way a cache is, by :func:`probs_at`
+    (keys given in a scattered order, not as one whole row).
     """
     H, T = field.heads, field.T
     row_max, row_sum = row_stats(field) if what == "probs" else (None, None)
@@ -97,9 +97,11 @@ def rows(field: FieldData, what: str = "probs", whole_row: bool = True) -> np.nd
         for q in range(T):
             keys = np.arange(T) if whole_row else np.r_[np.arange(q, -1, -1), q + 1:T]
             if what == "probs":
-                probs_at(field, row_max, row_sum, h, q, keys, q + 1, buf, whole_row)
+                probs = probs_row if whole_row else probs_at
+                probs(field, row_max, row_sum, h, q, keys, q + 1, buf)
             else:
-                logits_at(field, h, q, keys, q + 1, buf, whole_row)
+                logits = logits_row if whole_row else logits_at
+                logits(field, h, q, keys, q + 1, buf)
             out[h, q, keys[:q + 1]] = buf[:q + 1]
     return out
 

@@ -61,7 +61,8 @@ class Source:
     """A registered attention source.
 
     ``describe(params, base)`` checks the parameters against the data and gives
-    ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`; ``build(params, seed, base)`` returns a :class:`Field`.
+    ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`;
+    ``build(params, seed, base)`` returns a :class:`Field`.
     """
 
     name: str
