@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim._numba import jit
+from kvsim._numba import jit, jit_inline
 from kvsim.elementary import exp_nonpositive
 from kvsim.noise import add_noise, add_noise_row
 
@@ -78,7 +78,7 @@ def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:
     return FieldData(**fields)
 
 
-@jit
+@jit_inline
 def _add_boosts(f, h, q, keys, n, out):
     for b in range(f.boost_strength.shape[0]):
         if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1]:
@@ -87,7 +87,7 @@ def _add_boosts(f, h, q, keys, n, out):
                     out[j] += f.boost_strength[b]
 
 
-@jit
+@jit_inline
 def _add_qk(f, h, q, keys, n, out):
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
@@ -99,7 +99,7 @@ def _add_qk(f, h, q, keys, n, out):
             out[j] += qk_scale * dot
 
 
-@jit
+@jit_inline
 def logits_at(f, h, q, keys, n, out):
     """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
 
@@ -126,7 +126,7 @@ def logits_row(f, h, q, keys, n, out):
     _add_qk(f, h, q, keys, n, out)
 
 
-@jit
+@jit_inline
 def _exp_scaled(f, row_max, row_sum, h, q, n, out):
     """``out[:n] = exp(out - row_max) * (1 / row_sum)``: logits to probabilities."""
     top = row_max[h, q]
@@ -135,7 +135,7 @@ def _exp_scaled(f, row_max, row_sum, h, q, n, out):
         out[j] = exp_nonpositive(out[j] - top) * scale
 
 
-@jit
+@jit_inline
 def probs_at(f, row_max, row_sum, h, q, keys, n, out):
     """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out``.
 

@@ -7,7 +7,7 @@ one KV head and the query heads that share it.
 
 import numpy as np
 
-from kvsim._numba import jit
+from kvsim._numba import jit, jit_inline
 from kvsim.field import probs_at, probs_row
 from kvsim.lanes import lane_sum, masked_min
 
@@ -70,7 +70,7 @@ def _lowest_ranked_slot(cache, n, value, limit, slot_of):
     return slot_of[top] if top >= 0 else -1
 
 
-@jit
+@jit_inline
 def _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
             out_mass, out_recall, out_error):
     """Metrics of step ``step`` from the observed full attention ``obs[g, :n]`` of each head."""
