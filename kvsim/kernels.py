@@ -71,19 +71,17 @@ def _lowest_ranked_slot(cache, n, value, limit, slot_of):
 
 
 @jit_inline
-def _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
+def _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass, approx,
             out_mass, out_recall, out_error):
-    """Metrics of step ``step`` from the observed full attention ``obs[g, :n]`` of each head."""
+    """Metrics of step ``step`` from the observed full attention ``obs[g, :n]`` of each head
+    and the number ``hits[g]`` of its important keys in the cache."""
     kv = heads[0] // f.group
     dv = full_output.shape[2]
     for g in range(heads.shape[0]):
         m = lane_sum(obs[g], n)
-        hits = 0
-        for j in range(n):
-            hits += important[g, cache[j]]
         mass[g] = m
         out_mass[g, step] = m
-        out_recall[g, step] = hits / n_important[g] if n_important[g] > 0 else np.nan
+        out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
         if dv > 0:
             approx[:] = 0.0
             for j in range(n):
@@ -106,6 +104,15 @@ def _snapshot(cache, n, step, snap_steps, snapshots, index):
         snapshots[index, n:] = -1
         return index + 1
     return index
+
+
+@jit
+def _cached_important(important, cache, n, hits):
+    """``hits[g]``: the number of query head g's important keys among ``cache[:n]``."""
+    for g in range(important.shape[0]):
+        hits[g] = 0
+        for j in range(n):
+            hits[g] += important[g, cache[j]]
 
 
 @jit
@@ -194,6 +201,8 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
     slot_of = np.empty(T, np.int64)  # the slot of each cached position
     for j in range(n):
         slot_of[cache[j]] = j
+    hits = np.empty(G, np.int64)
+    _cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
     snap = 0
     for t in range(prompt_len, T):
         step = t - prompt_len
@@ -209,6 +218,8 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
                                            t - recent + 1, slot_of)
             else:
                 slot = evict_slots[step]
+            for g in range(G):
+                hits[g] -= important[g, cache[slot]]
         else:
             slot = n
             n += 1
@@ -217,12 +228,12 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
         score[slot] = static_score[t]
         seen[slot] = 0.0
         for g in range(G):
-            if important[g, t]:
-                n_important[g] += 1
+            n_important[g] += important[g, t]
+            hits[g] += important[g, t]
         out_size[step] = n
         for g in range(G):
             probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g])
-        _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass, approx,
+        _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass, approx,
                 out_mass, out_recall, out_error)
         snap = _snapshot(cache, n, step, snap_steps, snapshots, snap)
 
@@ -321,14 +332,14 @@ def _top_ranked_above(scores, n, k, guess, out, cand_pos, cand_val):
 
 
 @jit
-def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full_output,
+def oracle(f, row_max, row_sum, heads, prompt_len, budgets, by_size, gqa, important, full_output,
            out_mass, out_size, out_recall, out_error, out_kept, snap_steps, snapshots):
     """Per step and budget, cache the best-ranked keys of the group's combined full row.
 
-    Every budget ``budgets[i]`` shares one evaluation of each row; its outputs are
-    ``out_*[i]``, ``snapshots[i]`` its caches at ``snap_steps``, and ``out_kept[i, :n]``
-    its last cached set (the prefill selection when there are no decode steps). Returns
-    the number of kept keys per budget.
+    Every budget ``budgets[i]`` (``by_size``: their indices, largest budget first) shares
+    one evaluation of each row; its outputs are ``out_*[i]``, ``snapshots[i]`` its caches
+    at ``snap_steps``, and ``out_kept[i, :n]`` its last cached set (the prefill selection
+    when there are no decode steps). Returns the number of kept keys per budget.
     """
     T = f.key_bias.shape[1]
     G = heads.shape[0]
@@ -338,8 +349,8 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
     cache = np.empty(T, np.int64)
     chosen = np.empty(T, np.int64)
     value = np.empty(T)
-    by_size = np.argsort(-budgets, kind="mergesort")
     guess = 0.0
+    hits = np.empty(G, np.int64)
     obs = np.empty((G, T))
     mass = np.empty(G)
     approx = np.empty(full_output.shape[2])
@@ -381,7 +392,8 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, gqa, important, full
                 for j in range(n):
                     obs[g, j] = rows[g, cache[j]]
             out_size[i, step] = n
-            _record(f, heads, cache, n, important, n_important, full_output, step, obs, mass,
+            _cached_important(important, cache, n, hits)
+            _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass,
                     approx, out_mass[i], out_recall[i], out_error[i])
             advanced = _snapshot(cache, n, step, snap_steps, snapshots[i], snap)
             if t == T - 1:

@@ -15,8 +15,9 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     kept = np.zeros((len(budgets), width), np.int64)
     snap_steps = group.snap_steps if group.snap_budget in budgets else np.zeros(0, np.int64)
     snapshots = np.full((len(budgets), snap_steps.shape[0], width), -1, np.int64)
+    sizes = np.asarray(budgets, np.int64)
     counts = kernels.oracle(group.field, group.row_max, group.row_sum, group.heads,
-                            group.prompt_len, np.asarray(budgets, np.int64), group.gqa,
+                            group.prompt_len, sizes, np.argsort(-sizes, kind="stable"), group.gqa,
                             group.important, group.full_output, mass, size, recall, error, kept,
                             snap_steps, snapshots)
     for i, (budget, trace) in enumerate(zip(budgets, traces)):
