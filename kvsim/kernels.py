@@ -154,14 +154,21 @@ def _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen):
 
     For the observed rules ``obs`` is renormalised in place to ``p~ = p / mass`` (0 where
     no mass is kept), divided rather than multiplied by ``1 / mass`` so that equal scores
-    stay bit-equal with the plain reference. A single head adds ``p~`` directly (its
-    combined value is ``p~`` itself, ``mean`` dividing by 1).
+    stay bit-equal with the plain reference. A single head applies its value directly (its
+    combined value is the value itself, ``mean`` dividing by 1).
     """
-    if obs.shape[0] == 1 and update_rule == UPDATE_ADD_OBSERVED:  # one fused loop
+    if obs.shape[0] == 1:  # one fused loop
         m = mass[0]
         for j in range(n):
-            score[j] += obs[0, j] / m if m > 0.0 else 0.0
-            seen[j] += 1.0
+            if update_rule == UPDATE_ADD_FULL:
+                v = obs[0, j]
+            else:
+                v = obs[0, j] / m if m > 0.0 else 0.0
+            if update_rule == UPDATE_SET_OBSERVED:
+                score[j] = v
+            else:
+                score[j] += v
+                seen[j] += 1.0
         return
     if update_rule != UPDATE_ADD_FULL:
         for g in range(obs.shape[0]):
