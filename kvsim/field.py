@@ -16,6 +16,7 @@ import numpy as np
 
 from kvsim._numba import jit, jit_inline
 from kvsim.elementary import exp_nonpositive
+from kvsim.lanes import lane_dot
 from kvsim.noise import add_noise, add_noise_row
 
 
@@ -92,11 +93,10 @@ def _add_qk(f, h, q, keys, n, out):
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
         qk_scale = f.qk_scale[h]
+        query = f.queries[h, q]
+        d = f.queries.shape[2]
         for j in range(n):
-            dot = 0.0
-            for i in range(f.queries.shape[2]):
-                dot += np.float64(f.queries[h, q, i]) * f.keys[kv, keys[j], i]
-            out[j] += qk_scale * dot
+            out[j] += qk_scale * lane_dot(query, f.keys[kv, keys[j]], d)
 
 
 @jit_inline
