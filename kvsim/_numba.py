@@ -34,10 +34,8 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 jit = njit(**_OPTIONS)
-"""Decorator for kvsim kernels: cached to disk, compiled once per signature."""
-
-jit_parallel = njit(parallel=True, **_OPTIONS)
-"""Decorator for kernels that run ``prange`` loops over independent blocks."""
+"""Decorator for kvsim kernels: cached to disk, compiled once per signature; they release
+the GIL, so Python threads run them in parallel (no parfors, whose compilation is slow)."""
 
 jit_inline = njit(inline="always", **_OPTIONS)
 """Decorator for small per-entry functions that must be inlined into their loops (LLVM

@@ -11,12 +11,13 @@ reduced in block order, so the result is identical for any thread count.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
+import numba
 import numpy as np
-from numba import prange
 
-from kvsim._numba import jit_parallel
+from kvsim._numba import jit
 from kvsim.field import FieldData, logits_row
 from kvsim.lanes import exp_shifted_sum, lane_max, lane_sum
 
@@ -34,40 +35,42 @@ class FullPass(NamedTuple):
     decode_mass: np.ndarray    # (steps,) float64: sum over k of p(t, k), for t >= P
 
 
-@jit_parallel
-def _full_pass(f, h, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
-               full_output, decode_mass):
+@jit
+def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, decode_sums,
+                     full_output, decode_mass):
+    """Rows ``b, b + BLOCKS, ...`` of the pass: column sums into this block's own
+    ``prompt_sums``/``decode_sums``; per-row outputs at the block's own rows only, so
+    blocks can run on any threads at once."""
     T = f.key_bias.shape[1]
     dense = f.probs.shape[1] > 0
     dv = full_output.shape[1]
     kv = h // f.group
-    for b in prange(BLOCKS):
-        keys = np.arange(T)
-        buf = np.empty(T)
-        for q in range(b, rows, BLOCKS):
-            n = q + 1
-            target = prompt_blocks[b] if q < prompt_len else decode_blocks[b]
-            if dense:
-                for k in range(n):
-                    buf[k] = f.probs[h, q, k]
-                    target[k] += buf[k]
-            else:
-                logits_row(f, h, q, keys, n, buf)
-                top = lane_max(buf, n)
-                total = exp_shifted_sum(buf, n, top)
-                # The same expression as probs_at, so every path sees identical numbers.
-                scale = 1.0 / total
-                for k in range(n):
-                    buf[k] = buf[k] * scale
-                    target[k] += buf[k]
-                row_max[q] = top
-                row_sum[q] = total
-            if q >= prompt_len:
-                decode_mass[q - prompt_len] = lane_sum(buf, n)
-            if q >= prompt_len and dv > 0:
-                for k in range(n):
-                    for i in range(dv):
-                        full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
+    keys = np.arange(T)
+    buf = np.empty(T)
+    for q in range(b, rows, BLOCKS):
+        n = q + 1
+        target = prompt_sums if q < prompt_len else decode_sums
+        if dense:
+            for k in range(n):
+                buf[k] = f.probs[h, q, k]
+                target[k] += buf[k]
+        else:
+            logits_row(f, h, q, keys, n, buf)
+            top = lane_max(buf, n)
+            total = exp_shifted_sum(buf, n, top)
+            # The same expression as probs_at, so every path sees identical numbers.
+            scale = 1.0 / total
+            for k in range(n):
+                buf[k] = buf[k] * scale
+                target[k] += buf[k]
+            row_max[q] = top
+            row_sum[q] = total
+        if q >= prompt_len:
+            decode_mass[q - prompt_len] = lane_sum(buf, n)
+        if q >= prompt_len and dv > 0:
+            for k in range(n):
+                for i in range(dv):
+                    full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
 
 
 def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None) -> FullPass:
@@ -86,8 +89,13 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     decode_blocks = np.zeros((BLOCKS, T))
     full_output = np.zeros((T - prompt_len, dv))
     decode_mass = np.zeros(T - prompt_len)
-    _full_pass(field, head, prompt_len, rows, row_max, row_sum, prompt_blocks, decode_blocks,
-               full_output, decode_mass)
+
+    def block(b: int) -> None:  # the kernel releases the GIL: blocks run in parallel
+        _full_pass_block(field, head, prompt_len, rows, b, row_max, row_sum, prompt_blocks[b],
+                         decode_blocks[b], full_output, decode_mass)
+
+    with ThreadPoolExecutor(min(numba.get_num_threads(), BLOCKS)) as pool:
+        list(pool.map(block, range(BLOCKS)))
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
                     full_output, decode_mass)
 

@@ -97,11 +97,19 @@ def _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass,
 
 
 @jit
+def _copy_kept(cache, n, out):
+    """``out[:n] = cache[:n]``, as a loop: a slice copy would compile Numba's shape-mismatch
+    error formatting into every kernel that uses it (seconds of cold start)."""
+    for j in range(n):
+        out[j] = cache[j]
+
+
+@jit
 def _snapshot(cache, n, step, snap_steps, snapshots, index):
     """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step."""
     if index < snap_steps.shape[0] and snap_steps[index] == step:
-        snapshots[index, :n] = cache[:n]
-        snapshots[index, n:] = -1
+        for j in range(snapshots.shape[1]):  # loops, not slice copies: see _copy_kept
+            snapshots[index, j] = cache[j] if j < n else -1
         return index + 1
     return index
 
@@ -307,6 +315,19 @@ def _top_ranked_linear(scores, n, k, out):
 
 
 @jit
+def _at_least(scores, n, tau, positions, values):
+    """Positions (ascending) and values of the scores in ``scores[:n]`` that are >= tau;
+    returns how many there are."""
+    m = 0
+    for j in range(n):
+        if scores[j] >= tau:
+            positions[m] = j
+            values[m] = scores[j]
+            m += 1
+    return m
+
+
+@jit
 def _top_ranked_above(scores, n, k, guess, out, cand_pos, cand_val):
     """Like :func:`_top_ranked_linear`, after keeping only scores >= a threshold.
 
@@ -320,16 +341,10 @@ def _top_ranked_above(scores, n, k, guess, out, cand_pos, cand_val):
             out[j] = j
         return n, -np.inf
     tau = guess
-    while True:
-        m = 0
-        for j in range(n):
-            if scores[j] >= tau:
-                cand_pos[m] = j
-                cand_val[m] = scores[j]
-                m += 1
-        if m >= k:
-            break
+    m = _at_least(scores, n, tau, cand_pos, cand_val)
+    while m < k:
         tau = tau * 0.5 if tau > 1e-300 else -np.inf
+        m = _at_least(scores, n, tau, cand_pos, cand_val)
     chosen = _top_ranked_linear(cand_val, m, k, out)
     kth = np.inf
     for j in range(chosen):
@@ -393,7 +408,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, by_size, gqa, import
             m = n
             kept[i] = n
             if t < prompt_len:
-                out_kept[i, :n] = cache[:n]
+                _copy_kept(cache, n, out_kept[i])
                 continue  # the prefill selection, by the last prompt query
             for g in range(G):
                 for j in range(n):
@@ -404,7 +419,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, by_size, gqa, import
                     approx, out_mass[i], out_recall[i], out_error[i])
             advanced = _snapshot(cache, n, step, snap_steps, snapshots[i], snap)
             if t == T - 1:
-                out_kept[i, :n] = cache[:n]
+                _copy_kept(cache, n, out_kept[i])
         if t >= prompt_len:
             snap = advanced  # every budget recorded this step's snapshot, or none did
     return kept

@@ -1,9 +1,8 @@
 """Dense (T, T) attention matrices: validation and conversion to float64 probabilities."""
 
 import numpy as np
-from numba import prange
 
-from kvsim._numba import jit_parallel
+from kvsim._numba import jit
 from kvsim.errors import KvsimError
 from kvsim.lanes import lane_sum
 
@@ -18,16 +17,16 @@ def _check_square(a: np.ndarray, what: str) -> None:
         raise KvsimError(f"{what}: expected real numbers, got dtype {a.dtype}")
 
 
-@jit_parallel
+@jit
 def _row_problems(a, tol, problems):
     """Fill ``problems[q]`` with row q's problem: 0 none, 1 non-finite, 2 negative, 3
     non-zero above the diagonal, 4 sum away from 1 (the first of these that applies).
 
-    One pass, no copy, parallel over rows; each row's checks are or-reductions and a
-    lane sum, so they vectorise.
+    One pass, no copy; each row's checks are or-reductions and a lane sum, so they
+    vectorise.
     """
     T = a.shape[0]
-    for q in prange(T):
+    for q in range(T):
         nonfinite = False
         negative = False
         above = False
@@ -58,7 +57,7 @@ _PROBLEMS = {1: "expected finite values, row {row} is not",
 def probabilities(a: np.ndarray, what: str = "attention") -> np.ndarray:
     """Check a causal probability matrix and return it in float64, rows summing to 1.
 
-    The checks are one compiled, parallel pass; raises :class:`KvsimError` naming the first bad row.
+    The checks are one compiled pass; raises :class:`KvsimError` naming the first bad row.
     """
     a = np.asarray(a)
     _check_square(a, what)
