@@ -1,11 +1,14 @@
-"""The benchmark's NumPy baselines implement the same simulation as kvsim."""
+"""The benchmark's NumPy baselines implement the same simulation as kvsim; its breakdown
+times the parts of the real computation."""
 
 import numpy as np
 import pytest
 
 import kvsim
 from kvsim.bench import bench_field, dense_matrix, exp_rate
+from kvsim.bench.breakdown import PARTS, _key_terms, _noise, breakdown
 from kvsim.bench.numpy_baseline import BASELINES
+from kvsim.field import logits_row
 
 
 @pytest.mark.parametrize("policy", sorted(BASELINES))
@@ -26,3 +29,16 @@ def test_dense_matrix_is_the_bench_field():
 
 def test_exp_rate_is_measured():
     assert exp_rate() > 1e6
+
+
+def test_breakdown_times_the_parts_of_the_real_logit():
+    noisy, plain = bench_field(64, noise=True), bench_field(64, noise=False)
+    keys, buf, sums = np.arange(64), np.empty(64), np.zeros(64)
+    # the timed parts, run one after the other, compute the field's own logits
+    _key_terms(plain, 63, keys, buf, sums)
+    _noise(noisy, 63, keys, buf, sums)
+    expected = np.empty(64)
+    logits_row(noisy, 0, 63, keys, 64, expected)
+    assert np.array_equal(buf, expected)
+    costs = breakdown(noisy, plain, rows=4)
+    assert list(costs) == list(PARTS) and all(ns > 0 for ns in costs.values())

@@ -1,8 +1,9 @@
 """``python -m kvsim bench``: kvsim's speed, measured on this machine, as ratios.
 
 Every figure comes from this run: the machine's own NumPy ``exp`` throughput as the
-ceiling of the full pass, kvsim against a vectorised NumPy implementation of the same
-simulation, kernel throughputs, end-to-end wall time and memory, and scaling with T.
+ceiling of the full pass, the cost of each part of the full pass, kvsim against a
+vectorised NumPy implementation of the same simulation, kernel throughputs, end-to-end
+wall time and memory, and scaling with T.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from kvsim.attention import components
 from kvsim.attention.sources import Field
+from kvsim.bench.breakdown import breakdown
 from kvsim.bench.numpy_baseline import BASELINES
 from kvsim.errors import KvsimError
 from kvsim.field import FieldData, dense_field
@@ -225,6 +227,12 @@ def run_bench(quick: bool, out: Path) -> dict:
             result["full_pass"][key] = {"logits_per_s": rate, "of_ceiling": rate / ceiling}
             print(f"full pass T={T:>6} {'with noise' if noise else 'no noise  '}: "
                   f"{rate / 1e6:8,.1f} M logits/s = {rate / ceiling:6.1%} of the exp ceiling")
+    T = config["full_pass_T"][-1]
+    result["breakdown"] = {"T": T, "ns_per_entry_one_thread": breakdown(
+        bench_field(T, noise=True), bench_field(T, noise=False))}
+    print(f"full pass parts at T={T}, one thread (NumPy float32 exp: {1e9 / per_core:.2f} ns):")
+    for part, ns in result["breakdown"]["ns_per_entry_one_thread"].items():
+        print(f"  {part:<40} {ns:5.2f} ns per entry")
     p = config["policy"]
     result["policies"] = {}
     for key, rate in policy_rates(p["budgets"], p["prompt_len"], p["steps"]).items():
