@@ -28,6 +28,7 @@ from kvsim.field import FieldData, dense_field, logits_at, logits_row, probs_at,
 from kvsim.fullpass import full_pass
 from kvsim.kernels import GQA_MODES
 from kvsim.policies import POLICIES
+from kvsim.policies.base import run_decode
 from kvsim.simulation import check_run, make_group, resolve_params, run_policy
 
 # ---------------------------------------------------------------------------------------
@@ -594,3 +595,20 @@ def test_component_field_memory_is_linear_in_T():
             assert a.size <= max(f.heads, f.boost_strength.size) * T * d, (name, a.shape)
     for name in ARRAYS:
         assert getattr(large, name).size <= 2 * getattr(small, name).size, name
+
+
+@pytest.mark.parametrize("prompt_len", [0, 13, 39, 40])
+def test_full_policy_read_off_the_pass_equals_the_decode_loop(prompt_len):
+    """``full`` takes its trace from the full pass; running the decode loop with room for
+    every key (nothing is ever evicted) gives the same trace."""
+    field, _, _ = build_field(HEAVY + GAUSSIAN + QK, T=40, seed=2)
+    important = np.zeros((1, 40), bool)
+    important[0, [3, 17, 30]] = True
+    group = make_group(field, 0, prompt_len, important, {})
+    full = POLICIES["full"].run(group, 0, {})
+    loop = run_decode(group, group.T, np.arange(prompt_len))
+    assert np.allclose(full.mass, loop.mass, rtol=0, atol=1e-12)
+    assert np.array_equal(full.cache_size, loop.cache_size)
+    assert np.array_equal(full.recall, loop.recall, equal_nan=True)
+    assert np.allclose(full.error, loop.error, rtol=0, atol=1e-12)
+    assert np.array_equal(full.kept, loop.kept)
