@@ -126,7 +126,8 @@ def _bench(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
-        "pass, policy kernels, kvsim vs NumPy, end to end, scaling. Prints a table and "
+        "pass and the cost of its parts, policy kernels, kvsim vs NumPy, end to end, scaling. "
+        "Prints a table and "
         "writes bench.json and bench_scaling.png.")
     p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     p.add_argument("--out", type=Path, default=Path("reports/bench"),
