@@ -16,7 +16,6 @@ import numpy as np
 
 from kvsim._numba import jit, jit_inline
 from kvsim.elementary import exp_nonpositive
-from kvsim.lanes import lane_dot
 from kvsim.noise import add_noise, add_noise_row
 
 
@@ -34,7 +33,7 @@ class FieldData(NamedTuple):
     noise_scale: np.ndarray     # (H,) float64
     noise_key: np.ndarray       # (H,) uint64: counter-hash key of (seed, head)
     queries: np.ndarray         # (H, T, d) float32, or (H, 0, 0)
-    keys: np.ndarray            # (H_kv, T, d) float32, or (H_kv, 0, 0)
+    keys: np.ndarray            # (H_kv, d, T) float32 by dimension, or (H_kv, 0, 0)
     values: np.ndarray          # (H_kv, T, dv) float32, or (H_kv, 0, 0)
     value_heads: np.ndarray     # (H_kv,) bool: which KV heads have values
     qk_scale: np.ndarray        # (H,) float64: multiplies q.k (0: no qk term)
@@ -88,34 +87,52 @@ def _add_boosts(f, h, q, keys, n, out):
                     out[j] += f.boost_strength[b]
 
 
+_NO_CACHE = np.zeros((0, 0))  # no cached key vectors: read them from the field
+
+
 @jit_inline
-def _add_qk(f, h, q, keys, n, out):
+def _add_qk(f, h, q, keys, n, out, work, cached, whole_row):
+    """Add ``qk_scale * q.k`` for ``keys[:n]``, the dot product summed over dimensions in
+    order (the same sum on every path). Keys are stored by dimension, so each dimension is
+    one loop over the keys: over ``cached`` (d, n) copies of the cached keys' vectors if
+    given, contiguous for a whole row, gathered otherwise. ``work`` holds the n sums."""
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
-        qk_scale = f.qk_scale[h]
-        query = f.queries[h, q]
-        d = f.queries.shape[2]
         for j in range(n):
-            out[j] += qk_scale * lane_dot(query, f.keys[kv, keys[j]], d)
+            work[j] = 0.0
+        for i in range(f.keys.shape[1]):
+            qi = np.float64(f.queries[h, q, i])
+            if cached.shape[0] > 0:
+                copies = cached[i]  # row views: LLVM then vectorises over the keys
+                for j in range(n):
+                    work[j] += qi * copies[j]
+            else:
+                dim = f.keys[kv, i]
+                for j in range(n):
+                    work[j] += qi * dim[j if whole_row else keys[j]]
+        for j in range(n):
+            out[j] += f.qk_scale[h] * work[j]
 
 
 @jit_inline
-def logits_at(f, h, q, keys, n, out):
+def logits_at(f, h, q, keys, n, out, work, cached):
     """Logits of query ``q`` in head ``h`` of a component field for ``keys[:n]`` into ``out``.
 
     Each component (key and distance terms, boosts, noise, q.k) is one loop over the keys,
     added in that order; :func:`logits_row` gives the same numbers for a whole row.
+    ``work`` is scratch for ``n`` floats; ``cached`` is an optional (d, n) float64 copy of
+    the keys' vectors ((0, 0) if none), which the decode loop keeps with its cache.
     """
     for j in range(n):
         k = keys[j]
         out[j] = f.key_bias[h, k] + f.distance[h, q - k]
     _add_boosts(f, h, q, keys, n, out)
     add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out)
-    _add_qk(f, h, q, keys, n, out)
+    _add_qk(f, h, q, keys, n, out, work, cached, False)
 
 
 @jit
-def logits_row(f, h, q, keys, n, out):
+def logits_row(f, h, q, keys, n, out, work):
     """:func:`logits_at` for keys ``0 .. n-1`` (``keys`` holds them): contiguous reads, and
     noise that shares work between neighbouring keys. A kernel of its own, so that the
     kernels that only need rows, or only cached keys, compile only what they use."""
@@ -123,7 +140,7 @@ def logits_row(f, h, q, keys, n, out):
         out[k] = f.key_bias[h, k] + f.distance[h, q - k]
     _add_boosts(f, h, q, keys, n, out)
     add_noise_row(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, n, out)
-    _add_qk(f, h, q, keys, n, out)
+    _add_qk(f, h, q, keys, n, out, work, _NO_CACHE, True)
 
 
 @jit_inline
@@ -136,8 +153,9 @@ def _exp_scaled(f, row_max, row_sum, h, q, n, out):
 
 
 @jit_inline
-def probs_at(f, row_max, row_sum, h, q, keys, n, out):
-    """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out``.
+def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
+    """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out`` (``work`` and
+    ``cached`` as for :func:`logits_at`).
 
     Dense fields read their matrix; component fields use ``exp(l - row_max) * (1 / row_sum)``.
     """
@@ -145,16 +163,16 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out):
         for j in range(n):
             out[j] = f.probs[h, q, keys[j]]
         return
-    logits_at(f, h, q, keys, n, out)
+    logits_at(f, h, q, keys, n, out, work, cached)
     _exp_scaled(f, row_max, row_sum, h, q, n, out)
 
 
 @jit
-def probs_row(f, row_max, row_sum, h, q, keys, n, out):
+def probs_row(f, row_max, row_sum, h, q, keys, n, out, work):
     """:func:`probs_at` for keys ``0 .. n-1`` (``keys`` holds them)."""
     if f.probs.shape[1] > 0:
         for k in range(n):
             out[k] = f.probs[h, q, k]
         return
-    logits_row(f, h, q, keys, n, out)
+    logits_row(f, h, q, keys, n, out, work)
     _exp_scaled(f, row_max, row_sum, h, q, n, out)

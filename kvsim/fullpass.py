@@ -47,6 +47,7 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
     kv = h // f.group
     keys = np.arange(T)
     buf = np.empty(T)
+    work = np.empty(T)
     for q in range(b, rows, BLOCKS):
         n = q + 1
         target = prompt_sums if q < prompt_len else decode_sums
@@ -55,7 +56,7 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
                 buf[k] = f.probs[h, q, k]
                 target[k] += buf[k]
         else:
-            logits_row(f, h, q, keys, n, buf)
+            logits_row(f, h, q, keys, n, buf, work)
             top = lane_max(buf, n)
             total = exp_shifted_sum(buf, n, top)
             # The same expression as probs_at, so every path sees identical numbers.
@@ -68,9 +69,11 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
         if q >= prompt_len:
             decode_mass[q - prompt_len] = lane_sum(buf, n)
         if q >= prompt_len and dv > 0:
+            output = full_output[q - prompt_len]
             for k in range(n):
+                value = f.values[kv, k]  # row views: LLVM then vectorises over i
                 for i in range(dv):
-                    full_output[q - prompt_len, i] += buf[k] * f.values[kv, k, i]
+                    output[i] += buf[k] * value[i]
 
 
 def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None) -> FullPass:

@@ -33,9 +33,10 @@ def row_sums(f, row_max, row_sum, h, lo, hi):
     T = f.key_bias.shape[1]
     keys = np.arange(T)
     row = np.empty(T)
+    work = np.empty(T)
     out = np.zeros(T)
     for q in range(lo, hi):
-        probs_row(f, row_max, row_sum, h, q, keys, q + 1, row)
+        probs_row(f, row_max, row_sum, h, q, keys, q + 1, row, work)
         for k in range(q + 1):
             out[k] += row[k]
     return out
@@ -83,11 +84,13 @@ def _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass,
         out_mass[g, step] = m
         out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
         if dv > 0:
-            approx[:] = 0.0
+            for i in range(dv):
+                approx[i] = 0.0
             for j in range(n):
                 w = obs[g, j] / m if m > 0.0 else 0.0
+                value = f.values[kv, cache[j]]  # a row view: LLVM then vectorises over i
                 for i in range(dv):
-                    approx[i] += w * f.values[kv, cache[j], i]
+                    approx[i] += w * value[i]
             diff = 0.0
             norm = 0.0
             for i in range(dv):
@@ -218,6 +221,13 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
         slot_of[cache[j]] = j
     hits = np.empty(G, np.int64)
     _cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
+    work = np.empty(budget)
+    kv = heads[0] // f.group
+    d = f.keys.shape[1]
+    cached = np.empty((d, budget))  # the cached keys' vectors, by dimension (q.k fields)
+    for j in range(n):
+        for i in range(d):
+            cached[i, j] = f.keys[kv, i, cache[j]]
     snap = 0
     for t in range(prompt_len, T):
         step = t - prompt_len
@@ -240,6 +250,8 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
             n += 1
         cache[slot] = t
         slot_of[t] = slot
+        for i in range(d):
+            cached[i, slot] = f.keys[kv, i, t]
         score[slot] = static_score[t]
         seen[slot] = 0.0
         for g in range(G):
@@ -247,7 +259,7 @@ def decode(f, row_max, row_sum, heads, prompt_len, cache, n, score, seen, static
             hits[g] += important[g, t]
         out_size[step] = n
         for g in range(G):
-            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g])
+            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
         _record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass, approx,
                 out_mass, out_recall, out_error)
         snap = _snapshot(cache, n, step, snap_steps, snapshots, snap)
@@ -366,6 +378,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, by_size, gqa, import
     T = f.key_bias.shape[1]
     G = heads.shape[0]
     rows = np.empty((G, T))
+    work = np.empty(T)
     keys = np.arange(T)
     combined = np.empty(T)
     cache = np.empty(T, np.int64)
@@ -387,7 +400,7 @@ def oracle(f, row_max, row_sum, heads, prompt_len, budgets, by_size, gqa, import
                 if important[g, t]:
                     n_important[g] += 1
         for g in range(G):
-            probs_row(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g])
+            probs_row(f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g], work)
         combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.

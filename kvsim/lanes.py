@@ -91,21 +91,3 @@ def masked_min(x, key, n, limit):
         m0 = v if v < m0 else m0
     return min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
 
-
-@jit
-def lane_dot(x, y, d):
-    """``sum_i x[i] * y[i]`` over ``i < d``, products and sums in float64."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    whole = d - d % 8
-    for i in range(0, whole, 8):
-        s0 += np.float64(x[i]) * y[i]
-        s1 += np.float64(x[i + 1]) * y[i + 1]
-        s2 += np.float64(x[i + 2]) * y[i + 2]
-        s3 += np.float64(x[i + 3]) * y[i + 3]
-        s4 += np.float64(x[i + 4]) * y[i + 4]
-        s5 += np.float64(x[i + 5]) * y[i + 5]
-        s6 += np.float64(x[i + 6]) * y[i + 6]
-        s7 += np.float64(x[i + 7]) * y[i + 7]
-    for i in range(whole, d):
-        s0 += np.float64(x[i]) * y[i]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))

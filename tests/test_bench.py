@@ -38,7 +38,7 @@ def test_breakdown_times_the_parts_of_the_real_logit():
     _key_terms(plain, 63, keys, buf, sums)
     _noise(noisy, 63, keys, buf, sums)
     expected = np.empty(64)
-    logits_row(noisy, 0, 63, keys, 64, expected)
+    logits_row(noisy, 0, 63, keys, 64, expected, np.empty(64))
     assert np.array_equal(buf, expected)
     costs = breakdown(noisy, plain, rows=4)
     assert list(costs) == list(PARTS) and all(ns > 0 for ns in costs.values())

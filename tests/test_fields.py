@@ -97,12 +97,15 @@ def rows(field: FieldData, what: str = "probs", whole_row: bool = True) -> np.nd
     for h in range(H):
         for q in range(T):
             keys = np.arange(T) if whole_row else np.r_[np.arange(q, -1, -1), q + 1:T]
-            if what == "probs":
-                probs = probs_row if whole_row else probs_at
-                probs(field, row_max, row_sum, h, q, keys, q + 1, buf)
+            work, no_cache = np.empty(T), np.zeros((0, 0))
+            if what == "probs" and whole_row:
+                probs_row(field, row_max, row_sum, h, q, keys, q + 1, buf, work)
+            elif what == "probs":
+                probs_at(field, row_max, row_sum, h, q, keys, q + 1, buf, work, no_cache)
+            elif whole_row:
+                logits_row(field, h, q, keys, q + 1, buf, work)
             else:
-                logits = logits_row if whole_row else logits_at
-                logits(field, h, q, keys, q + 1, buf)
+                logits_at(field, h, q, keys, q + 1, buf, work, no_cache)
             out[h, q, keys[:q + 1]] = buf[:q + 1]
     return out
 
@@ -447,13 +450,13 @@ def test_qk_logits_are_scaled_dot_products():
         f"strength = {strength}\n[[attention.head]]\n[[attention.head]]\n"
         "[attention.head.qk]\nstrength = -1.5\n[[attention.head]]\n[[attention.head]]\n", T)
     assert truth is None
-    assert field.queries.shape == (4, T, d) and field.keys.shape == (2, T, d)
+    assert field.queries.shape == (4, T, d) and field.keys.shape == (2, d, T)  # keys by dimension
     assert field.values.shape == (2, T, d) and field.value_heads.all()
     L = rows(field, "logits")
     Q = field.queries.astype(np.float64)
     K = field.keys.astype(np.float64)
     for h, s in enumerate([strength, -1.5, strength, strength]):
-        expected = np.tril(s * Q[h] @ K[h // 2].T / np.sqrt(d))
+        expected = np.tril(s * Q[h] @ K[h // 2] / np.sqrt(d))
         assert np.abs(L[h] - expected).max() < 1e-9, h
     # keys and values are per KV head (shapes above); every query head has its own queries
     assert not np.array_equal(field.queries[0], field.queries[1])

@@ -72,7 +72,8 @@ def test_lane_reductions(values, data):
         lanes[k % 8] += values[k]
     for k in range(whole, n):
         lanes[0] += values[k]
-    expected = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+    pairs = [lanes[0] + lanes[1], lanes[2] + lanes[3], lanes[4] + lanes[5], lanes[6] + lanes[7]]
+    expected = (pairs[0] + pairs[1]) + (pairs[2] + pairs[3])
     assert lane_sum(x, n) == expected  # the documented order, bit for bit
     key = np.array(data.draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), np.int64)
     limit = data.draw(st.integers(0, 10))

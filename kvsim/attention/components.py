@@ -135,7 +135,7 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldDat
     dv = d if any(c.get("qk", {}).get("values") for c in heads) else 0
     if d:
         f["queries"] = np.zeros((H, T, d), np.float32)
-        f["keys"] = np.zeros((kv_heads, T, d), np.float32)
+        f["keys"] = np.zeros((kv_heads, d, T), np.float32)  # by dimension: see FieldData
         f["values"] = np.zeros((kv_heads, T, dv), np.float32)
     distance = np.arange(T, dtype=np.float64)
     for h, comp in enumerate(heads):
@@ -168,7 +168,7 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldDat
         if "qk" in comp:
             q, k, v = _qk(comp["qk"], T, seed, h, kv)
             f["queries"][h] = q
-            f["keys"][kv] = k
+            f["keys"][kv] = k.T
             if dv and v.shape[1]:
                 f["values"][kv] = v
                 f["value_heads"][kv] = True

@@ -79,7 +79,7 @@ def build(params: dict, seed: int, base: Path) -> FieldData:
     heads = [kv * group + g for kv in kv_ids for g in range(group)]
     f = empty_field(len(heads), T, len(kv_ids))
     f["queries"] = np.ascontiguousarray(q[i, heads, :T], dtype=np.float32)
-    f["keys"] = np.ascontiguousarray(k[i, kv_ids, :T], dtype=np.float32)
+    f["keys"] = np.ascontiguousarray(k[i, kv_ids, :T].transpose(0, 2, 1), dtype=np.float32)
     if v is not None:
         f["values"] = np.ascontiguousarray(v[i, kv_ids, :T], dtype=np.float32)
         f["value_heads"] = np.ones(len(kv_ids), bool)

@@ -20,7 +20,7 @@ from kvsim.noise import add_noise_row
 
 @jit
 def _key_terms(f, q, keys, buf, sums):
-    logits_row(f, 0, q, keys, q + 1, buf)  # a field without noise: key and distance terms
+    logits_row(f, 0, q, keys, q + 1, buf, sums)  # a field without noise: key and distance terms
 
 
 @jit
