@@ -18,8 +18,9 @@ import numba
 import numpy as np
 
 from kvsim._numba import jit
+from kvsim.elementary import exp_nonpositive
 from kvsim.field import FieldData, logits_row
-from kvsim.lanes import exp_shifted_sum, lane_max, lane_sum
+from kvsim.lanes import lane_max, lane_sum
 
 BLOCKS = 16
 
@@ -33,6 +34,14 @@ class FullPass(NamedTuple):
     decode_colsum: np.ndarray  # (T,) float64: sum over q >= P of p(q, k)
     full_output: np.ndarray    # (steps, dv) float64: o(t), or (steps, 0)
     decode_mass: np.ndarray    # (steps,) float64: sum over k of p(t, k), for t >= P
+
+
+@jit
+def exp_shifted(x, n, top):
+    """Replace ``x[:n]`` by ``exp(x - top)`` (``x <= top``): a loop of its own, so that it
+    vectorises."""
+    for k in range(n):
+        x[k] = exp_nonpositive(x[k] - top)
 
 
 @jit
@@ -58,7 +67,8 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
         else:
             logits_row(f, h, q, keys, n, buf, work)
             top = lane_max(buf, n)
-            total = exp_shifted_sum(buf, n, top)
+            exp_shifted(buf, n, top)
+            total = lane_sum(buf, n)
             # The same expression as probs_at, so every path sees identical numbers.
             scale = 1.0 / total
             for k in range(n):

@@ -168,7 +168,7 @@ def _update_scores(obs, mass, n, update_rule, gqa, combined, score, seen):
     stay bit-equal with the plain reference. A single head applies its value directly (its
     combined value is the value itself, ``mean`` dividing by 1).
     """
-    if obs.shape[0] == 1:  # one fused loop
+    if obs.shape[0] == 1:  # one fused loop (a loop over heads inside it would not vectorise)
         m = mass[0]
         for j in range(n):
             if update_rule == UPDATE_ADD_FULL:
@@ -349,9 +349,7 @@ def _top_ranked_above(scores, n, k, guess, out, cand_pos, cand_val):
     number selected and the k-th largest score (a guess for the next row).
     """
     if k >= n:
-        for j in range(n):
-            out[j] = j
-        return n, -np.inf
+        return _top_ranked_linear(scores, n, k, out), -np.inf
     tau = guess
     m = _at_least(scores, n, tau, cand_pos, cand_val)
     while m < k:

@@ -9,7 +9,6 @@ floating-point reduction (fastmath being off) would forbid.
 import numpy as np
 
 from kvsim._numba import jit
-from kvsim.elementary import exp_nonpositive
 
 
 @jit
@@ -48,14 +47,6 @@ def lane_sum(x, n):
     for k in range(whole, n):
         s0 += x[k]
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-
-
-@jit
-def exp_shifted_sum(x, n, top):
-    """Replace ``x[:n]`` by ``exp(x - top)`` and return their :func:`lane_sum`."""
-    for k in range(n):  # a loop of its own, so that it vectorises
-        x[k] = exp_nonpositive(x[k] - top)
-    return lane_sum(x, n)
 
 
 @jit

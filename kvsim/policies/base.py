@@ -82,13 +82,12 @@ class Group:
         return self._cache["stats"]
 
     def combine(self, per_head: list[np.ndarray]) -> np.ndarray:
-        """Combine one score array per query head (mean, max or sum), in the same order as
-        :func:`kvsim.kernels.combine_rows`, so Python-side and kernel scores agree bit for bit."""
-        stacked = np.stack(per_head)
-        out = stacked[0].copy()
-        for row in stacked[1:]:
-            out = np.maximum(out, row) if self.gqa == kernels.GQA_MAX else out + row
-        return out / len(per_head) if self.gqa == kernels.GQA_MEAN else out
+        """Combine one score array per query head (mean, max or sum) with the kernels' own
+        :func:`kvsim.kernels.combine_rows`, so prefill and per-step scores agree bit for bit."""
+        stacked = np.ascontiguousarray(np.stack(per_head), dtype=np.float64)
+        out = np.empty(stacked.shape[1])
+        kernels.combine_rows(stacked, stacked.shape[1], self.gqa, out)
+        return out
 
     def prompt_scores(self) -> np.ndarray:
         """Column sums of the prompt rows, combined over the group."""
