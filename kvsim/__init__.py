@@ -1,10 +1,21 @@
-"""kvsim: a fast, exact simulator of KV-cache eviction policies for LLM decoding."""
+"""kvsim: a fast, exact simulator of KV-cache eviction policies for LLM decoding.
 
+The package is layered; each layer imports only from the layers above it in this list:
+
+- ``errors``, ``params``: the shared vocabulary (errors with key paths, parameter schemas);
+- ``numerics``: Numba kernels (elementary functions, noise, fields, full pass, decode);
+- ``attention`` and ``policies``: attention sources and the eviction policies on them;
+- ``scenario``: TOML -> validated, frozen scenario;
+- ``engine``: experiments expanded into units, run in parallel, resumable;
+- ``report``: report folder, markdown and figures;
+- ``api``, ``cli``, ``tools``: the Python API, the command line, bench and capture.
+"""
+
+from kvsim.api import SimulationResult, simulate
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.policies import POLICIES
-from kvsim.report import run
-from kvsim.scenario import Scenario, load_scenario, load_sweep
-from kvsim.simulation import SimulationResult, simulate
+from kvsim.report.writer import run
+from kvsim.scenario.load import Scenario, load_scenario, load_sweep
 
 __version__ = "0.1.0"
 

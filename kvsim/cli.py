@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
+from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
 
 EPILOG = """\
 commands:
@@ -82,8 +82,8 @@ def _positive(text: str) -> int:
 
 
 def _validate(argv: list[str]) -> int:
-    from kvsim.engine import count_runs
-    from kvsim.scenario import load_sweep
+    from kvsim.engine.experiments import count_runs
+    from kvsim.scenario.load import load_sweep
 
     p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
@@ -110,8 +110,8 @@ def _policies(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from kvsim.report import run
-    from kvsim.scenario import load_sweep
+    from kvsim.report.writer import run
+    from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
     variants = load_sweep(args.scenario, _overrides(args))
@@ -122,7 +122,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    from kvsim.bench import run_bench
+    from kvsim.tools.bench import run_bench
 
     p = argparse.ArgumentParser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
@@ -138,7 +138,7 @@ def _bench(argv: list[str]) -> int:
 
 
 def _capture(argv: list[str]) -> int:
-    from kvsim.capture import capture
+    from kvsim.tools.capture import capture
 
     p = argparse.ArgumentParser(
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.bench import bench_field, dense_matrix, exp_rate
-from kvsim.bench.breakdown import PARTS, _key_terms, _noise, breakdown
-from kvsim.bench.numpy_baseline import BASELINES
-from kvsim.field import logits_row
+from kvsim.tools.bench import bench_field, dense_matrix, exp_rate
+from kvsim.tools.bench.breakdown import PARTS, _key_terms, _noise, breakdown
+from kvsim.tools.bench.numpy_baseline import BASELINES
+from kvsim.numerics.field import logits_row
 
 
 @pytest.mark.parametrize("policy", sorted(BASELINES))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.capture import replayed_weights
+from kvsim.tools.capture import replayed_weights
 from kvsim.errors import KvsimError
-from kvsim.field import dense_field
+from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.simulation import make_group, resolve_params, run_policy
+from kvsim.policies.run import make_group, resolve_params, run_policy
 
 TRACE = Path(__file__).parents[1] / "scenarios" / "traces" / "smollm2_gpl3.npz"
 GPL = Path("/usr/share/common-licenses/GPL-3")
@@ -63,7 +63,7 @@ def test_capture_needs_the_extra_or_names_it(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
-    from kvsim.capture import load_model
+    from kvsim.tools.capture import load_model
     with pytest.raises(KvsimError, match=r'pip install -e "\.\[capture\]"'):
         load_model("anything")
 
@@ -71,7 +71,7 @@ def test_capture_needs_the_extra_or_names_it(monkeypatch):
 def test_tiny_random_llama_capture_and_replay(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kvsim.capture import check, record
+    from kvsim.tools.capture import check, record
 
     config = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -117,7 +117,7 @@ def test_tiny_random_llama_capture_and_replay(tmp_path, monkeypatch):
 
 def test_missing_model_is_one_line():
     pytest.importorskip("transformers")
-    from kvsim.capture import load_model
+    from kvsim.tools.capture import load_model
     with pytest.raises(KvsimError) as info:
         load_model("/nonexistent/model-dir")
     assert str(info.value).startswith("--model: expected a model on disk") and \

@@ -1,9 +1,9 @@
-"""kvsim's own exp, log and cos (kvsim.elementary) against NumPy's, in units of last place."""
+"""kvsim's own exp, log and cos (kvsim.numerics.elementary) against NumPy's, in units of last place."""
 
 import numpy as np
 import pytest
 
-from kvsim.elementary import cos_two_pi, exp_nonpositive, log_positive
+from kvsim.numerics.elementary import cos_two_pi, exp_nonpositive, log_positive
 
 pytestmark = pytest.mark.quick
 

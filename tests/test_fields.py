@@ -24,12 +24,12 @@ from scipy import stats
 
 import kvsim
 from kvsim.attention.components import BOOST, build
-from kvsim.field import FieldData, dense_field, logits_at, logits_row, probs_at, probs_row
-from kvsim.fullpass import full_pass
-from kvsim.kernels import GQA_MODES
+from kvsim.numerics.field import FieldData, dense_field, logits_at, logits_row, probs_at, probs_row
+from kvsim.numerics.fullpass import full_pass
+from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.simulation import check_run, make_group, resolve_params, run_policy
+from kvsim.policies.run import check_run, make_group, resolve_params, run_policy
 
 # ---------------------------------------------------------------------------------------
 # Helpers

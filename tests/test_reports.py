@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim import engine
+from kvsim.engine import experiments as engine
 from kvsim.cli import main
 from kvsim.errors import KvsimError
-from kvsim.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
+from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
 
 SCENARIO = """\
 name = "study"

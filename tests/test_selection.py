@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.kernels import _kth_largest, _lowest_ranked_slot, _top_ranked_above, _top_ranked_linear, top_ranked
-from kvsim.lanes import lane_max, lane_sum, masked_min
+from kvsim.numerics.kernels import _kth_largest, _lowest_ranked_slot, _top_ranked_above, _top_ranked_linear, top_ranked
+from kvsim.numerics.lanes import lane_max, lane_sum, masked_min
 
 pytestmark = pytest.mark.quick
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.field import dense_field
+from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.simulation import make_group, resolve_params, run_policy
+from kvsim.policies.run import make_group, resolve_params, run_policy
 
 L, H, H_KV, T, D = 2, 4, 2, 40, 8
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.field import FieldData, empty_field
-from kvsim.noise import NOISE_KINDS
+from kvsim.numerics.field import FieldData, empty_field
+from kvsim.numerics.noise import NOISE_KINDS
 from kvsim.params import Param
 
 

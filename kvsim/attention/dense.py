@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from kvsim._numba import jit
+from kvsim.numerics.jit import jit
 from kvsim.errors import KvsimError
-from kvsim.lanes import lane_sum
+from kvsim.numerics.lanes import lane_sum
 
 ROW_SUM_TOL = 1e-5
 

@@ -17,7 +17,7 @@ from kvsim.attention import components, trace
 from kvsim.attention.dense import probabilities, softmax_logits
 from kvsim.attention.seed_notebook import planted_matrix
 from kvsim.errors import KvsimError
-from kvsim.field import FieldData, dense_field
+from kvsim.numerics.field import FieldData, dense_field
 from kvsim.params import Param
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.field import FieldData, empty_field
+from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
 

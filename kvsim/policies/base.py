@@ -8,9 +8,9 @@ from typing import Callable
 
 import numpy as np
 
-from kvsim import kernels
-from kvsim.field import FieldData
-from kvsim.fullpass import FullPass, full_pass
+from kvsim.numerics import kernels
+from kvsim.numerics.field import FieldData
+from kvsim.numerics.fullpass import FullPass, full_pass
 from kvsim.params import Param
 
 
@@ -83,7 +83,7 @@ class Group:
 
     def combine(self, per_head: list[np.ndarray]) -> np.ndarray:
         """Combine one score array per query head (mean, max or sum) with the kernels' own
-        :func:`kvsim.kernels.combine_rows`, so prefill and per-step scores agree bit for bit."""
+        :func:`kvsim.numerics.kernels.combine_rows`, so prefill and per-step scores agree bit for bit."""
         stacked = np.ascontiguousarray(np.stack(per_head), dtype=np.float64)
         out = np.empty(stacked.shape[1])
         kernels.combine_rows(stacked, stacked.shape[1], self.gqa, out)

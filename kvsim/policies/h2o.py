@@ -6,7 +6,7 @@ heavy hitters, the keys with the largest accumulated attention.
 
 import numpy as np
 
-from kvsim import kernels
+from kvsim.numerics import kernels
 from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
 
 RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",

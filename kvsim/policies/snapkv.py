@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from kvsim import kernels
-from kvsim._numba import jit
+from kvsim.numerics import kernels
+from kvsim.numerics.jit import jit
 from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
 
 POOLING = ("max", "avg", "none")

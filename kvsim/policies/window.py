@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from kvsim import kernels
+from kvsim.numerics import kernels
 from kvsim.policies.base import Group, Policy, Trace, run_decode
 
 

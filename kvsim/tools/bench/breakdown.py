@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
-from kvsim._numba import jit
-from kvsim.field import FieldData, logits_row
-from kvsim.fullpass import exp_shifted
-from kvsim.lanes import lane_max, lane_sum
-from kvsim.noise import add_noise_row
+from kvsim.numerics.jit import jit
+from kvsim.numerics.field import FieldData, logits_row
+from kvsim.numerics.fullpass import exp_shifted
+from kvsim.numerics.lanes import lane_max, lane_sum
+from kvsim.numerics.noise import add_noise_row
 
 
 @jit

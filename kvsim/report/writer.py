@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kvsim import figures, h2o_study, markdown
-from kvsim.engine import ScenarioResults, count_runs, simulate_scenario
+from kvsim.report import figures, h2o_study, markdown
+from kvsim.engine.experiments import ScenarioResults, count_runs, simulate_scenario
 from kvsim.errors import KvsimError
-from kvsim.overrides import Overrides
-from kvsim.scenario import Scenario, load_sweep
-from kvsim.units import UnitStore
+from kvsim.scenario.overrides import Overrides
+from kvsim.scenario.load import Scenario, load_sweep
+from kvsim.engine.resume import UnitStore
 
 
 def default_out(scenario: Scenario) -> Path:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from kvsim import kernels
+from kvsim.numerics import kernels
 from kvsim.policies import POLICIES
-from kvsim.scenario import Experiment, Scenario
-from kvsim.simulation import final_recall, get_policy, make_group, run_budgets
-from kvsim.units import UnitStore, unit_key
+from kvsim.scenario.load import Experiment, Scenario
+from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets
+from kvsim.engine.resume import UnitStore, unit_key
 
 PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
 

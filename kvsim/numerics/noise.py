@@ -4,14 +4,14 @@ Uniforms are outputs ``2c`` and ``2c + 1`` of the SplitMix64 stream of the head'
 for a counter ``c = q * 2^32 + i``: no state, any order, any thread, the same numbers.
 Gaussian noise is Box-Muller on the two uniforms of ``i = k // 2``, whose cosine and
 sine go to keys ``2i`` and ``2i + 1``; Gumbel noise is ``-log(-log(u))`` on the first
-uniform of ``i = k``. Both use the vectorisable functions of :mod:`kvsim.elementary`, so
+uniform of ``i = k``. Both use the vectorisable functions of :mod:`kvsim.numerics.elementary`, so
 a row of noise is one SIMD loop.
 """
 
 import numpy as np
 
-from kvsim._numba import jit, jit_inline
-from kvsim.elementary import cos_two_pi, log_positive
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.elementary import cos_two_pi, log_positive
 
 NOISE_NONE, NOISE_GAUSSIAN, NOISE_GUMBEL = 0, 1, 2
 NOISE_KINDS = {"gaussian": NOISE_GAUSSIAN, "gumbel": NOISE_GUMBEL}

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim import h2o_study
-from kvsim.engine import ScenarioResults, count_runs
-from kvsim.scenario import Experiment, Scenario
+from kvsim.report import h2o_study
+from kvsim.engine.experiments import ScenarioResults, count_runs
+from kvsim.scenario.load import Experiment, Scenario
 
 H2O_TEXT = (
     "Online H2O scores a key by the attention it has *observed* so far, renormalised over "

@@ -22,14 +22,15 @@ import numpy as np
 
 from kvsim.attention import components
 from kvsim.attention.sources import Field
-from kvsim.bench.breakdown import breakdown
-from kvsim.bench.numpy_baseline import BASELINES
+from kvsim.tools.bench.breakdown import breakdown
+from kvsim.tools.bench.numpy_baseline import BASELINES
 from kvsim.errors import KvsimError
-from kvsim.field import FieldData, dense_field
-from kvsim.fullpass import full_pass
-from kvsim.kernels import row_sums
+from kvsim.numerics.field import FieldData, dense_field
+from kvsim.numerics.fullpass import full_pass
+from kvsim.numerics.kernels import row_sums
 from kvsim.policies import POLICIES
-from kvsim.simulation import make_group, resolve_params, simulate
+from kvsim.api import simulate
+from kvsim.policies.run import make_group, resolve_params
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "long_context.toml"
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-
 import numpy as np
 
-from kvsim.attention.dense import probabilities
 from kvsim.attention.sources import positions_mask
 from kvsim.errors import InvariantError, KvsimError
-from kvsim.field import FieldData, dense_field
-from kvsim.kernels import GQA_MEAN
+from kvsim.numerics.field import FieldData
+from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, Group, Policy, Trace
 
 MASS_TOL = 1e-9
@@ -122,67 +119,7 @@ def important_mask(important, T: int) -> np.ndarray:
     return positions_mask(pos, 1, T)[0]
 
 
-@dataclass(frozen=True)
-class SimulationResult:
-    """Outcome of :func:`simulate`.
-
-    Attributes
-    ----------
-    mass : float64 array, one per decode step: full-attention mass the cache keeps.
-    cache_size : int64 array, one per decode step: ``|C_t|``.
-    kept : int64 array, sorted: the final cache (the prefill selection if ``P = T``).
-    recall : float64 array per decode step, or None without ground truth (NaN
-        while no important key has arrived).
-    final_recall : share of important keys in ``kept``, or None without ground truth.
-    """
-
-    policy: str
-    budget: int
-    prompt_len: int
-    params: dict
-    mass: np.ndarray
-    cache_size: np.ndarray
-    kept: np.ndarray
-    recall: np.ndarray | None
-    final_recall: float | None
-
-
 def final_recall(kept: np.ndarray, important: np.ndarray) -> float:
     """Share of the important positions (mask) found in ``kept``; NaN if there are none."""
     total = int(important.sum())
     return float(important[kept].sum()) / total if total else float("nan")
-
-
-def simulate(attention: np.ndarray, policy: str, budget: int, prompt_len: int, *,
-             important=None, seed: int = 0, **params) -> SimulationResult:
-    """Simulate one eviction policy on one causal attention matrix.
-
-    Parameters
-    ----------
-    attention : (T, T) array of row-normalised causal attention probabilities.
-    policy : a registered policy name (see ``kvsim.POLICIES``).
-    budget : cache budget in tokens (ignored by ``full``).
-    prompt_len : prompt length ``P``; steps ``P .. T-1`` are decoded one by one.
-    important : optional ground-truth important positions, for recall.
-    seed : seed of the ``random`` policy.
-    **params : the policy's parameters (e.g. ``sinks=4``, ``recent_ratio=0.5``).
-
-    Raises
-    ------
-    KvsimError
-        For any invalid argument.
-    """
-    spec = get_policy(policy)
-    resolved = resolve_params(spec, params)
-    attn = probabilities(attention)
-    T = attn.shape[0]
-    check_run(spec, budget, T, prompt_len, resolved)
-    mask = important_mask(important, T)
-    group = make_group(dense_field(attn[None]), 0, int(prompt_len), mask[None], {},
-                       seed=int(seed))
-    trace = run_policy(spec, group, int(budget), resolved)
-    has_truth = important is not None
-    return SimulationResult(
-        policy, int(budget), int(prompt_len), resolved, trace.mass[0], trace.cache_size,
-        trace.kept, trace.recall[0] if has_truth else None,
-        final_recall(trace.kept, mask) if has_truth else None)

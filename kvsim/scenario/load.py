@@ -13,11 +13,11 @@ from pathlib import Path
 from kvsim.attention.components import BOOST, COMPONENTS
 from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.kernels import GQA_MODES
-from kvsim.overrides import Overrides, apply, expand_sweep
+from kvsim.numerics.kernels import GQA_MODES
+from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import Param
 from kvsim.policies import POLICIES
-from kvsim.simulation import budget_problem, did_you_mean, get_policy, resolve_params
+from kvsim.policies.run import budget_problem, did_you_mean, get_policy, resolve_params
 
 FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster")
 FORMATS = ("png", "svg", "pdf")

@@ -8,7 +8,7 @@ floating-point reduction (fastmath being off) would forbid.
 
 import numpy as np
 
-from kvsim._numba import jit
+from kvsim.numerics.jit import jit
 
 
 @jit

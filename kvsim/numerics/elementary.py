@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import config, types
 from numba.extending import intrinsic
 
-from kvsim._numba import jit
+from kvsim.numerics.jit import jit
 
 _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10

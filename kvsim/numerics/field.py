@@ -4,7 +4,7 @@ A field holds, for ``H`` query heads over ``T`` positions, either dense probabil
 or the components that define a logit ``l(h, q, k)`` on the fly (O(T) memory per
 head, O(T d) for query/key vectors). Every probability kvsim uses is
 ``exp(l - row_max[h, q]) * (1 / row_sum[h, q])`` with the row statistics of the full pass
-(``exp`` being :func:`kvsim.elementary.exp_nonpositive`),
+(``exp`` being :func:`kvsim.numerics.elementary.exp_nonpositive`),
 so one formula serves the full pass, the policies and the metrics (bit for bit).
 """
 
@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim._numba import jit, jit_inline
-from kvsim.elementary import exp_nonpositive
-from kvsim.noise import add_noise, add_noise_row
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.elementary import exp_nonpositive
+from kvsim.numerics.noise import add_noise, add_noise_row
 
 
 class FieldData(NamedTuple):

@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kvsim.scenario import Scenario  # noqa: E402
+from kvsim.scenario.load import Scenario  # noqa: E402
 
 MAX_TIME_PANELS = 4
 RASTER_BINS = 256

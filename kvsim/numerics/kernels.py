@@ -7,9 +7,9 @@ one KV head and the query heads that share it.
 
 import numpy as np
 
-from kvsim._numba import jit, jit_inline
-from kvsim.field import probs_at, probs_row
-from kvsim.lanes import lane_sum, masked_min
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.field import probs_at, probs_row
+from kvsim.numerics.lanes import lane_sum, masked_min
 
 # Eviction rules (which cached key leaves when the budget is reached).
 EVICT_RING = 0  # oldest key of a ring: slot = base + (t - start) % cap

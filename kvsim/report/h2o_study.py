@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.figures import Target, _save, policy_colors
-from kvsim.scenario import Experiment, Scenario
+from kvsim.report.figures import Target, _save, policy_colors
+from kvsim.scenario.load import Experiment, Scenario
 
 ONLINE, OFFLINE = "h2o", "h2o_offline"
 AGE_BINS = 48

@@ -15,7 +15,7 @@ from numba import njit
 
 
 def _source_digest() -> str:
-    root = Path(__file__).parent
+    root = Path(__file__).parent.parent  # the whole kvsim package
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())

@@ -17,10 +17,10 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from kvsim._numba import jit
-from kvsim.elementary import exp_nonpositive
-from kvsim.field import FieldData, logits_row
-from kvsim.lanes import lane_max, lane_sum
+from kvsim.numerics.jit import jit
+from kvsim.numerics.elementary import exp_nonpositive
+from kvsim.numerics.field import FieldData, logits_row
+from kvsim.numerics.lanes import lane_max, lane_sum
 
 BLOCKS = 16
 
