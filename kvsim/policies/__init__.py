@@ -4,7 +4,8 @@ A new policy is one module defining a :class:`~kvsim.policies.base.Policy` and o
 entry below.
 """
 
-from kvsim.policies import full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova, window
+from kvsim.policies import (caote, full, h2o, keydiff, knorm, oracle, quest, random_eviction,
+                            scissorhands, snapkv, streaming_llm, tova, window)
 from kvsim.policies.base import Group, Param, Policy, Trace
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
@@ -17,6 +18,11 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     tova.POLICY,
     random_eviction.POLICY,
     oracle.POLICY,
+    knorm.POLICY,
+    keydiff.POLICY,
+    scissorhands.POLICY,
+    caote.POLICY,
+    quest.POLICY,
 )}
 
 __all__ = ["POLICIES", "Group", "Param", "Policy", "Trace"]

@@ -129,7 +129,8 @@ class Policy:
     ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
     ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`;
     ``run_budgets(group, budgets, params)``, where given, returns one per budget from
-    work shared across budgets.
+    work shared across budgets. ``needs`` names the vectors the policy reads besides the
+    attention (``"keys"``, ``"values"``, ``"queries"``).
     """
 
     name: str
@@ -140,6 +141,7 @@ class Policy:
     check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
+    needs: tuple[str, ...] = ()
 
     def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
         """One trace per budget (shared work where the policy supports it)."""

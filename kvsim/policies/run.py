@@ -79,6 +79,21 @@ def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) ->
         raise InvariantError("full: mass differs from 1")
 
 
+def missing_vectors(policy: Policy, field: FieldData, kv_head: int = 0) -> str | None:
+    """What ``policy`` needs that KV head ``kv_head`` of ``field`` lacks, as an error
+    message, or None."""
+    has = {"keys": field.keys.shape[1] > 0, "queries": field.queries.shape[1] > 0,
+           "values": field.has_values(kv_head)}
+    missing = [need for need in policy.needs if not has[need]]
+    if not missing:
+        return None
+    source = ("a dense attention matrix" if field.is_dense else
+              "a field without those vectors (add [attention.qk], with values = true for values)"
+              if not field.keys.shape[1] else "a trace without values")
+    return (f"{policy.name}: needs {' and '.join(missing)} vectors, which the attention source "
+            f"({source}) does not have")
+
+
 def run_policy(policy: Policy, group: Group, budget: int, params: dict) -> Trace:
     """Run a checked policy on one KV head's ``group`` and assert the invariants."""
     return run_budgets(policy, group, [budget], params)[0]
@@ -86,6 +101,9 @@ def run_policy(policy: Policy, group: Group, budget: int, params: dict) -> Trace
 
 def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict) -> list[Trace]:
     """:func:`run_policy` at several budgets, sharing work where the policy can."""
+    problem = missing_vectors(policy, group.field, int(group.heads[0]) // group.field.group)
+    if problem:
+        raise KvsimError(problem)
     traces = policy.run_all(group, [int(b) for b in budgets], params)
     for budget, trace in zip(budgets, traces):
         check_invariants(policy, budget, group, trace)
