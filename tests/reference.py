@@ -684,6 +684,7 @@ class RefRun:
     error: np.ndarray | None  # (G, T - P) relative output error, None without values
     kept: np.ndarray  # the final cache (the prefill selection without decode steps)
     near_tie: bool = False
+    recall: np.ndarray | None = None  # (T - P,) share of the important keys arrived so far
 
 
 def min_budget(policy, params):
@@ -695,8 +696,9 @@ def min_budget(policy, params):
     return 1
 
 
-def reference_run(src, policy, budget, prompt_len, gqa="mean", **params):
-    """Run a section-6 policy (or, on one query head, any policy above) on a source."""
+def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, **params):
+    """Run a section-6 policy (or, on one query head, any policy above) on a source;
+    ``important``: optional ground-truth positions, for recall."""
     P, B, T = int(prompt_len), int(budget), src.T
     if policy in NEW_DEFAULTS:
         prm = {**NEW_DEFAULTS[policy], **params}
@@ -714,13 +716,13 @@ def reference_run(src, policy, budget, prompt_len, gqa="mean", **params):
                 "quest": policy_quest}[policy]
         prefill, steps = rule(src, P, T, B, gqa, **prm)
     else:  # the single-head reference above
-        if src.G != 1:
+        if src.G != 1 and policy not in ("full", "window", "streaming_llm", "random"):
             raise ValueError(f"the reference of {policy} is single-head")
         ref = reference_simulate(src.probs[0], policy, B, P, **params)
         caches = _single_head_caches(src.probs[0], policy, B, P, params)
-        return _metrics(src, caches, ref.kept, ref.near_tie)
+        return _metrics(src, caches, ref.kept, ref.near_tie, important)
     kept = np.array(sorted(steps[-1] if steps else prefill), dtype=np.int64)
-    return _metrics(src, steps, kept, bool(_near_ties))
+    return _metrics(src, steps, kept, bool(_near_ties), important)
 
 
 def _single_head_caches(p, policy, B, P, params):
@@ -735,8 +737,14 @@ def _single_head_caches(p, policy, B, P, params):
     return rules[policy](p, P, T, B, *prm.values())[1]
 
 
-def _metrics(src, steps, kept, near_tie):
+def _metrics(src, steps, kept, near_tie, important=None):
     P = src.T - len(steps)
+    recall = None
+    if important is not None:
+        imp = set(int(i) for i in important)
+        recall = np.array([len(imp & set(c)) / len([k for k in imp if k <= t])
+                           if any(k <= t for k in imp) else np.nan
+                           for t, c in zip(range(P, src.T), steps)])
     mass = np.array([[cache_mass(src.probs[g], t, c) for t, c in zip(range(P, src.T), steps)]
                      for g in range(src.G)]).reshape(src.G, len(steps))
     error = None
@@ -748,4 +756,4 @@ def _metrics(src, steps, kept, near_tie):
                 norm = l2_norm(full)
                 error[g, i] = l2_norm(output(src, w) - full) / norm if norm > 0 else 0.0
     return RefRun([sorted(c) for c in steps], mass, np.array([len(c) for c in steps], np.int64),
-                  error, kept, near_tie)
+                  error, kept, near_tie, recall)

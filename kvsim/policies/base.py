@@ -142,6 +142,7 @@ class Policy:
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
     needs: tuple[str, ...] = ()
+    floor_reason: str = "its fixed parts + 1"  # why min_budget is above 1
 
     def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
         """One trace per budget (shared work where the policy supports it)."""

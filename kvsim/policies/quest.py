@@ -126,4 +126,5 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
 
 POLICY = Policy("quest", "per query, the pages whose key bounds promise the largest q.k "
                 "(selection, no eviction)", PARAMS, _run,
-                min_budget=lambda params: params["page_size"], needs=("queries", "keys"))
+                min_budget=lambda params: params["page_size"], needs=("queries", "keys"),
+                floor_reason="one page")
