@@ -19,6 +19,7 @@ from matrices import make_attention
 from reference import dense_source, qk_source, reference_run
 
 import kvsim
+from kvsim import ScenarioError, load_scenario
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, dense_field, empty_field
 from kvsim.numerics.kernels import GQA_MODES
@@ -211,3 +212,26 @@ def test_dense_matrix_is_a_one_line_error(name):
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{name}: needs ")
     assert "dense attention matrix" in message
+
+
+SCENARIO = """\
+[attention]
+source = "seed_notebook"
+T = 64
+[policies.{name}]
+[[experiment]]
+name = "e"
+prompt_len = 32
+budgets = [32]
+"""
+
+
+@pytest.mark.parametrize("name", [n for n, p in POLICIES.items() if p.needs])
+def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO.format(name=name))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    needs = " and ".join(POLICIES[name].needs)
+    assert info.value.lines() == [f"{path}: policies.{name}: {name} needs {needs} vectors, "
+                                  f"which the attention source 'seed_notebook' does not have"]

@@ -10,6 +10,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.attention.components import BOOST, COMPONENTS
 from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
@@ -325,6 +327,17 @@ def _read_field(chk: _Checker, table: dict) -> dict:
     return params
 
 
+def _vectors(source_name: str, attn_params: dict, base: Path) -> set[str]:
+    """The vectors (keys, queries, values) that every head of the source has."""
+    if source_name == "trace":
+        with np.load((base / attn_params["path"]).resolve(), allow_pickle=False) as data:
+            return {"keys", "queries", *(("values",) if "values" in data.files else ())}
+    if source_name == "field" and all("qk" in c for c in attn_params["per_head"]):
+        values = all(c["qk"]["values"] for c in attn_params["per_head"])
+        return {"keys", "queries", *(("values",) if values else ())}
+    return set()
+
+
 def read_document(path: str | Path) -> dict:
     """Parse a scenario file's TOML; unreadable or invalid files raise :class:`ScenarioError`."""
     path = Path(path)
@@ -414,6 +427,14 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
                 chk.add(f"attention.{key}", message)
 
     configs = _read_policies(chk, doc)
+    if source_name in SOURCES and T:
+        has = _vectors(source_name, attn_params, path.parent)
+        for label, config in configs.items():
+            missing = [need for need in get_policy(config.kind).needs if need not in has]
+            if missing:
+                chk.add(f"policies.{label}", f"{config.kind} needs {' and '.join(missing)} "
+                                             f"vectors, which the attention source "
+                                             f"{source_name!r} does not have")
     output = chk.table(doc, "output", "output")
     chk.unknown_keys(output, OUTPUT_KEYS, "output.")
     formats = output.get("formats", ["png", "svg"])
