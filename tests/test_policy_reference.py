@@ -232,6 +232,7 @@ def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
     path.write_text(SCENARIO.format(name=name))
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
-    needs = " and ".join(POLICIES[name].needs)
-    assert info.value.lines() == [f"{path}: policies.{name}: {name} needs {needs} vectors, "
-                                  f"which the attention source 'seed_notebook' does not have"]
+    needs = " and ".join(f"{n} vectors" for n in sorted(POLICIES[name].needs))
+    assert info.value.lines() == [f"{path}: experiment[0].policies[0]: policy {name!r}: {name} "
+                                  f"needs {needs}, which the 'seed_notebook' attention source "
+                                  f"does not have"]

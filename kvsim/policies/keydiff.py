@@ -2,7 +2,8 @@
 
 The anchor ``a`` is the mean of the unit-normalised keys of the candidates (prefill: the
 whole prompt; decode: the cache plus the incoming key, recomputed at each eviction), and a
-key's score is ``-cos(k, a)``. The ``recent`` newest tokens are never evicted.
+key's score is ``-cos(k, a)``. The ``recent`` newest tokens are never evicted, and the
+incoming token always joins.
 """
 
 from typing import NamedTuple
@@ -10,35 +11,33 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.numerics.steploop import step_loop
-from kvsim.policies.base import Group, Param, Policy, Trace
-from kvsim.policies.h2o import recent_count
-from kvsim.policies.knorm import PARAMS, key_norms
-from kvsim.policies.stepped import lowest_ranked_slot, run_stepped
+from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.h2o import _prefill, recent_count
+from kvsim.policies.knorm import PARAMS, key_norm, key_norms
 
 
 class State(NamedTuple):
-    keys: np.ndarray        # (d, T) float32: the KV head's keys, by dimension
-    norms: np.ndarray       # (T,) their L2 norms
-    recent: int             # newest tokens never evicted
-    candidates: np.ndarray  # (budget + 1,) int64 scratch
+    keys: np.ndarray        # (d, T) the KV head's keys, by dimension
+    norm: np.ndarray        # (B + 1,) the L2 norm of each slot's key, then token t's
+    slot_of: np.ndarray     # (T,) int64: the slot of each cached position
+    recent: int             # the newest tokens (the incoming one included) never evicted
+    candidates: np.ndarray  # (B + 1,) int64 scratch: the cache, then token t
     anchor: np.ndarray      # (d,) scratch
-    score: np.ndarray       # (budget + 1,) scratch
+    score: np.ndarray       # (B + 1,) scratch
 
 
 @jit
-def anchor_scores(keys, norms, positions, n, anchor, score):
-    """``score[:n] = -cos(k, a)`` for the keys at ``positions[:n]``, ``a`` the mean of their
-    unit-normalised keys (summed in the order given). A zero key has a zero unit vector, and
-    a zero denominator gives a cosine of 0."""
+def anchor_scores(keys, norm, positions, n, anchor, score):
+    """``score[:n] = -cos(k, a)`` for the keys at ``positions[:n]`` (``norm[j]``: the norm
+    of ``positions[j]``), ``a`` the mean of their unit-normalised keys, summed in the order
+    given. A zero key's unit vector is 0, and a zero ``||k|| ||a||`` gives a cosine of 0."""
     d = keys.shape[0]
     for i in range(d):
-        dim = keys[i]
         total = 0.0
         for j in range(n):
-            k = positions[j]
-            total += np.float64(dim[k]) / norms[k] if norms[k] > 0.0 else 0.0
+            total += np.float64(keys[i, positions[j]]) / norm[j] if norm[j] > 0.0 else 0.0
         anchor[i] = total / n
     a_sq = 0.0
     for i in range(d):
@@ -46,50 +45,59 @@ def anchor_scores(keys, norms, positions, n, anchor, score):
     a_norm = np.sqrt(a_sq)
     for j in range(n):
         score[j] = 0.0
-    for i in range(d):  # dimension by dimension: the dot products summed in order of i
-        dim = keys[i]
+    for i in range(d):  # dimension by dimension: each dot product summed in order of i
         for j in range(n):
-            score[j] += np.float64(dim[positions[j]]) * anchor[i]
+            score[j] += np.float64(keys[i, positions[j]]) * anchor[i]
     for j in range(n):
-        den = norms[positions[j]] * a_norm
+        den = norm[j] * a_norm
         score[j] = -(score[j] / den) if den > 0.0 else 0.0
 
 
 @jit_inline
 def admit(state, cache, n, t):
-    if n < cache.shape[0]:
-        return -1
-    for j in range(n):
-        state.candidates[j] = cache[j]
-    state.candidates[n] = t
-    anchor_scores(state.keys, state.norms, state.candidates, n + 1, state.anchor, state.score)
-    return lowest_ranked_slot(cache, n, state.score, t - state.recent + 1)
+    """When full, evict the lowest ``-cos(k, a)`` outside the ``recent`` newest, ``a`` the
+    anchor of the cache and token t."""
+    budget = cache.shape[0]
+    state.norm[budget] = key_norm(state.keys, t)
+    slot = n
+    if n == budget:
+        for j in range(n):
+            state.candidates[j] = cache[j]
+        state.candidates[n] = t
+        anchor_scores(state.keys, state.norm, state.candidates, n + 1, state.anchor,
+                      state.score)
+        slot = kernels.lowest_ranked_slot(cache, n, state.score, t - state.recent + 1,
+                                          state.slot_of)
+    state.slot_of[t] = slot
+    state.norm[slot] = state.norm[budget]
+    return slot
 
 
 @jit_inline
-def observe(state, cache, n, t, obs, mass):
-    pass
+def observe(state, cache, n, obs, mass, outputs):
+    """The anchor depends on the keys only: nothing to learn."""
+    return None
 
 
 @jit
 def decode(ctx, out, cache, n, state):
-    return step_loop(ctx, out, cache, n, state, admit, observe)
+    """The decode loop of ``keydiff``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P, recent = group.prompt_len, recent_count(budget, params)
-    keys = group.field.keys[int(group.heads[0]) // group.field.group]
-    norms = key_norms(keys)
-    state = State(keys, norms, recent, np.zeros(budget + 1, np.int64), np.zeros(keys.shape[0]),
-                  np.zeros(max(budget, P) + 1))
-    if P <= budget:
-        kept = np.arange(P)
-    else:
-        anchor_scores(keys, norms, np.arange(P), P, state.anchor, state.score)
-        heavy = kernels.top_ranked(state.score[:P], 0, P - recent, budget - recent)
-        kept = np.concatenate((heavy, np.arange(P - recent, P)))
-    return run_stepped(group, budget, kept, state, decode)
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, recent = prompt.prompt_len, recent_count(budget, params)
+    keys = prompt.keys
+    norms = key_norms(keys, P)
+    state = State(keys, np.zeros(budget + 1), np.zeros(T, np.int64), recent,
+                  np.zeros(budget + 1, np.int64), np.zeros(keys.shape[0]), np.zeros(budget + 1))
+    score = np.zeros(P)
+    if P > budget:
+        anchor_scores(keys, norms, np.arange(P), P, state.anchor, score)
+    kept = _prefill(P, budget, recent, score)
+    state.norm[:len(kept)], state.slot_of[kept] = norms[kept], np.arange(len(kept))
+    return kept, state
 
 
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
-                dict(PARAMS), _run, needs=("keys",))
+                dict(PARAMS), Steps(_start, admit, observe, decode), needs=frozenset({"keys"}))

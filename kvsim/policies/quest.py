@@ -12,9 +12,10 @@ read, not the keys held: Quest saves attention reads, not memory.
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import Outputs, cached_important, count_important, record, snapshot
 from kvsim.numerics.field import probs_at
 from kvsim.numerics.jit import jit
-from kvsim.policies.base import Group, Param, Policy, Trace, new_trace, snapshot_steps
+from kvsim.policies.base import Group, Param, Policy, Trace, context, new_trace, snapshot_steps
 
 PARAMS = {
     "page_size": Param(int, 16, "positions per page", check=lambda v: v >= 1,
@@ -72,10 +73,10 @@ def select(f, heads, t, n_pages, page_size, gqa, lo, hi, bound, combined, cache)
 
 
 @jit
-def decode(f, row_max, row_sum, heads, prompt_len, n_pages, page_size, gqa, important,
-           full_output, out_mass, out_size, out_recall, out_error, snap_steps, snapshots, kept):
+def decode(ctx, n_pages, page_size, gqa, out, kept):
     """Per step, attend to the selected pages; returns the number of keys in ``kept`` (the
     last step's selection, or query ``prompt_len - 1``'s without decode steps)."""
+    f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
     T = f.key_bias.shape[1]
     G = heads.shape[0]
     lo, hi = page_bounds(f.keys[heads[0] // f.group], page_size)
@@ -87,8 +88,8 @@ def decode(f, row_max, row_sum, heads, prompt_len, n_pages, page_size, gqa, impo
     work = np.empty(budget)
     mass = np.empty(G)
     hits = np.empty(G, np.int64)
-    approx = np.empty(full_output.shape[2])
-    n_important = kernels._count_important(important, prompt_len)
+    outputs = np.empty((G, ctx.full_output.shape[2]))
+    n_important = count_important(important, prompt_len)
     no_cache = np.zeros((0, 0))
     snap = 0
     n = 0
@@ -99,12 +100,12 @@ def decode(f, row_max, row_sum, heads, prompt_len, n_pages, page_size, gqa, impo
         step = t - prompt_len
         for g in range(G):
             n_important[g] += important[g, t]
-            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, no_cache)
-        out_size[step] = n
-        kernels._cached_important(important, cache, n, hits)
-        kernels._record(f, heads, cache, n, hits, n_important, full_output, step, obs, mass,
-                        approx, out_mass, out_recall, out_error)
-        snap = kernels._snapshot(cache, n, step, snap_steps, snapshots, snap)
+            probs_at(f, ctx.row_max, ctx.row_sum, heads[g], t, cache, n, obs[g], work, no_cache)
+        out.cache_size[step] = n
+        cached_important(important, cache, n, hits)
+        record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out.mass, out.recall,
+               out.error)
+        snap = snapshot(cache, n, step, out.snap_steps, out.snapshots, snap)
     for j in range(n):
         kept[j] = cache[j]
     return n
@@ -116,15 +117,16 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
     trace.snapshots = np.full((snap_steps.shape[0], budget), -1, np.int64)
     kept = np.zeros(budget, np.int64)
     page_size = params["page_size"]
-    n = decode(group.field, group.row_max, group.row_sum, group.heads, group.prompt_len,
-               budget // page_size, page_size, group.gqa, group.important, group.full_output,
-               trace.mass, trace.cache_size, trace.recall, trace.error, snap_steps,
-               trace.snapshots, kept)
+    out = Outputs(trace.mass, trace.cache_size, trace.recall, trace.error, snap_steps,
+                  trace.snapshots)
+    n = decode(context(group), budget // page_size, page_size, group.gqa, out, kept)
     trace.kept = np.sort(kept[:n])
     return trace
 
 
 POLICY = Policy("quest", "per query, the pages whose key bounds promise the largest q.k "
-                "(selection, no eviction)", PARAMS, _run,
-                min_budget=lambda params: params["page_size"], needs=("queries", "keys"),
+                "(selection, no eviction)", PARAMS, run=_run,
+                closed_loop=lambda params: "it selects pages from each query vector before "
+                "attention, which the Stepper does not receive",
+                min_budget=lambda params: params["page_size"], needs=frozenset({"queries", "keys"}),
                 floor_reason="one page")

@@ -12,11 +12,11 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.numerics.steploop import step_loop
-from kvsim.policies.base import Group, Param, Policy, Trace
-from kvsim.policies.h2o import recent_count
-from kvsim.policies.stepped import head_rows, lowest_ranked_slot, observed_combined, run_stepped
+from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.h2o import _prefill, recent_count
+from kvsim.policies.rows import head_rows
 
 PARAMS = {
     "recent_ratio": Param(float, 0.5, "share of the budget kept for the newest tokens",
@@ -27,30 +27,36 @@ PARAMS = {
 
 
 class State(NamedTuple):
-    recent: int
+    flags: np.ndarray     # (history, B) uint8: row q % history: the keys query q found important
+    count: np.ndarray     # (B,) float64: importance count over the last history queries
+    slot_of: np.ndarray   # (T,) int64: the slot of each cached position
+    now: np.ndarray       # (1,) int64: the current step's token
+    combined: np.ndarray  # (B,) scratch: the step's combined observed attention
+    recent: int           # the newest tokens (the incoming one included) never evicted
     gqa: int
-    flags: np.ndarray     # (history, budget) uint8: slot's key important to query q (row q % history)
-    count: np.ndarray     # (budget,) float64: importance count over the last history queries
-    rows: np.ndarray      # (G, budget) scratch
-    combined: np.ndarray  # (budget,) scratch
 
 
 @jit_inline
 def admit(state, cache, n, t):
-    slot = -1
+    """Evict the lowest count outside the ``recent`` newest when full; token t starts with
+    no votes (no earlier query saw it)."""
+    slot = n
     if n == cache.shape[0]:
-        slot = lowest_ranked_slot(cache, n, state.count, t - state.recent + 1)
-    new = n if slot < 0 else slot
-    for r in range(state.flags.shape[0]):  # token t was important to no earlier query
-        state.flags[r, new] = 0
-    state.count[new] = 0.0
+        slot = kernels.lowest_ranked_slot(cache, n, state.count, t - state.recent + 1,
+                                          state.slot_of)
+    for r in range(state.flags.shape[0]):
+        state.flags[r, slot] = 0
+    state.count[slot] = 0.0
+    state.slot_of[t] = slot
+    state.now[0] = t
     return slot
 
 
 @jit_inline
-def observe(state, cache, n, t, obs, mass):
-    observed_combined(obs, mass, n, state.gqa, state.rows, state.combined)
-    row = state.flags[t % state.flags.shape[0]]  # query t - history leaves the window
+def observe(state, cache, n, obs, mass, outputs):
+    """Query t votes for the keys it found important; query t - history's votes expire."""
+    kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
+    row = state.flags[state.now[0] % state.flags.shape[0]]
     bar = 1.0 / n
     for j in range(n):
         flag = 1 if state.combined[j] >= bar else 0
@@ -60,36 +66,26 @@ def observe(state, cache, n, t, obs, mass):
 
 @jit
 def decode(ctx, out, cache, n, state):
-    return step_loop(ctx, out, cache, n, state, admit, observe)
+    """The decode loop of ``scissorhands``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-def prompt_flags(group: Group, history: int) -> tuple[np.ndarray, np.ndarray]:
-    """(queries, flags): the prompt queries in the last ``history`` and, per query, which
-    keys of the prompt it found important (full attention, ``n = q + 1``)."""
-    P = group.prompt_len
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, recent, history = prompt.prompt_len, recent_count(budget, params), params["history"]
     queries = np.arange(max(0, P - history), P)
-    flags = np.zeros((queries.shape[0], P), np.uint8)
+    flags = np.zeros((queries.shape[0], P), np.uint8)  # full attention, n = q + 1
     for i, q in enumerate(queries):
-        combined = group.combine(head_rows(group, int(q)))
-        flags[i, :q + 1] = combined >= 1.0 / (q + 1)
-    return queries, flags
-
-
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P, recent, history = group.prompt_len, recent_count(budget, params), params["history"]
-    queries, flags = prompt_flags(group, history)
+        flags[i, :q + 1] = prompt.combine(head_rows(prompt, int(q))) >= 1.0 / (q + 1)
     count = flags.sum(axis=0).astype(np.float64)
-    if P <= budget:
-        kept = np.arange(P)
-    else:
-        heavy = kernels.top_ranked(count, 0, P - recent, budget - recent)
-        kept = np.concatenate((heavy, np.arange(P - recent, P)))
-    state = State(recent, group.gqa, np.zeros((history, budget), np.uint8), np.zeros(budget),
-                  np.zeros((len(group.heads), budget)), np.zeros(budget))
-    state.flags[queries % history, :kept.shape[0]] = flags[:, kept]
-    state.count[:kept.shape[0]] = count[kept]
-    return run_stepped(group, budget, kept, state, decode)
+    kept = _prefill(P, budget, recent, count)
+    state = State(np.zeros((history, budget), np.uint8), np.zeros(budget),
+                  np.zeros(T, np.int64), np.zeros(1, np.int64), np.zeros(budget), recent,
+                  prompt.gqa)
+    n = len(kept)
+    state.flags[queries % history, :n] = flags[:, kept]
+    state.count[:n], state.slot_of[kept] = count[kept], np.arange(n)
+    return kept, state
 
 
 POLICY = Policy("scissorhands", "recent newest + the keys most often important to the last "
-                "queries", PARAMS, _run)
+                "queries", PARAMS, Steps(_start, admit, observe, decode))

@@ -1,8 +1,8 @@
 """``snapkv``: one-shot prompt selection voted by an observation window (Li et al. 2024).
 
-With ``refresh = N`` the pinned set is re-chosen every N decode steps over the cache, from
-the observed attention of the last decode queries (kvpress's decode-time compression, with
-a hard budget).
+The selection stays pinned and a ring holds the newest tokens. With ``refresh = N > 0`` the
+pinned set is re-chosen every N decode steps over the cache, from the observed attention of
+the last decode queries (kvpress's decode-time compression, with a hard budget).
 """
 
 from typing import NamedTuple
@@ -10,10 +10,9 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.numerics.steploop import step_loop
-from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
-from kvsim.policies.stepped import run_stepped
+from kvsim.policies.base import Group, Param, Policy, Steps
 
 POOLING = ("max", "avg", "none")
 
@@ -54,23 +53,32 @@ def pool(votes, kernel, mode):
     return out
 
 
-class RefreshState(NamedTuple):
+class State(NamedTuple):
+    """Without refresh, a ring: slots ``base .. base + width - 1``, slot ``base`` took
+    ``start``. With refresh, the pinned slots and the observed attention of recent queries."""
+
+    base: int
+    start: int
+    width: int
+    refresh: int          # re-choose the pinned set every ``refresh`` decode steps (0: never)
     prompt_len: int
     window: int
     kernel: int
-    mode: int
-    refresh: int
+    mode: int             # pooling: 0 max, 1 avg, 2 none
     gqa: int
-    pinned: np.ndarray    # (budget,) bool: the slot's key is pinned
-    seen: np.ndarray      # (window, G, budget): observed attention of query q (row q % window)
-    rows: np.ndarray      # (G, budget) scratch
-    votes: np.ndarray     # (budget,) scratch
+    pinned: np.ndarray    # (B,) bool: the slot's key is pinned
+    seen: np.ndarray      # (window, G, B): row q % window: query q's observed attention
+    rows: np.ndarray      # (G, B) scratch
+    votes: np.ndarray     # (B,) scratch
+    now: np.ndarray       # (1,) int64: the current step's token
 
 
 @jit
 def repin(state, cache, n, t):
-    """Re-choose the pinned set before step ``t``: votes of the last decode queries, pooled
-    along the cached keys in position order, top ``budget - window`` pinned."""
+    """Re-choose the pinned set before step ``t``: the observed attention of the last
+    ``min(window, t - prompt_len)`` decode queries summed per head (0 where a key was not
+    cached), combined, pooled along the cached keys in position order; the top
+    ``B - window`` are pinned, the other keys form the ring."""
     order = np.argsort(cache[:n])
     queries = min(state.window, t - state.prompt_len)
     for g in range(state.rows.shape[0]):
@@ -89,58 +97,74 @@ def repin(state, cache, n, t):
 
 
 @jit_inline
-def refresh_admit(state, cache, n, t):
+def admit(state, cache, n, t):
+    """Append while there is room, then replace the oldest key of the ring (the unpinned
+    keys); with refresh, first re-choose the pinned set every ``refresh`` decode steps."""
+    if state.refresh == 0:
+        return n if n < cache.shape[0] else kernels.ring_slot(state.base, state.start,
+                                                              state.width, t)
     step = t - state.prompt_len
     if step > 0 and step % state.refresh == 0:
         repin(state, cache, n, t)
-    slot = -1
-    if n == cache.shape[0]:  # the oldest key of the ring (the unpinned keys) leaves
+    slot = n
+    if n == cache.shape[0]:
+        slot = -1
         for j in range(n):
             if not state.pinned[j] and (slot < 0 or cache[j] < cache[slot]):
                 slot = j
-    new = n if slot < 0 else slot
-    state.pinned[new] = False
+    state.pinned[slot] = False
     for r in range(state.seen.shape[0]):  # token t was in no earlier query's cache
         for g in range(state.seen.shape[1]):
-            state.seen[r, g, new] = 0.0
+            state.seen[r, g, slot] = 0.0
+    state.now[0] = t
     return slot
 
 
 @jit_inline
-def refresh_observe(state, cache, n, t, obs, mass):
-    row = state.seen[t % state.window]
+def observe(state, cache, n, obs, mass, outputs):
+    """With refresh, remember this query's observed attention of each head."""
+    if state.refresh == 0:
+        return None
+    row = state.seen[state.now[0] % state.window]
     for g in range(obs.shape[0]):
         m = mass[g]
         for j in range(n):
             row[g, j] = obs[g, j] / m if m > 0.0 else 0.0
+    return None
 
 
 @jit
-def refresh_decode(ctx, out, cache, n, state):
-    return step_loop(ctx, out, cache, n, state, refresh_admit, refresh_observe)
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``snapkv``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P = group.prompt_len
+def _state(params: dict, P: int, budget: int, G: int, gqa: int, n_pinned: int,
+           ring: tuple[int, int, int]) -> State:
+    refresh = params["refresh"]
+    window = params["window"] if refresh else 0
+    state = State(*ring, refresh, P, params["window"], params["kernel"],
+                  POOLING.index(params["pooling"]), gqa, np.zeros(budget, bool),
+                  np.zeros((window, G, budget if refresh else 0)), np.zeros((G, budget)),
+                  np.zeros(budget), np.zeros(1, np.int64))
+    state.pinned[:n_pinned] = True
+    return state
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P = prompt.prompt_len
     w = min(params["window"], P)
-    votes = group.row_scores(P - w, P)
+    votes = prompt.row_scores(P - w, P)
     mode = POOLING.index(params["pooling"])
-    if not params["protect_window"]:
+    if not params["protect_window"]:  # only without decode steps (see _check)
         kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
-        return run_decode(group, budget, kept)
+        return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, 0, (0, 0, budget))
     prefix = P - w
     n_pinned = min(prefix, budget - w)
     pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
-    if params["refresh"] > 0:
-        window = params["window"]
-        state = RefreshState(P, window, params["kernel"], mode, params["refresh"], group.gqa,
-                             np.zeros(budget, bool), np.zeros((window, len(group.heads), budget)),
-                             np.zeros((len(group.heads), budget)), np.zeros(budget))
-        state.pinned[:n_pinned] = True
-        return run_stepped(group, budget, kept, state, refresh_decode)
-    return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
-                      ring=(n_pinned, prefix, budget - n_pinned))
+    return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, n_pinned,
+                        (n_pinned, prefix, budget - n_pinned))
 
 
 def _check(T: int, prompt_len: int, params: dict) -> str | None:
@@ -151,5 +175,5 @@ def _check(T: int, prompt_len: int, params: dict) -> str | None:
 
 
 POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt queries + ring",
-                PARAMS, _run, check=_check,
+                PARAMS, Steps(_start, admit, observe, decode), check=_check,
                 min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1)
