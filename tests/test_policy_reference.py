@@ -232,7 +232,33 @@ def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
     path.write_text(SCENARIO.format(name=name))
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
-    needs = " and ".join(f"{n} vectors" for n in sorted(POLICIES[name].needs))
+    word = {"keys": "key", "values": "value", "queries": "query"}
+    needs = " and ".join(f"{word[n]} vectors" for n in sorted(POLICIES[name].needs))
     assert info.value.lines() == [f"{path}: experiment[0].policies[0]: policy {name!r}: {name} "
                                   f"needs {needs}, which the 'seed_notebook' attention source "
                                   f"does not have"]
+
+
+def _steppable_cases():
+    from test_stepping import T as STEP_T, steppable
+    for param in CASES:
+        name, raw = param.values
+        params = resolve_params(POLICIES[name], raw)
+        if steppable(name, params) and POLICIES[name].check(STEP_T, 0, params) is None:
+            yield param
+
+
+@pytest.mark.parametrize("name, params", list(_steppable_cases()))
+def test_stepper_reproduces_the_simulator_for_every_variant(name, params):
+    """Every variant above, one step at a time through the Stepper (tests/test_stepping.py's
+    check: the simulator's cache at every step, slot for slot) on GQA groups."""
+    from test_stepping import T as STEP_T, check_stepper, qkv_field
+    policy = POLICIES[name]
+    params = resolve_params(policy, params)
+    floor = policy.min_budget(params)
+    for heads, kv_heads, gqa in [(2, 2, "mean"), (6, 2, "max"), (4, 2, "sum")]:
+        field = qkv_field(heads, kv_heads, seed=heads + len(gqa) + 1)
+        for P in (0, 7, STEP_T):
+            for budget in sorted({floor, floor + 2, max(floor, STEP_T - 3)}):
+                for kv in range(kv_heads):
+                    check_stepper(name, params, field, kv, P, budget, gqa)
