@@ -29,7 +29,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.policies.run import check_run, make_group, resolve_params, run_policy
+from kvsim.policies.run import check_run, field_provides, make_group, resolve_params, run_policy
 
 # ---------------------------------------------------------------------------------------
 # Helpers
@@ -111,7 +111,8 @@ def rows(field: FieldData, what: str = "probs", whole_row: bool = True) -> np.nd
 
 
 def dense_twins(field: FieldData) -> tuple[FieldData, FieldData]:
-    """The same attention as a dense field, two ways (values kept for the output error).
+    """The same attention as a dense field, two ways (vectors kept: for the output error and
+    the policies that read them).
 
     The first is ``field._replace(probs=P)``; the second is built from scratch with
     :func:`dense_field`, so the dense path has no component arrays to fall back on.
@@ -126,7 +127,8 @@ def dense_twins(field: FieldData) -> tuple[FieldData, FieldData]:
     assert np.array_equal(P, rows(field, whole_row=False))
     bare = dense_field(P, field.keys.shape[0])
     return (field._replace(probs=P),
-            bare._replace(values=field.values, value_heads=field.value_heads))
+            bare._replace(values=field.values, value_heads=field.value_heads, keys=field.keys,
+                          queries=field.queries, qk_scale=field.qk_scale))
 
 
 def same_trace(a, b) -> bool:
@@ -197,7 +199,13 @@ strength = 4.0
 strength = 6.0
 """
 
-POLICY_PARAMS = {"snapkv": {"window": 4}}
+POLICY_PARAMS = {"snapkv": {"window": 4}, "quest": {"page_size": 4}}
+
+
+def runnable(field: FieldData, kv: int) -> list:
+    """The registered policies whose vectors (keys, values, queries) the field has."""
+    return [(name, p) for name, p in POLICIES.items()
+            if not p.needs - field_provides(field, kv)]
 
 
 def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -> int:
@@ -218,7 +226,7 @@ def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -
                 for b in bs:
                     for name in ("prompt_colsum", "decode_colsum", "full_output"):
                         assert np.array_equal(getattr(a, name), getattr(b, name)), (h, P, name)
-            for name, policy in POLICIES.items():
+            for name, policy in runnable(field, kv):
                 params = resolve_params(policy, POLICY_PARAMS.get(name, {}))
                 for B in budgets:
                     check_run(policy, B, T, P, params)
@@ -240,7 +248,7 @@ def test_component_field_matches_dense_twin_exactly(body):
     field, truth, _ = build_field(body, T=40, seed=1, boosts=NEEDLES if BOOSTS in body else ())
     n = check_equivalence(field, truth, GQA_MODES["mean"], prompt_lens=(0, 17, 40),
                           budgets=(5, 11))
-    assert n == len(POLICIES) * 3 * 2
+    assert n == len(runnable(field, 0)) * 3 * 2
 
 
 @pytest.mark.parametrize("gqa", ["mean", "max", "sum"])
@@ -250,7 +258,7 @@ def test_gqa_field_matches_dense_twin_exactly(gqa):
     assert scenario.gqa == gqa
     n = check_equivalence(field, truth, scenario.gqa_mode, prompt_lens=(0, 13, 32),
                           budgets=(5, 12))
-    assert n == 2 * len(POLICIES) * 3 * 2
+    assert n == 2 * len(runnable(field, 0)) * 3 * 2
 
 
 @pytest.mark.quick
