@@ -57,7 +57,7 @@ def connect(address: str) -> Iterator:
     try:
         if local:
             cluster = LocalCluster(n_workers=int(local[1]), threads_per_worker=1,
-                                   processes=True, dashboard_address=None)
+                                   processes=True, dashboard_address=":0")
             client = Client(cluster)
         else:
             client = Client(address, timeout=CONNECT_TIMEOUT)
