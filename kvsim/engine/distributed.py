@@ -138,6 +138,7 @@ def simulate_variants(client, variants: list[Scenario], *, store: UnitStore | No
     saved to ``store`` at once, so ``--resume`` works after a lost client.
     """
     from dask.distributed import as_completed
+    from distributed.scheduler import KilledWorker
 
     run_id = uuid.uuid4().hex[:8]
     collected: list[dict] = [{} for _ in variants]
@@ -166,7 +167,11 @@ def simulate_variants(client, variants: list[Scenario], *, store: UnitStore | No
                     futures[future] = (v, seed, runs)
     for future in as_completed(futures):
         v, seed, runs = futures.pop(future)
-        traces, shipped = future.result()
+        try:
+            traces, shipped = future.result()
+        except KilledWorker as exc:  # the scheduler gave up after repeated worker deaths
+            raise KvsimError(f"--dask: task {future.key} lost its worker too often ({exc})") \
+                from None
         for key, unit in traces.items():
             if store is not None:
                 store.save(key, unit)
