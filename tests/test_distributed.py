@@ -50,6 +50,7 @@ window = 16
 name = "decode"
 prompt_len = 200
 budgets = [24, 48]
+figures = ["mass_vs_budget"]
 
 [[experiment]]
 name = "prefill"
