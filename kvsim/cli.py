@@ -12,7 +12,7 @@ from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, pars
 EPILOG = """\
 commands:
   kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N] [--resume]
-                        [--budgets LIST] [--seeds SPEC] [--policies LIST] [--set K=V]
+                        [--dask ADDRESS] [--budgets LIST] [--seeds SPEC] [--policies LIST] [--set K=V]
                         run every experiment x policy x budget x seed x head (and
                         every point of the file's [sweep]) and write report.md,
                         results.csv, steps.npz, scenario.json and figures to DIR
@@ -49,6 +49,10 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(default: every core; results do not depend on it)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the units an interrupted run of this report finished")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="run the units on a Dask cluster: a scheduler address "
+                        "(tcp://HOST:8786) or local:N (N local worker processes); "
+                        "same results (needs the distributed extra)")
     _add_overrides(p)
     return p
 
@@ -116,7 +120,7 @@ def _run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     variants = load_sweep(args.scenario, _overrides(args))
     out = run(variants, args.out, force=args.force, progress=not args.quiet,
-              workers=args.workers, resume=args.resume)
+              workers=args.workers, resume=args.resume, dask=args.dask)
     print(out)
     return 0
 

@@ -110,23 +110,25 @@ def count_runs(scenario: Scenario) -> int:
         * len(scenario.seeds) * scenario.heads
 
 
-def _snap_steps(exp: Experiment, T: int) -> np.ndarray:
+def snap_steps(exp: Experiment, T: int) -> np.ndarray:
     steps = T - exp.prompt_len
     return np.unique(np.linspace(0, steps - 1, min(SNAPSHOTS, steps)).astype(np.int64)) \
         if steps > 0 else np.zeros(0, np.int64)
 
 
 def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int | None = None,
-                      store: UnitStore | None = None, bar: tqdm | None = None) -> ScenarioResults:
+                      store: UnitStore | None = None, bar: tqdm | None = None,
+                      known_passes: dict | None = None) -> ScenarioResults:
     """Run every experiment x policy x budget x seed x head of ``scenario``.
 
     The policies of one KV head run on ``workers`` threads (default: every core); the
     kernels release the GIL, and results do not depend on the number of workers. With a
-    ``store``, finished units are saved (and reused when it resumes).
+    ``store``, finished units are saved (and reused when it resumes). ``known_passes``
+    holds full passes computed elsewhere, by seed (the Dask path ships the first seed's).
     """
     workers = workers or os.cpu_count() or 1
     rows: list[dict] = []
-    steps = {e.name: ExperimentSteps(snap_steps=_snap_steps(e, scenario.T))
+    steps = {e.name: ExperimentSteps(snap_steps=snap_steps(e, scenario.T))
              for e in scenario.experiments}
     own_bar = bar is None
     bar = bar or tqdm(total=count_runs(scenario), unit="run", disable=not progress,
@@ -135,13 +137,12 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     try:
         for seed in scenario.seeds:
             sequence = scenario.field(seed)  # O(T) arrays; the full passes come on demand
-            passes: dict = {}
+            passes: dict = dict((known_passes or {}).get(seed, {}))
             for kv in range(scenario.kv_heads):
                 for exp in scenario.experiments:
                     def group_for(exp=exp, kv=kv):
-                        return make_group(sequence.data, kv, exp.prompt_len, sequence.mask,
-                                          passes, scenario.gqa_mode, random_seed(seed, kv),
-                                          exp.focus_budget, steps[exp.name].snap_steps)
+                        return head_group(scenario, sequence, passes, seed, kv, exp,
+                                          steps[exp.name].snap_steps)
                     _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
                                     steps[exp.name], bar, workers, store)
             if seed == scenario.seeds[0]:
@@ -150,6 +151,23 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
         if own_bar:
             bar.close()
     return ScenarioResults(rows, steps, fields)
+
+
+def head_group(scenario: Scenario, sequence, passes: dict, seed: int, kv: int,
+               exp: Experiment, snap_steps: np.ndarray):
+    """The group of KV head ``kv`` of sequence ``seed`` for ``exp`` (passes memoised)."""
+    return make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
+                      scenario.gqa_mode, random_seed(seed, kv), exp.focus_budget, snap_steps)
+
+
+def unit_keys(scenario: Scenario, exp: Experiment, seed: int, kv: int,
+              snap_steps: np.ndarray) -> list[str]:
+    """Resume-store keys of the units (one per policy) of ``exp`` on one seed and KV head."""
+    return [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
+                     heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
+                     seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
+                     budgets=exp.budgets, focus=exp.focus_budget, snaps=snap_steps.tolist())
+            for c in exp.policies]
 
 
 def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSample]:
@@ -178,11 +196,7 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
                     seed: int, kv: int, rows: list[dict], steps: ExperimentSteps, bar: tqdm,
                     workers: int, store: UnitStore | None) -> None:
     heads_per_kv = scenario.heads // scenario.kv_heads
-    keys = [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
-                     heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
-                     seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
-                     budgets=exp.budgets, focus=exp.focus_budget, snaps=steps.snap_steps.tolist())
-            for c in exp.policies]
+    keys = unit_keys(scenario, exp, seed, kv, steps.snap_steps)
     stored = [store.load(k) if store else None for k in keys]
     group = group_for() if any(s is None for s in stored) else None
 

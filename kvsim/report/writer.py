@@ -11,12 +11,14 @@ import platform
 import shutil
 import zipfile
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, h2o_study, markdown
+from kvsim.engine.distributed import connect, simulate_variants
 from kvsim.engine.experiments import ScenarioResults, count_runs, simulate_scenario
 from kvsim.errors import KvsimError
 from kvsim.scenario.overrides import Overrides
@@ -61,7 +63,10 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
     several times faster than the default level, for files a little larger."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as archive:
         for name, value in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+            # A fixed timestamp: the same results give the same bytes.
+            entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            with archive.open(entry, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
@@ -149,7 +154,7 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
 
 def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None = None, *,
         force: bool = False, progress: bool = False, workers: int | None = None,
-        resume: bool = False, overrides: Overrides | None = None) -> Path:
+        resume: bool = False, overrides: Overrides | None = None, dask: str | None = None) -> Path:
     """Run every experiment of a scenario (every variant of its sweep) and write the report.
 
     Parameters
@@ -162,6 +167,8 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         (default: every core).
     resume : reuse the units an interrupted run of the same report already finished.
     overrides : command-line changes applied to a scenario file before validation.
+    dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
+        ``local:N`` (a local cluster of N worker processes); same results as a local run.
 
     Returns
     -------
@@ -175,11 +182,13 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         variants = load_sweep(scenario, overrides)
     out = Path(out) if out is not None else default_out(variants[0])
     check_out(out, force)
-    store = UnitStore(out.parent / f".{out.name}.units", resume)
-    total = sum(count_runs(v) for v in variants)
-    with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
-              desc=variants[0].name) as bar:
-        results = [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
+    with connect(dask) if dask else nullcontext() as client:  # before anything is written
+        store = UnitStore(out.parent / f".{out.name}.units", resume)
+        total = sum(count_runs(v) for v in variants)
+        with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
+                  desc=variants[0].name) as bar:
+            results = simulate_variants(client, variants, store=store, bar=bar) if client else \
+                [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
     write_report(out, variants, results, force, workers or os.cpu_count() or 1)
     shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

@@ -6,6 +6,8 @@ Validation is complete before any work starts; every problem becomes one line
 
 from __future__ import annotations
 
+import glob
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -359,7 +361,25 @@ def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Sce
         points = expand_sweep(doc, str(path))
     except KvsimError as exc:
         raise ScenarioError([(str(path), "", str(exc).removeprefix(f"{path}: "))]) from None
+    points = [p for point in points for p in _trace_files(*point, Path(path))]
     return [validate(point, path, variant) for point, variant in points]
+
+
+def _trace_files(doc: dict, variant: dict, path: Path) -> list[tuple[dict, dict]]:
+    """One sweep point per file when a trace source's ``path`` is a glob, else the point."""
+    attention = doc.get("attention")
+    pattern = attention.get("path") if isinstance(attention, dict) \
+        and attention.get("source") == "trace" else None
+    if not isinstance(pattern, str) or not re.search(r"[*?[]", pattern):
+        return [(doc, variant)]
+    base = path.parent
+    files = sorted(Path(f).relative_to(base).as_posix()
+                   for f in glob.glob(str(base / pattern)) if Path(f).is_file())
+    if not files:
+        raise ScenarioError([(str(path), "attention.path", f"expected at least one trace file "
+                              f"matching {pattern!r} (relative to the scenario file), got none")])
+    return [({**doc, "attention": {**attention, "path": f}}, {**variant, "attention.path": f})
+            for f in files]
 
 
 def load_scenario(path: str | Path, overrides: Overrides | None = None) -> Scenario:
