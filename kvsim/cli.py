@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
+from kvsim.resources import parse_size, set_memory_limit
+from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
+                                      parse_setting)
 
 EPILOG = """\
 commands:
   kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N] [--resume]
-                        [--budgets LIST] [--seeds SPEC] [--policies LIST] [--set K=V]
+                        [--max-memory SIZE] [--budgets LIST] [--seeds SPEC]
+                        [--policies LIST] [--set K=V]
                         run every experiment x policy x budget x seed x head (and
                         every point of the file's [sweep]) and write report.md,
                         results.csv, steps.npz, scenario.json and figures to DIR
-                        (default reports/<scenario name>/); prints DIR
-  kvsim validate SCENARIO.toml
-                        check a scenario file without running it
+                        (default reports/<scenario name>/); prints DIR. One run at a
+                        time per DIR (a second one exits 2 naming the first)
+  kvsim validate SCENARIO.toml [--max-memory SIZE] [overrides]
+                        check a scenario file without running it; prints its cost
+                        (runs, logit evaluations, peak memory)
   kvsim policies        list the policies and their parameters
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
@@ -49,8 +56,19 @@ def _run_parser() -> argparse.ArgumentParser:
                         "(default: every core; results do not depend on it)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the units an interrupted run of this report finished")
+    _add_max_memory(p)
     _add_overrides(p)
     return p
+
+
+def _add_max_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="refuse runs whose estimated peak memory exceeds SIZE, e.g. 4G "
+                        "(default: the machine's available memory)")
+
+
+def _set_max_memory(args: argparse.Namespace) -> None:
+    set_memory_limit(parse_size(args.max_memory) if args.max_memory is not None else None)
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -68,9 +86,9 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> Overrides:
     return Overrides(
-        budgets=parse_budgets(args.budgets) if args.budgets else None,
-        seeds=parse_seeds(args.seeds) if args.seeds else None,
-        policies=[p.strip() for p in args.policies.split(",")] if args.policies else None,
+        budgets=parse_budgets(args.budgets) if args.budgets is not None else None,
+        seeds=parse_seeds(args.seeds) if args.seeds is not None else None,
+        policies=parse_policies(args.policies) if args.policies is not None else None,
         settings=[parse_setting(s) for s in args.set])
 
 
@@ -82,17 +100,21 @@ def _positive(text: str) -> int:
 
 
 def _validate(argv: list[str]) -> int:
-    from kvsim.engine.experiments import count_runs
+    from kvsim.engine import cost
     from kvsim.scenario.load import load_sweep
 
-    p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
+    p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file "
+                                "and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
+    _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
+    _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
-    runs = sum(count_runs(v) for v in variants)
+    estimate = cost.check(variants)
     print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
-          f"{len(variants[0].experiments)} experiments, {runs} runs, T = {variants[0].T})")
+          f"{len(variants[0].experiments)} experiments, T = {variants[0].T}); "
+          f"{estimate.text()}")
     return 0
 
 
@@ -114,6 +136,7 @@ def _run(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
+    _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
     out = run(variants, args.out, force=args.force, progress=not args.quiet,
               workers=args.workers, resume=args.resume)
@@ -170,6 +193,7 @@ COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
+    _interrupt_on(signal.SIGTERM, signal.SIGHUP)
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
@@ -182,5 +206,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvsim: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("kvsim: interrupted; no report written", file=sys.stderr)
+        print("kvsim: interrupted; no report written (finished units are kept for "
+              "--resume)", file=sys.stderr)
         return 130
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on(*signals: signal.Signals) -> None:
+    """Handle ``signals`` like SIGINT: the run stops, cleans up and releases its report.
+    Only the main thread can install handlers (an embedding program keeps its own)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in signals:
+            signal.signal(s, _interrupt)

@@ -141,7 +141,8 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
                     def group_for(exp=exp, kv=kv):
                         return make_group(sequence.data, kv, exp.prompt_len, sequence.mask,
                                           passes, scenario.gqa_mode, random_seed(seed, kv),
-                                          exp.focus_budget, steps[exp.name].snap_steps)
+                                          exp.focus_budget, steps[exp.name].snap_steps,
+                                          progress)
                     _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
                                     steps[exp.name], bar, workers, store)
             if seed == scenario.seeds[0]:

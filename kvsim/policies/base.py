@@ -8,6 +8,7 @@ from typing import Callable
 
 import numpy as np
 
+from kvsim.errors import Problem
 from kvsim.numerics import kernels
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.fullpass import FullPass, full_pass
@@ -33,6 +34,7 @@ class Group:
     seed: int = 0
     snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    progress: bool = False  # long full passes show their rows on stderr
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -56,7 +58,8 @@ class Group:
             for h in self.heads:
                 key = (int(h), self.prompt_len, rows)
                 if key not in self.memo:
-                    self.memo[key] = full_pass(self.field, int(h), self.prompt_len, rows)
+                    self.memo[key] = full_pass(self.field, int(h), self.prompt_len, rows,
+                                               self.progress)
             return tuple(self.memo[int(h), self.prompt_len, rows] for h in self.heads)
 
     @property
@@ -126,8 +129,8 @@ class Policy:
     """A registered policy.
 
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
-    ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`;
+    ``check(T, prompt_len, params)`` returns a cross-field :class:`~kvsim.errors.Problem`
+    (the parameter, what was expected) or None; ``run(group, budget, params)`` returns a :class:`Trace`;
     ``run_budgets(group, budgets, params)``, where given, returns one per budget from
     work shared across budgets.
     """
@@ -137,7 +140,7 @@ class Policy:
     params: dict[str, Param]
     run: Callable[[Group, int, dict], Trace]
     min_budget: Callable[[dict], int] = lambda params: 1
-    check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
+    check: Callable[[int, int, dict], Problem | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
 

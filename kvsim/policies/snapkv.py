@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from kvsim.errors import Problem
 from kvsim.numerics import kernels
 from kvsim.numerics.jit import jit
 from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
@@ -59,10 +60,10 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
                       ring=(n_pinned, prefix, budget - n_pinned))
 
 
-def _check(T: int, prompt_len: int, params: dict) -> str | None:
+def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
     if not params["protect_window"] and prompt_len < T:
-        return (f"protect_window: expected true when there are decode steps "
-                f"(prompt_len {prompt_len} < T {T}), got false")
+        return Problem("protect_window", f"expected true when there are decode steps "
+                                         f"(prompt_len {prompt_len} < T {T}), got false")
     return None
 
 

@@ -17,11 +17,13 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, h2o_study, markdown
-from kvsim.engine.experiments import ScenarioResults, count_runs, simulate_scenario
+from kvsim.engine.cost import check as check_cost
+from kvsim.engine.experiments import ScenarioResults, simulate_scenario
 from kvsim.errors import KvsimError
 from kvsim.scenario.overrides import Overrides
 from kvsim.scenario.load import Scenario, load_sweep
 from kvsim.engine.resume import UnitStore
+from kvsim.report.lock import ReportLock, clean_leftovers, sibling
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -132,8 +134,8 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
     """
     check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    tmp = sibling(out, f".tmp-{os.getpid()}")
+    old = sibling(out, f".old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -163,6 +165,11 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     resume : reuse the units an interrupted run of the same report already finished.
     overrides : command-line changes applied to a scenario file before validation.
 
+    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
+    same folder is refused, and leftovers of killed runs are cleaned (or, with
+    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
+    the limit is refused before any work (:mod:`kvsim.engine.cost`).
+
     Returns
     -------
     Path of the report folder.
@@ -175,11 +182,15 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         variants = load_sweep(scenario, overrides)
     out = Path(out) if out is not None else default_out(variants[0])
     check_out(out, force)
-    store = UnitStore(out.parent / f".{out.name}.units", resume)
-    total = sum(count_runs(v) for v in variants)
-    with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
-              desc=variants[0].name) as bar:
-        results = [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
-    write_report(out, variants, results, force, workers or os.cpu_count() or 1)
-    shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
+    cost = check_cost(variants, workers)
+    with ReportLock(out):
+        clean_leftovers(out, keep_units=resume)
+        check_out(out, force)
+        store = UnitStore(sibling(out, ".units"), resume)
+        with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
+                  desc=variants[0].name) as bar:
+            results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
+                                         progress=progress) for v in variants]
+        write_report(out, variants, results, force, workers or os.cpu_count() or 1)
+        shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

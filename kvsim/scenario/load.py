@@ -151,7 +151,7 @@ def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
     return configs
 
 
-def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list, list]:
+def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tuple[list, list]:
     if not isinstance(raw, list) or not raw:
         chk.add(where, f"expected a non-empty list of token counts (integers) or prompt "
                        f"fractions (numbers in (0, 1]), got {raw!r}")
@@ -170,6 +170,10 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list
         if resolved < 1:
             chk.add(key, f"expected a budget of at least 1 token, got {b!r} "
                          f"(resolves to {resolved} with prompt_len {prompt_len})")
+            continue
+        if resolved > T:
+            chk.add(key, f"expected a budget of at most T = {T} tokens (a larger cache never "
+                         f"evicts), got {b!r}")
             continue
         if resolved in budgets:
             chk.add(key, f"expected distinct budgets, got {b!r} again (= {resolved} tokens)")
@@ -194,13 +198,17 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
     if not _is_int(prompt_len) or not 0 <= prompt_len <= T:
         chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
         prompt_len = T
-    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len)
+    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len, T)
     labels = table.get("policies", list(configs))
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         chk.add(f"{where}.policies", f"expected a non-empty list of policy names, got {labels!r}")
         labels = []
     chosen = []
     for i, label in enumerate(labels):
+        if label in labels[:i]:
+            chk.add(f"{where}.policies[{i}]", f"expected distinct policy labels, got {label!r} "
+                                              f"again")
+            continue
         if label not in configs:
             chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
                     f"file{did_you_mean(label, configs)}, got {label!r}")
@@ -213,8 +221,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
                 chk.add(f"{where}.budgets[{j}]", f"policy {label!r}: {problem}")
         problem = policy.check(T, prompt_len, config.params)
         if problem:
-            key, _, message = problem.partition(": ")
-            chk.add(f"policies.{label}.{key}", f"{message} in experiment {name!r}")
+            chk.add(f"policies.{label}.{problem.key}", f"{problem.message} in experiment {name!r}")
         chosen.append(config)
     decodes = prompt_len < T
     default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
@@ -256,7 +263,7 @@ def _read_field(chk: _Checker, table: dict) -> dict:
                                   f"got {len(overrides)}")
     kv_heads = params.get("kv_heads") or heads
     params["kv_heads"] = kv_heads
-    if heads % kv_heads:
+    if "heads" in params and heads % kv_heads:
         chk.add("attention.kv_heads", f"expected a divisor of heads ({heads}), got {kv_heads}")
     T = params.get("T", 1)
 
@@ -306,7 +313,7 @@ def _read_field(chk: _Checker, table: dict) -> dict:
                                 for k, v in merged[name].items()}
         merged["boost"] = shared["boost"] + own.get("boost", [])
         hh = merged.get("heavy_hitters")
-        if hh and (max(hh["positions"], default=-1) >= T or hh["hi"] > T):
+        if hh and (max(hh["positions"], default=-1) >= T or (hh["hi"] or 0) > T):
             chk.add(f"attention.head[{h}].heavy_hitters" if "heavy_hitters" in own
                     else "attention.heavy_hitters",
                     f"expected positions and hi within [0, {T}], got {hh['positions'] or hh['hi']}")
@@ -345,15 +352,12 @@ def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Sce
     sweep varies no attention or experiment setting).
     """
     doc = read_document(path)
-    if overrides is not None:
-        try:
-            doc = apply(doc, overrides)
-        except KvsimError as exc:
-            raise ScenarioError([(str(path), "", str(exc))]) from None
     try:
-        points = expand_sweep(doc, str(path))
+        if overrides is not None:
+            doc = apply(doc, overrides)
+        points = expand_sweep(doc)
     except KvsimError as exc:
-        raise ScenarioError([(str(path), "", str(exc).removeprefix(f"{path}: "))]) from None
+        raise ScenarioError([(str(path), exc.key, exc.message)]) from None
     return [validate(point, path, variant) for point, variant in points]
 
 
@@ -410,8 +414,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
             try:
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
             except KvsimError as exc:
-                key, _, message = str(exc).partition(": ")
-                chk.add(f"attention.{key}", message)
+                chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)
 
     configs = _read_policies(chk, doc)
     output = chk.table(doc, "output", "output")
