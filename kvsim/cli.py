@@ -43,8 +43,15 @@ and exits with status 2. See README.md for the scenario reference.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``kvsim: ...``, exit status 2)."""
+
+    def error(self, message: str):
+        raise KvsimError(f"{message} (see {self.prog} --help)")
+
+
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim", description="Simulate KV-cache eviction policies on attention patterns.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
@@ -103,7 +110,7 @@ def _validate(argv: list[str]) -> int:
     from kvsim.engine import cost
     from kvsim.scenario.load import load_sweep
 
-    p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file "
+    p = _Parser(prog="kvsim validate", description="Check a scenario file "
                                 "and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     _add_max_memory(p)
@@ -121,7 +128,7 @@ def _validate(argv: list[str]) -> int:
 def _policies(argv: list[str]) -> int:
     from kvsim.policies import POLICIES
 
-    argparse.ArgumentParser(prog="kvsim policies",
+    _Parser(prog="kvsim policies",
                             description="List the policies and their parameters.").parse_args(argv)
     for policy in POLICIES.values():
         print(f"{policy.name:<14} {policy.summary}")
@@ -147,7 +154,7 @@ def _run(argv: list[str]) -> int:
 def _bench(argv: list[str]) -> int:
     from kvsim.tools.bench import run_bench
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
         "pass and the cost of its parts, policy kernels, kvsim vs NumPy, end to end, scaling. "
         "Prints a table and "
@@ -163,7 +170,7 @@ def _bench(argv: list[str]) -> int:
 def _capture(argv: list[str]) -> int:
     from kvsim.tools.capture import capture
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "
         "a Hugging Face causal LM on a text (CPU, eager attention) into a trace that the "
         "'trace' attention source replays. Needs: pip install -e \".[capture]\".")

@@ -15,7 +15,7 @@ from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
-from kvsim.params import Param
+from kvsim.params import INT64_MAX, Param
 from kvsim.policies import POLICIES
 from kvsim.policies.run import budget_problem, did_you_mean, get_policy, resolve_params
 
@@ -93,7 +93,8 @@ class _Checker:
         self.problems: list[tuple[str, str, str]] = []
 
     def add(self, key: str, message: str) -> None:
-        self.problems.append((self.file, key, message))
+        if (self.file, key, message) not in self.problems:  # e.g. a shared table, per head
+            self.problems.append((self.file, key, message))
 
     def unknown_keys(self, table: dict, allowed, prefix: str) -> None:
         for key in table:
@@ -101,11 +102,12 @@ class _Checker:
                 self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; "
                                            f"expected one of {', '.join(allowed)}")
 
-    def table(self, doc: dict, key: str, path: str) -> dict:
+    def table(self, doc: dict, key: str, path: str) -> dict | None:
+        """``doc[key]`` ({} if absent), or None (a problem added) if it is not a table."""
         value = doc.get(key, {})
         if not isinstance(value, dict):
             self.add(path, f"expected a table, got {type(value).__name__}")
-            return {}
+            return None
         return value
 
     def params(self, table: dict, spec: dict[str, Param], prefix: str,
@@ -130,6 +132,8 @@ def _is_int(v) -> bool:
 
 def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
     tables = chk.table(doc, "policies", "policies")
+    if tables is None:
+        return {}
     if not tables:
         chk.add("policies", "expected at least one [policies.NAME] table")
     configs = {}
@@ -184,7 +188,8 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tu
 
 
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
-                     configs: dict[str, PolicyConfig], names: set) -> Experiment | None:
+                     configs: dict[str, PolicyConfig], defined: list,
+                     names: set) -> Experiment | None:
     where = f"experiment[{index}]"
     chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
     before = len(chk.problems)
@@ -199,8 +204,10 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
         chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
         prompt_len = T
     budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len, T)
-    labels = table.get("policies", list(configs))
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+    labels = table.get("policies", list(defined))
+    if "policies" not in table and not defined:
+        labels = []  # no policy tables: already reported
+    elif not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         chk.add(f"{where}.policies", f"expected a non-empty list of policy names, got {labels!r}")
         labels = []
     chosen = []
@@ -210,8 +217,9 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
                                               f"again")
             continue
         if label not in configs:
-            chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
-                    f"file{did_you_mean(label, configs)}, got {label!r}")
+            if label not in defined:  # else its table's problems are reported already
+                chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
+                        f"file{did_you_mean(label, configs)}, got {label!r}")
             continue
         config = configs[label]
         policy = get_policy(config.kind)
@@ -256,16 +264,17 @@ def _read_field(chk: _Checker, table: dict) -> dict:
     if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
         chk.add("attention.head", "expected [[attention.head]] tables, one per head")
         overrides = []
+    heads_known = "heads" in params  # else invalid: checks that need it are skipped
     heads = params.get("heads", 1) if "heads" in table or not overrides else len(overrides)
     params["heads"] = heads
-    if overrides and len(overrides) != heads:
+    if overrides and heads_known and len(overrides) != heads:
         chk.add("attention.head", f"expected one [[attention.head]] table per head ({heads}), "
                                   f"got {len(overrides)}")
     kv_heads = params.get("kv_heads") or heads
     params["kv_heads"] = kv_heads
-    if "heads" in params and heads % kv_heads:
+    if heads_known and heads % kv_heads:
         chk.add("attention.kv_heads", f"expected a divisor of heads ({heads}), got {kv_heads}")
-    T = params.get("T", 1)
+    T = params.get("T", INT64_MAX)  # an invalid T is reported once: no range checks on it
 
     def components(raw: dict, prefix: str) -> dict:
         chk.unknown_keys(raw, (*COMPONENTS, "boost"), prefix)
@@ -273,7 +282,11 @@ def _read_field(chk: _Checker, table: dict) -> dict:
         for name, spec in COMPONENTS.items():
             if name in raw:
                 sub = chk.table(raw, name, prefix + name)
-                out[name] = (sub, chk.params(sub, spec, f"{prefix}{name}."))
+                if sub is None:
+                    continue
+                before = len(chk.problems)
+                out[name] = (sub, chk.params(sub, spec, f"{prefix}{name}."),
+                             len(chk.problems) == before)
         boosts = raw.get("boost", [])
         if not isinstance(boosts, list) or not all(isinstance(b, dict) for b in boosts):
             chk.add(prefix + "boost", "expected [[...boost]] tables")
@@ -286,9 +299,10 @@ def _read_field(chk: _Checker, table: dict) -> dict:
                 chk.add(where + ".queries", "expected [lo, hi], got nothing")
             if ("keys" in b) == ("key_positions" in b):
                 chk.add(where, "expected exactly one of keys = [lo, hi] or key_positions")
-            elif not (checked.get("keys") or checked.get("key_positions")):
+            else:
                 given = "keys" if "keys" in b else "key_positions"
-                chk.add(f"{where}.{given}", "expected at least one key, got none")
+                if given in checked and not checked[given]:
+                    chk.add(f"{where}.{given}", "expected at least one key, got none")
             for key in ("keys", "queries"):
                 if key in checked and checked[key] and checked[key][1] > T:
                     chk.add(f"{where}.{key}", f"expected a range within [0, {T}], "
@@ -307,7 +321,9 @@ def _read_field(chk: _Checker, table: dict) -> dict:
         merged = {}
         for name in COMPONENTS:
             if name in shared or name in own:
-                raw = {**shared.get(name, ({}, {}))[0], **own.get(name, ({}, {}))[0]}
+                if not all(part[name][2] for part in (shared, own) if name in part):
+                    continue  # already reported: nothing to merge
+                raw = {**shared.get(name, ({}, {}, True))[0], **own.get(name, ({}, {}, True))[0]}
                 merged[name] = {k: raw.get(k, p.default) for k, p in COMPONENTS[name].items()}
                 merged[name] = {k: float(v) if COMPONENTS[name][k].type is float else v
                                 for k, v in merged[name].items()}
@@ -394,9 +410,11 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         seeds = [0]
 
     attention = chk.table(doc, "attention", "attention")
-    source_name = attention.get("source")
+    source_name = attention.get("source") if attention is not None else None
     T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
-    if source_name not in SOURCES:
+    if attention is None:
+        pass
+    elif source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
     else:
@@ -417,7 +435,8 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
                 chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)
 
     configs = _read_policies(chk, doc)
-    output = chk.table(doc, "output", "output")
+    defined = list(doc["policies"]) if isinstance(doc.get("policies"), dict) else []
+    output = chk.table(doc, "output", "output") or {}
     chk.unknown_keys(output, OUTPUT_KEYS, "output.")
     formats = output.get("formats", ["png", "svg"])
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
@@ -434,7 +453,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, has_truth, configs, names)
+                exp = _read_experiment(chk, table, i, T, has_truth, configs, defined, names)
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:
