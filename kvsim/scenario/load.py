@@ -143,7 +143,7 @@ def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
             chk.add(where, f"expected a table, got {type(table).__name__}")
             continue
         kind = table.get("kind", label)
-        if kind not in POLICIES:
+        if not isinstance(kind, str) or kind not in POLICIES:
             key = f"{where}.kind" if "kind" in table else where
             chk.add(key, f"expected a policy name{did_you_mean(str(kind), POLICIES)} "
                          f"({', '.join(POLICIES)}), got {kind!r}")
@@ -198,7 +198,8 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
         chk.add(f"{where}.name", f"expected an identifier-like name, got {name!r}")
     elif name in names:
         chk.add(f"{where}.name", f"expected a unique name, got {name!r} again")
-    names.add(name)
+    else:
+        names.add(name)
     prompt_len = table.get("prompt_len", T)
     if not _is_int(prompt_len) or not 0 <= prompt_len <= T:
         chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
@@ -414,7 +415,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
     if attention is None:
         pass
-    elif source_name not in SOURCES:
+    elif not isinstance(source_name, str) or source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
     else:
