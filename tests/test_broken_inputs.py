@@ -352,8 +352,7 @@ def test_broken_input(case: Case, tmp_path):
     assert set(os.listdir(tmp_path)) == before  # nothing written beside the inputs
 
 
-CRASHED_BEFORE = ["attention.sinks.strength=nan", "attention.noise.scale=inf",
-                  "attention.qk.spread=-inf", "attention.T=2000000000"]
+CRASHED_BEFORE = ["attention.sinks.strength=nan", "attention.T=2000000000"]
 
 
 @pytest.mark.parametrize("setting", CRASHED_BEFORE)

@@ -60,7 +60,10 @@ class ReportLock:
         self.fd = fd
 
     def __exit__(self, *exc) -> None:
-        os.unlink(self.path)  # while still holding the lock: see the inode check above
+        try:
+            os.unlink(self.path)  # while still holding the lock: see the inode check above
+        except FileNotFoundError:
+            pass
         os.close(self.fd)
         self.fd = None
 

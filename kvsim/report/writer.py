@@ -68,7 +68,7 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 workers: int) -> None:
+                 workers: int, progress: bool = False) -> None:
     rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -99,7 +99,7 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
                 jobs.append(((i, exp.name, "h2o"), h2o_study.figures,
                              (scenario, exp, rows, steps, target)))
     drawn: dict = {}
-    for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers)):
+    for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers, progress)):
         drawn.setdefault(key, []).extend(paths)
     markdown.write(folder, variants, results, drawn)
 
@@ -112,25 +112,30 @@ def _draw(index: int) -> list[Path]:
     return function(*args)
 
 
-def _draw_all(jobs: list, workers: int) -> list[list[Path]]:
+def _draw_all(jobs: list, workers: int, progress: bool = False) -> list[list[Path]]:
     """Draw every figure job, on ``workers`` forked processes where there are several
     (matplotlib holds the GIL, so threads would not help); results in job order."""
     global _JOBS
     _JOBS = jobs
+
+    def bar(drawn):  # figures done of the total, on stderr
+        return tqdm(drawn, total=len(jobs), unit="figure", desc="figures",
+                    disable=not progress, leave=False, dynamic_ncols=True)
+
     try:
         if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
-            return [_draw(i) for i in range(len(jobs))]
+            return list(bar(map(_draw, range(len(jobs)))))
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("fork")) as pool:
-            return list(pool.map(_draw, range(len(jobs))))
+            return list(bar(pool.map(_draw, range(len(jobs)))))
     finally:
         _JOBS = []
 
 
 def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 force: bool, workers: int = 1) -> Path:
+                 force: bool, workers: int = 1, progress: bool = False) -> Path:
     """Write the report into a temporary folder, then move it to ``out`` in one rename.
 
-    Figures are drawn on ``workers`` processes.
+    Figures are drawn on ``workers`` processes (``progress``: a bar on stderr).
     """
     check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +144,7 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_files(tmp, variants, results, workers)
+        _write_files(tmp, variants, results, workers, progress)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
@@ -191,6 +196,6 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
                   desc=variants[0].name) as bar:
             results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
                                          progress=progress) for v in variants]
-        write_report(out, variants, results, force, workers or os.cpu_count() or 1)
+        write_report(out, variants, results, force, workers or os.cpu_count() or 1, progress)
         shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out
