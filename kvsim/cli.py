@@ -200,7 +200,7 @@ COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
-    _interrupt_on(signal.SIGTERM, signal.SIGHUP)
+    previous = _interrupt_on(signal.SIGTERM, signal.SIGHUP)
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
@@ -212,19 +212,26 @@ def main(argv: list[str] | None = None) -> int:
     except KvsimError as exc:
         print(f"kvsim: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine, not the input: disk full, permissions
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvsim: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("kvsim: interrupted; no report written (finished units are kept for "
               "--resume)", file=sys.stderr)
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupt_on(*signals: signal.Signals) -> None:
+def _interrupt_on(*signals: signal.Signals) -> dict:
     """Handle ``signals`` like SIGINT: the run stops, cleans up and releases its report.
-    Only the main thread can install handlers (an embedding program keeps its own)."""
-    if threading.current_thread() is threading.main_thread():
-        for s in signals:
-            signal.signal(s, _interrupt)
+    Returns the handlers replaced (only the main thread can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _interrupt) for s in signals}

@@ -34,7 +34,7 @@ def test_estimate_counts_runs_and_logits(tmp_path):
 
 @pytest.mark.parametrize("patch, key", [
     ({"attention.T": 3_000_000}, "attention.T"),
-    ({"attention.heads": 60_000, "attention.T": 8192, "experiment.prompt_len": 4096,
+    ({"attention.heads": 4000, "attention.T": 8192, "experiment.prompt_len": 4096,
       "experiment.budgets": [64]}, "attention.heads"),
     ({"seeds": list(range(5000)), "attention.T": 8192, "experiment.prompt_len": 4096,
       "experiment.budgets": [64]}, "seeds"),

@@ -16,12 +16,13 @@ from pathlib import Path
 
 from kvsim.attention import files
 from kvsim.errors import KvsimError, ScenarioError
+from kvsim.engine.experiments import SNAPSHOTS
 from kvsim.numerics.fullpass import BLOCKS
 from kvsim.resources import check_memory, size_text
 from kvsim.scenario.load import Scenario
 
 ROW_BYTES = 3000  # one results row: a dict of about 40 entries
-BASE_BYTES = 64 * 2**20  # figures, report and temporary copies of small runs
+BASE_BYTES = 256 * 2**20  # the interpreter, compiled kernels, matplotlib drawing a figure
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ def _kept(z: _Size) -> float:
         steps = z.T - round(share * z.T)
         total += z.seeds * z.heads * policies * sum(
             2 * (steps * 32.0 + min(b, z.T) * 8.0) + ROW_BYTES for b in budgets)
+        if steps:  # cache snapshots at the focus budget (at most the largest)
+            total += z.seeds * z.kv_heads * policies * SNAPSHOTS * max(budgets) * 8.0
     return total
 
 
