@@ -2,12 +2,13 @@
 
 The package is layered; each layer imports only from the layers above it in this list:
 
-- ``errors``, ``params``: the shared vocabulary (errors with key paths, parameter schemas);
+- ``errors``, ``params``, ``resources``: the shared vocabulary (errors with key paths,
+  parameter schemas with ranges, the memory limit);
 - ``numerics``: Numba kernels (elementary functions, noise, fields, full pass, decode);
 - ``attention`` and ``policies``: attention sources and the eviction policies on them;
 - ``scenario``: TOML -> validated, frozen scenario;
-- ``engine``: experiments expanded into units, run in parallel, resumable;
-- ``report``: report folder, markdown and figures;
+- ``engine``: the cost of a run, experiments expanded into units, run in parallel, resumable;
+- ``report``: report folder (owned by one run at a time), markdown and figures;
 - ``api``, ``cli``, ``tools``: the Python API, the command line, bench and capture.
 """
 

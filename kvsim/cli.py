@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
+from kvsim.resources import parse_size, set_memory_limit
+from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
+                                      parse_setting)
 
 EPILOG = """\
 commands:
   kvsim SCENARIO.toml [--out DIR] [--force] [--quiet] [--workers N] [--resume]
-                        [--dask ADDRESS] [--budgets LIST] [--seeds SPEC] [--policies LIST] [--set K=V]
+                        [--max-memory SIZE] [--dask ADDRESS] [--budgets LIST] [--seeds SPEC]
+                        [--policies LIST] [--set K=V]
                         run every experiment x policy x budget x seed x head (and
                         every point of the file's [sweep]) and write report.md,
                         results.csv, steps.npz, scenario.json and figures to DIR
-                        (default reports/<scenario name>/); prints DIR
-  kvsim validate SCENARIO.toml
-                        check a scenario file without running it
+                        (default reports/<scenario name>/); prints DIR. One run at a
+                        time per DIR (a second one exits 2 naming the first)
+  kvsim validate SCENARIO.toml [--max-memory SIZE] [overrides]
+                        check a scenario file without running it; prints its cost
+                        (runs, logit evaluations, peak memory)
   kvsim policies        list the policies and their parameters
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
@@ -36,8 +43,15 @@ and exits with status 2. See README.md for the scenario reference.
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``kvsim: ...``, exit status 2)."""
+
+    def error(self, message: str):
+        raise KvsimError(f"{message} (see {self.prog} --help)")
+
+
 def _run_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim", description="Simulate KV-cache eviction policies on attention patterns.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
@@ -53,8 +67,19 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="run the units on a Dask cluster: a scheduler address "
                         "(tcp://HOST:8786) or local:N (N local worker processes); "
                         "same results (needs the distributed extra)")
+    _add_max_memory(p)
     _add_overrides(p)
     return p
+
+
+def _add_max_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="refuse runs whose estimated peak memory exceeds SIZE, e.g. 4G "
+                        "(default: the machine's available memory)")
+
+
+def _set_max_memory(args: argparse.Namespace) -> None:
+    set_memory_limit(parse_size(args.max_memory) if args.max_memory is not None else None)
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -72,9 +97,9 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 
 def _overrides(args: argparse.Namespace) -> Overrides:
     return Overrides(
-        budgets=parse_budgets(args.budgets) if args.budgets else None,
-        seeds=parse_seeds(args.seeds) if args.seeds else None,
-        policies=[p.strip() for p in args.policies.split(",")] if args.policies else None,
+        budgets=parse_budgets(args.budgets) if args.budgets is not None else None,
+        seeds=parse_seeds(args.seeds) if args.seeds is not None else None,
+        policies=parse_policies(args.policies) if args.policies is not None else None,
         settings=[parse_setting(s) for s in args.set])
 
 
@@ -86,24 +111,28 @@ def _positive(text: str) -> int:
 
 
 def _validate(argv: list[str]) -> int:
-    from kvsim.engine.experiments import count_runs
+    from kvsim.engine import cost
     from kvsim.scenario.load import load_sweep
 
-    p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
+    p = _Parser(prog="kvsim validate", description="Check a scenario file "
+                                "and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
+    _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
+    _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
-    runs = sum(count_runs(v) for v in variants)
+    estimate = cost.check(variants)
     print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
-          f"{len(variants[0].experiments)} experiments, {runs} runs, T = {variants[0].T})")
+          f"{len(variants[0].experiments)} experiments, T = {variants[0].T}); "
+          f"{estimate.text()}")
     return 0
 
 
 def _policies(argv: list[str]) -> int:
     from kvsim.policies import POLICIES
 
-    argparse.ArgumentParser(prog="kvsim policies",
+    _Parser(prog="kvsim policies",
                             description="List the policies and their parameters.").parse_args(argv)
     for policy in POLICIES.values():
         print(f"{policy.name:<14} {policy.summary}")
@@ -118,6 +147,7 @@ def _run(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
+    _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
     out = run(variants, args.out, force=args.force, progress=not args.quiet,
               workers=args.workers, resume=args.resume, dask=args.dask)
@@ -128,7 +158,7 @@ def _run(argv: list[str]) -> int:
 def _bench(argv: list[str]) -> int:
     from kvsim.tools.bench import run_bench
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
         "pass and the cost of its parts, policy kernels, kvsim vs NumPy, end to end, scaling. "
         "Prints a table and "
@@ -144,7 +174,7 @@ def _bench(argv: list[str]) -> int:
 def _capture(argv: list[str]) -> int:
     from kvsim.tools.capture import capture
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "
         "a Hugging Face causal LM on a text (CPU, eager attention) into a trace that the "
         "'trace' attention source replays. Needs: pip install -e \".[capture]\".")
@@ -174,6 +204,7 @@ COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
+    previous = _interrupt_on(signal.SIGTERM, signal.SIGHUP)
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
@@ -185,6 +216,26 @@ def main(argv: list[str] | None = None) -> int:
     except KvsimError as exc:
         print(f"kvsim: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the machine, not the input: disk full, permissions
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvsim: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print("kvsim: interrupted; no report written", file=sys.stderr)
+        print("kvsim: interrupted; no report written (finished units are kept for "
+              "--resume)", file=sys.stderr)
         return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on(*signals: signal.Signals) -> dict:
+    """Handle ``signals`` like SIGINT: the run stops, cleans up and releases its report.
+    Returns the handlers replaced (only the main thread can install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, _interrupt) for s in signals}

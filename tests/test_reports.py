@@ -76,7 +76,7 @@ def test_overrides_are_validated_like_the_file(path):
     assert exp.budgets == (4, 16) and s.seeds == (3,)
     assert [p.label for p in exp.policies] == ["h2o", "oracle"]
     assert s.attention["per_head"][0]["noise"]["scale"] == 0.25
-    with pytest.raises(kvsim.ScenarioError, match="attention.noise.scale: expected a number >= 0"):
+    with pytest.raises(kvsim.ScenarioError, match=r"attention.noise.scale: expected a number in \[0, 10000\]"):
         kvsim.load_sweep(path, Overrides(settings=[("attention.noise.scale", -1.0)]))
 
 

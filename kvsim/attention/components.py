@@ -26,35 +26,36 @@ def _positions(v) -> bool:
                                        for x in v)
 
 
-def _number(default, help, low=None, expect=""):
-    return Param(float, default, help, check=None if low is None else (lambda v: v >= low),
-                 expect=expect or f"a number >= {low}")
+LOGIT = 1e4  # bound on every logit term: a sum of a few stays finite, exp() stays defined
+
+
+def _number(default, help, low=-LOGIT, high=LOGIT):
+    return Param(float, default, help, low=low, high=high)
+
+
+def _count(default, help, low=0, high=None):
+    return Param(int, default, help, low=low, high=high)
 
 
 COMPONENTS: dict[str, dict[str, Param]] = {
     "sinks": {
-        "count": Param(int, 4, "number of first tokens that are sinks", check=lambda v: v >= 0,
-                       expect="an integer >= 0"),
+        "count": _count(4, "number of first tokens that are sinks"),
         "strength": _number(5.0, "logit added to sink keys"),
     },
     "recency": {
         "kind": Param(str, "power", "decay with distance d = q - k", choices=("power", "exp")),
         "alpha": _number(1.0, "power law: -alpha * log(1 + d)", 0.0),
-        "tau": Param(float, 64.0, "exponential: -d / tau", check=lambda v: v > 0,
-                     expect="a number > 0"),
+        "tau": _number(64.0, "exponential: -d / tau", 1e-3, 1e12),
     },
     "heavy_hitters": {
-        "count": Param(int, 0, "number of heavy-hitter keys drawn with the seed",
-                       check=lambda v: v >= 0, expect="an integer >= 0"),
-        "fraction": _number(0.0, "share of the keys in [lo, hi) drawn as heavy hitters", 0.0),
+        "count": _count(0, "number of heavy-hitter keys drawn with the seed"),
+        "fraction": _number(0.0, "share of the keys in [lo, hi) drawn as heavy hitters", 0.0, 1.0),
         "positions": Param(list, [], "explicit positions (instead of count or fraction)",
                            check=_positions, expect="a list of positions >= 0"),
-        "lo": Param(int, 0, "first position a drawn heavy hitter may take",
-                    check=lambda v: v >= 0, expect="an integer >= 0"),
-        "hi": Param(int, -1, "end of the range (default T)", check=lambda v: v >= -1,
-                    expect="an integer >= 0"),
+        "lo": _count(0, "first position a drawn heavy hitter may take"),
+        "hi": _count(None, "end of the range (default T)"),
         "strength": _number(4.0, "logit of the strongest heavy hitter"),
-        "exponent": _number(1.0, "the i-th strongest gets strength * i ** -exponent", 0.0),
+        "exponent": _number(1.0, "the i-th strongest gets strength * i ** -exponent", 0.0, 1e3),
         "important": Param(bool, True, "count the heavy hitters as ground truth"),
     },
     "noise": {
@@ -62,13 +63,10 @@ COMPONENTS: dict[str, dict[str, Param]] = {
         "scale": _number(1.0, "noise scale (standard deviation for gaussian)", 0.0),
     },
     "qk": {
-        "dim": Param(int, 64, "vector dimension d", check=lambda v: v >= 1,
-                     expect="an integer >= 1"),
-        "clusters": Param(int, 8, "number of key clusters", check=lambda v: v >= 1,
-                          expect="an integer >= 1"),
-        "spread": _number(0.5, "within-cluster spread of keys and queries", 0.0),
-        "focus": Param(int, 1, "clusters each query mixes", check=lambda v: v >= 1,
-                       expect="an integer >= 1"),
+        "dim": _count(64, "vector dimension d", 1, 65536),
+        "clusters": _count(8, "number of key clusters", 1, 65536),
+        "spread": _number(0.5, "within-cluster spread of keys and queries", 0.0, 1e3),
+        "focus": _count(1, "clusters each query mixes", 1, 1024),
         "strength": _number(1.0, "multiplies q . k / sqrt(d)"),
         "values": Param(bool, True, "draw value vectors (enables the output-error metric)"),
     },
@@ -80,7 +78,7 @@ BOOST: dict[str, Param] = {
     "key_positions": Param(list, [], "explicit key positions (instead of keys)",
                            check=_positions, expect="a list of positions >= 0"),
     "queries": Param(list, [], "query range [lo, hi) that attends to the keys", check=_pair,
-                     expect="[lo, hi] with lo <= hi"),
+                     expect="[lo, hi] with 0 <= lo <= hi"),
     "strength": _number(6.0, "logit added to the boosted entries"),
     "important": Param(bool, True, "count the boosted keys as ground truth"),
 }
@@ -96,7 +94,7 @@ def _heavy_hitters(p: dict, T: int, seed: int, kv: int) -> tuple[np.ndarray, np.
     if p["positions"]:
         positions = np.array(sorted(set(p["positions"])), np.int64)
     else:
-        hi = T if p["hi"] < 0 else min(p["hi"], T)
+        hi = T if p["hi"] is None else min(p["hi"], T)
         lo = min(p["lo"], hi)
         n = p["count"] or int(round(p["fraction"] * (hi - lo)))
         rng = _seed(seed, kv, "heavy_hitters")

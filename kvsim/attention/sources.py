@@ -6,14 +6,13 @@ of shape (heads, T, T) plus optional ground-truth important positions.
 
 from __future__ import annotations
 
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from kvsim.attention import components, trace
+from kvsim.attention import components, files, trace
 from kvsim.attention.dense import probabilities, softmax_logits
 from kvsim.attention.seed_notebook import planted_matrix
 from kvsim.errors import KvsimError
@@ -49,8 +48,8 @@ def positions_mask(positions: np.ndarray | None, heads: int, T: int) -> np.ndarr
         return None
     positions = np.asarray(positions)
     if positions.size and (positions.min() < 0 or positions.max() >= T):
-        raise KvsimError(f"important: expected positions in [0, {T}), "
-                         f"got {positions.min()}..{positions.max()}")
+        raise KvsimError(f"expected positions in [0, {T}), "
+                         f"got {positions.min()}..{positions.max()}", "important")
     mask = np.zeros((heads, T), bool)
     mask[:, positions] = True
     return mask
@@ -77,8 +76,8 @@ class Source:
 
 def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
     if params["important"] > params["T"]:
-        raise KvsimError(f"important: expected at most T = {params['T']}, "
-                         f"got {params['important']}")
+        raise KvsimError(f"expected at most T = {params['T']}, got {params['important']}",
+                         "important")
     return params["T"], 1, 1, params["important"] > 0
 
 
@@ -92,48 +91,47 @@ SEED_NOTEBOOK = Source(
     "seed_notebook", "the seed notebook's planted matrix (uniform + boosted important keys + "
     "exponential noise)",
     {
-        "T": Param(int, 512, "sequence length", check=lambda v: v >= 1, expect="an integer >= 1"),
-        "important": Param(int, 32, "number of planted important tokens",
-                           check=lambda v: v >= 0, expect="an integer >= 0"),
+        "T": Param(int, 512, "sequence length", low=1),
+        "important": Param(int, 32, "number of planted important tokens", low=0),
         "boost": Param(float, 8.0, "weight added to important keys (base weight 1)",
-                       check=lambda v: v >= 0, expect="a number >= 0"),
-        "noise": Param(float, 0.1, "scale of the exponential noise",
-                       check=lambda v: v >= 0, expect="a number >= 0"),
+                       low=0, high=1e6),
+        "noise": Param(float, 0.1, "scale of the exponential noise", low=0, high=1e6),
     }, (), _notebook_describe, _notebook_build)
 
 
 def _read_matrix(params: dict, base: Path) -> tuple[np.ndarray, np.ndarray | None]:
     path = (base / params["path"]).resolve()
-    if not path.is_file():
-        raise KvsimError(f"path: expected an existing .npy or .npz file, got {str(path)!r}")
-    try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise KvsimError(f"path: expected a readable .npy or .npz file ({exc})") from None
-    important = None
-    if isinstance(data, np.lib.npyio.NpzFile):
-        with data:
-            names = [n for n in data.files if n != "important"]
-            name = params["array"] or (names[0] if len(names) == 1 else "attention")
-            if name not in data.files:
-                raise KvsimError(f"array: expected one of {data.files} in {path.name}, "
-                                 f"got {name!r}")
-            matrix = data[name]
-            if "important" in data.files:
-                important = np.asarray(data["important"], dtype=np.int64)
+    found = files.headers(path)
+    if list(found) == [""]:
+        name = ""
     else:
-        matrix = data
+        names = [n for n in found if n != "important"]
+        name = params["array"] or (names[0] if len(names) == 1 else "attention")
+        if name not in found:
+            raise KvsimError(f"expected one of {sorted(found)} in {path.name}, got {name!r}",
+                             "array")
+    arrays = files.load(path, [name, "important"], "the attention matrix")
+    matrix = arrays[name]
+    if matrix.ndim not in (2, 3) or 0 in matrix.shape:
+        raise KvsimError(f"expected shape (T, T) or (heads, T, T) with T >= 1, got "
+                         f"{matrix.shape}", "path")
+    important = arrays.get("important")
     if params["important"]:
         important = np.asarray(params["important"], dtype=np.int64)
-    if matrix.ndim not in (2, 3):
-        raise KvsimError(f"path: expected shape (T, T) or (heads, T, T), got {matrix.shape}")
+    elif important is not None and (important.ndim != 1 or (
+            important.size and not np.issubdtype(important.dtype, np.integer))):
+        raise KvsimError(f"expected the array 'important' to list integer positions, got "
+                         f"shape {important.shape} of {important.dtype}", "path")
     return (matrix[None] if matrix.ndim == 2 else matrix), important
 
 
 def _matrix_build(params: dict, seed: int, base: Path) -> Field:
     matrix, important = _read_matrix(params, base)
     convert = probabilities if params["kind"] == "probabilities" else softmax_logits
-    probs = np.stack([convert(m, f"path: head {h}") for h, m in enumerate(matrix)])
+    try:
+        probs = np.stack([convert(m, f"head {h}") for h, m in enumerate(matrix)])
+    except KvsimError as exc:
+        raise KvsimError(str(exc), "path") from None
     return Field(dense_field(probs), positions_mask(important, probs.shape[0], probs.shape[-1]))
 
 
@@ -154,18 +152,17 @@ MATRIX = Source(
         "important": Param(list, [], "ground-truth important positions (or an .npz array "
                                      "named 'important')",
                            check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
-                                               for x in v),
-                           expect="a list of integer positions"),
+                                               and 0 <= x < 2**62 for x in v),
+                           expect="a list of integer positions >= 0"),
     }, ("path",), _matrix_describe, _matrix_build)
 
 
 
 FIELD_PARAMS = {
-    "T": Param(int, 4096, "sequence length (prompt + decode)", check=lambda v: v >= 1,
-               expect="an integer >= 1"),
-    "heads": Param(int, 1, "query heads", check=lambda v: v >= 1, expect="an integer >= 1"),
-    "kv_heads": Param(int, 0, "KV heads (default: heads); must divide heads",
-                      check=lambda v: v >= 0, expect="an integer >= 1"),
+    "T": Param(int, 4096, "sequence length (prompt + decode)", low=1),
+    "heads": Param(int, 1, "query heads", low=1, high=65536),
+    "kv_heads": Param(int, None, "KV heads (default: heads); must divide heads", low=1,
+                      high=65536),
     "gqa": Param(str, "mean", "how a group's query heads combine scores",
                  choices=("mean", "max", "sum")),
 }
@@ -198,14 +195,12 @@ TRACE = Source(
     "q . k / sqrt(d) on the fly",
     {
         "path": Param(str, "", "trace file, relative to the scenario file"),
-        "layer": Param(int, -1, "model layer index (default: the first recorded)",
-                       check=lambda v: v >= -1, expect="an integer >= 0"),
+        "layer": Param(int, None, "model layer index (default: the first recorded)", low=0),
         "kv_head_ids": Param(list, [], "KV heads to replay, with their query heads (default all)",
                              check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
                                                  for x in v),
                              expect="a list of KV head indices"),
-        "T": Param(int, 0, "tokens replayed from the start (default: all recorded)",
-                   check=lambda v: v >= 0, expect="an integer >= 1"),
+        "T": Param(int, None, "tokens replayed from the start (default: all recorded)", low=1),
         "gqa": FIELD_PARAMS["gqa"],
     }, ("path",), trace.describe, lambda params, seed, base: Field(trace.build(params, seed,
                                                                                base), None),

@@ -4,57 +4,96 @@ A trace holds, per recorded layer, the post-RoPE queries ``(L, H, T, d)``, keys
 ``(L, H_kv, T, d)`` and optionally values ``(L, H_kv, T, dv)`` (float16 or float32),
 plus ``layers``: the model's index of each recorded layer, and ``scaling``: the model's
 logit scale (default ``1 / sqrt(d)``). kvsim evaluates the logits ``q . k * scaling`` on
-the fly (O(T d) memory), with the model's grouped-query layout.
+the fly (O(T d) memory), with the model's grouped-query layout. Every array is checked
+on load (:func:`check`), before any work.
 """
 
 from __future__ import annotations
 
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from kvsim.attention import files
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
+OPTIONAL = ("values", "layers", "scaling")
+MAX_LOGIT = 1e12  # bound on |q . k * scaling|: logits far beyond any model's stay exact
+MAX_ENTRY = 1e30  # vectors are replayed in float32 (range 3.4e38)
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
-    if not path.is_file():
-        raise KvsimError(f"path: expected an existing .npz trace, got {str(path)!r}")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {name: data[name] for name in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise KvsimError(f"path: expected a readable .npz trace ({exc})") from None
+    found = files.headers(path)
+    if list(found) == [""]:
+        raise KvsimError("expected a .npz trace (named arrays queries, keys, ...), got a "
+                         "single .npy array", "path")
     for name in REQUIRED:
-        if name not in arrays:
-            raise KvsimError(f"path: expected an array {name!r} in {path.name}, "
-                             f"found {sorted(arrays)}")
-    return arrays
+        if name not in found:
+            raise KvsimError(f"expected an array {name!r} in {path.name}, found "
+                             f"{sorted(found)}", "path")
+    return files.load(path, [*REQUIRED, *OPTIONAL], "the trace")
 
 
-def _checked(arrays: dict, params: dict, path: Path) -> tuple[np.ndarray, np.ndarray,
-                                                             np.ndarray | None, int]:
-    """The selected layer's (queries, keys, values or None, layer index) after checks."""
+def _fail(message: str) -> None:
+    raise KvsimError(message, "path")
+
+
+def check(arrays: dict[str, np.ndarray]) -> list[int]:
+    """Check a trace's arrays (shapes, dtypes, finiteness, ``scaling``, ``layers``);
+    returns the model layer index of each recorded layer."""
     q, k, v = arrays["queries"], arrays["keys"], arrays.get("values")
-    if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
-        raise KvsimError(f"path: expected queries (L, H, T, d) and keys (L, H_kv, T, d), got "
-                         f"{q.shape} and {k.shape}")
-    if q.shape[1] % k.shape[1]:
-        raise KvsimError(f"path: expected KV heads ({k.shape[1]}) dividing query heads "
-                         f"({q.shape[1]})")
-    if v is not None and (v.ndim != 4 or v.shape[:3] != k.shape[:3]):
-        raise KvsimError(f"path: expected values (L, H_kv, T, dv) matching keys, got {v.shape}")
-    layers = [int(x) for x in arrays.get("layers", np.arange(q.shape[0]))]
-    layer = params["layer"] if params["layer"] >= 0 else layers[0]
-    if layer not in layers:
-        raise KvsimError(f"layer: expected one of the recorded layers {layers}, got {layer}")
     for name, a in (("queries", q), ("keys", k), ("values", v)):
-        if a is not None and not np.isfinite(a[layers.index(layer)]).all():
-            raise KvsimError(f"path: expected finite {name} in layer {layer}")
-    return q, k, v, layers.index(layer)
+        if a is not None and not np.issubdtype(a.dtype, np.floating):
+            _fail(f"expected floating-point {name}, got dtype {a.dtype}")
+    if q.ndim != 4 or k.ndim != 4 or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+            or 0 in q.shape or 0 in k.shape:
+        _fail(f"expected queries (L, H, T, d) and keys (L, H_kv, T, d), none empty, got "
+              f"{q.shape} and {k.shape}")
+    if q.shape[1] % k.shape[1]:
+        _fail(f"expected KV heads ({k.shape[1]}) dividing query heads ({q.shape[1]})")
+    if v is not None and (v.ndim != 4 or v.shape[:3] != k.shape[:3] or v.shape[3] == 0):
+        _fail(f"expected values (L, H_kv, T, dv) matching keys {k.shape}, got {v.shape}")
+    for name, a in (("queries", q), ("keys", k), ("values", v)):
+        if a is not None and not np.isfinite(a).all():
+            _fail(f"expected finite {name}")
+        if a is not None and float(np.abs(a).max()) > MAX_ENTRY:
+            _fail(f"expected {name} within +-{MAX_ENTRY:g} (replayed in float32), got "
+                  f"{float(np.abs(a).max()):.3g}")
+    d = q.shape[3]
+    scaling = 1.0 / np.sqrt(d)
+    if "scaling" in arrays:
+        s = arrays["scaling"]
+        if s.shape != () or not (np.issubdtype(s.dtype, np.floating)
+                                 or np.issubdtype(s.dtype, np.integer)) \
+                or not np.isfinite(s) or not s > 0:
+            _fail(f"expected scaling to be a positive finite number, got "
+                  f"{s.tolist() if s.size <= 4 else f'an array of shape {s.shape}'}")
+        scaling = float(s)
+    bound = float(np.abs(q).max()) * float(np.abs(k).max()) * d * scaling
+    if not bound <= MAX_LOGIT:
+        _fail(f"expected logits q . k * scaling within +-{MAX_LOGIT:g}, got vectors that "
+              f"reach {bound:.3g}")
+    L = q.shape[0]
+    if "layers" not in arrays:
+        return list(range(L))
+    layers = arrays["layers"]
+    if layers.ndim != 1 or not np.issubdtype(layers.dtype, np.integer) or layers.size != L \
+            or (layers < 0).any() or np.unique(layers).size != L:
+        _fail(f"expected layers: {L} distinct layer indices >= 0 (one per recorded layer), "
+              f"got {layers.tolist() if layers.size <= 8 else layers.shape}")
+    return [int(x) for x in layers]
+
+
+def select_layer(layers: list[int], requested: int | None) -> int:
+    """Position in the trace of the model layer ``requested`` (None: the first recorded)."""
+    if requested is None:
+        return 0
+    if requested not in layers:
+        raise KvsimError(f"expected one of the recorded layers {layers}, got {requested}",
+                         "layer")
+    return layers.index(requested)
 
 
 def describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
@@ -65,17 +104,18 @@ def describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 
 def build(params: dict, seed: int, base: Path) -> FieldData:
     """The field of the selected layer, KV heads and length."""
-    path = (base / params["path"]).resolve()
-    arrays = _load(path)
-    q, k, v, i = _checked(arrays, params, path)
+    arrays = _load((base / params["path"]).resolve())
+    i = select_layer(check(arrays), params["layer"])
+    q, k, v = arrays["queries"], arrays["keys"], arrays.get("values")
     H_kv, T_all = k.shape[1], k.shape[2]
     group = q.shape[1] // H_kv
     kv_ids = params["kv_head_ids"] or list(range(H_kv))
     if any(not 0 <= x < H_kv for x in kv_ids) or len(set(kv_ids)) != len(kv_ids):
-        raise KvsimError(f"kv_head_ids: expected distinct KV heads in [0, {H_kv}), got {kv_ids}")
+        raise KvsimError(f"expected distinct KV heads in [0, {H_kv}), got {kv_ids}",
+                         "kv_head_ids")
     T = params["T"] or T_all
     if T > T_all:
-        raise KvsimError(f"T: expected at most the recorded {T_all} tokens, got {T}")
+        raise KvsimError(f"expected at most the recorded {T_all} tokens, got {T}", "T")
     heads = [kv * group + g for kv in kv_ids for g in range(group)]
     f = empty_field(len(heads), T, len(kv_ids))
     f["queries"] = np.ascontiguousarray(q[i, heads, :T], dtype=np.float32)

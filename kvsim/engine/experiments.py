@@ -142,7 +142,7 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
                 for exp in scenario.experiments:
                     def group_for(exp=exp, kv=kv):
                         return head_group(scenario, sequence, passes, seed, kv, exp,
-                                          steps[exp.name].snap_steps)
+                                          steps[exp.name].snap_steps, progress)
                     _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
                                     steps[exp.name], bar, workers, store)
             if seed == scenario.seeds[0]:
@@ -154,10 +154,12 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
 
 
 def head_group(scenario: Scenario, sequence, passes: dict, seed: int, kv: int,
-               exp: Experiment, snap_steps: np.ndarray):
-    """The group of KV head ``kv`` of sequence ``seed`` for ``exp`` (passes memoised)."""
+               exp: Experiment, snap_steps: np.ndarray, progress: bool = False):
+    """The group of KV head ``kv`` of sequence ``seed`` for ``exp`` (passes memoised);
+    with ``progress``, a long full pass shows its rows on stderr."""
     return make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
-                      scenario.gqa_mode, random_seed(seed, kv), exp.focus_budget, snap_steps)
+                      scenario.gqa_mode, random_seed(seed, kv), exp.focus_budget, snap_steps,
+                      progress)
 
 
 def unit_keys(scenario: Scenario, exp: Experiment, seed: int, kv: int,

@@ -1,5 +1,8 @@
 """Finished units of work on disk, so an interrupted run can resume (``--resume``).
 
+The store of a report target lives beside it (``.NAME.units``) and is used only by the
+run that owns the target (:mod:`kvsim.report.lock`).
+
 A unit is one policy configuration at every budget of one experiment, for one
 sequence (seed) and one KV head. It is stored under a hash of everything that
 determines its result, written atomically, and read back only when that hash matches.
@@ -10,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -40,9 +44,12 @@ class UnitStore:
         path = self.folder / f"{key}.npz"
         if not self.resume or not path.exists():
             return None
-        with np.load(path) as data:
-            count = int(data["count"])
-            return [Trace(*(data[f"{i}/{name}"] for name in FIELDS)) for i in range(count)]
+        try:
+            with np.load(path) as data:
+                count = int(data["count"])
+                return [Trace(*(data[f"{i}/{name}"] for name in FIELDS)) for i in range(count)]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            return None  # damaged: run the unit again
 
     def save(self, key: str, traces: list[Trace]) -> None:
         """Store unit ``key`` atomically (a temporary file, then a rename)."""

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numba
 import numpy as np
+from tqdm import tqdm
 
 from kvsim.numerics.jit import jit
 from kvsim.numerics.elementary import exp_nonpositive
@@ -23,6 +24,7 @@ from kvsim.numerics.field import FieldData, logits_row
 from kvsim.numerics.lanes import lane_max, lane_sum
 
 BLOCKS = 16
+LONG_PASS = 2**31  # logit evaluations of a pass that shows its progress (a few seconds)
 
 
 class FullPass(NamedTuple):
@@ -47,7 +49,8 @@ def exp_shifted(x, n, top):
 @jit
 def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, decode_sums,
                      full_output, decode_mass):
-    """Rows ``b, b + BLOCKS, ...`` of the pass: column sums into this block's own
+    """Rows ``b, b + BLOCKS, ...`` below ``rows`` (``b`` may start past the block's first
+    row, to run its rows span by span): column sums into this block's own
     ``prompt_sums``/``decode_sums``; per-row outputs at the block's own rows only, so
     blocks can run on any threads at once."""
     T = f.key_bias.shape[1]
@@ -86,12 +89,15 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
                     output[i] += buf[k] * value[i]
 
 
-def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None) -> FullPass:
+def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None,
+              progress: bool = False) -> FullPass:
     """Run the full pass of query head ``head`` with prompt length ``prompt_len``.
 
     ``rows`` limits the pass to queries ``0 .. rows-1`` (a dense field that only needs
     prompt column sums); each block still sums its rows in the same order, so a partial
-    pass gives bit-identical prompt sums.
+    pass gives bit-identical prompt sums. With ``progress``, a pass of more than
+    ``LONG_PASS`` logit evaluations shows rows done out of the total on stderr (each block
+    then runs its rows span by span, in the same order: the same numbers).
     """
     T = field.T
     rows = T if rows is None else rows
@@ -103,11 +109,19 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     full_output = np.zeros((T - prompt_len, dv))
     decode_mass = np.zeros(T - prompt_len)
 
-    def block(b: int) -> None:  # the kernel releases the GIL: blocks run in parallel
-        _full_pass_block(field, head, prompt_len, rows, b, row_max, row_sum, prompt_blocks[b],
-                         decode_blocks[b], full_output, decode_mass)
+    long = progress and rows * (rows + 1) / 2 > LONG_PASS
+    span = max(BLOCKS, rows // 200 // BLOCKS * BLOCKS) if long else max(rows, 1)
+    bar = tqdm(total=rows, unit="row", desc=f"full pass, head {head}", leave=False,
+               disable=not long, dynamic_ncols=True)
 
-    with ThreadPoolExecutor(min(numba.get_num_threads(), BLOCKS)) as pool:
+    def block(b: int) -> None:  # the kernel releases the GIL: blocks run in parallel
+        for lo in range(0, rows, span):
+            end = min(lo + span, rows)
+            _full_pass_block(field, head, prompt_len, end, lo + b, row_max, row_sum,
+                             prompt_blocks[b], decode_blocks[b], full_output, decode_mass)
+            bar.update(len(range(lo + b, end, BLOCKS)))
+
+    with bar, ThreadPoolExecutor(min(numba.get_num_threads(), BLOCKS)) as pool:
         list(pool.map(block, range(BLOCKS)))
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
                     full_output, decode_mass)

@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from kvsim.errors import Problem
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import Context, Outputs
 from kvsim.numerics.field import FieldData
@@ -38,6 +39,10 @@ class Group:
     snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     vectors: tuple = ()  # (keys (d, T), values (T, dv)) of the KV head if not the field's
+    ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
+    ..."`` or None. ``needs`` names what the policy reads from its source besides
+    attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says why it cannot run
+    one step at a time on attention from elsewhere, or None.
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -75,7 +80,8 @@ class Group:
             for h in self.heads:
                 key = (int(h), self.prompt_len, rows)
                 if key not in self.memo:
-                    self.memo[key] = full_pass(self.field, int(h), self.prompt_len, rows)
+                    self.memo[key] = full_pass(self.field, int(h), self.prompt_len, rows,
+                                               self.progress)
             return tuple(self.memo[int(h), self.prompt_len, rows] for h in self.heads)
 
     @property
@@ -170,10 +176,10 @@ class Policy:
     (by default the decode loop over ``steps``); ``run_budgets(group, budgets, params)``,
     where given, returns one per budget from work shared across budgets.
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
-    ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None. ``needs`` names what the policy reads from its source besides
-    attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says why it cannot run
-    one step at a time on attention from elsewhere, or None.
+    ``check(T, prompt_len, params)`` returns a cross-field :class:`~kvsim.errors.Problem`
+    (the parameter, what was expected) or None. ``needs`` names what the policy reads from
+    its source besides attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says
+    why it cannot run one step at a time on attention from elsewhere, or None.
     """
 
     name: str
@@ -183,7 +189,7 @@ class Policy:
     _: KW_ONLY
     run: Callable[[Group, int, dict], Trace] | None = None
     min_budget: Callable[[dict], int] = lambda params: 1
-    check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
+    check: Callable[[int, int, dict], Problem | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
     needs: frozenset[str] = frozenset()

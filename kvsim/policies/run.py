@@ -23,8 +23,8 @@ def did_you_mean(name: str, options) -> str:
 def get_policy(name: str) -> Policy:
     """The registered policy called ``name``; a clear error otherwise."""
     if name not in POLICIES:
-        raise KvsimError(f"unknown policy {name!r}{did_you_mean(name, POLICIES)}; "
-                         f"expected one of {', '.join(POLICIES)}")
+        raise KvsimError(f"expected one of {', '.join(POLICIES)}, got unknown policy "
+                         f"{name!r}{did_you_mean(name, POLICIES)}", "policy")
     return POLICIES[name]
 
 
@@ -34,11 +34,11 @@ def resolve_params(policy: Policy, params: dict) -> dict:
     for key, value in params.items():
         if key not in policy.params:
             known = ", ".join(policy.params) or "none"
-            raise KvsimError(f"{policy.name}: unknown parameter {key!r}"
-                             f"{did_you_mean(key, policy.params)}; its parameters: {known}")
+            raise KvsimError(f"unknown parameter {key!r}{did_you_mean(key, policy.params)}; "
+                             f"its parameters: {known}", policy.name)
         problem = policy.params[key].problem(value)
         if problem:
-            raise KvsimError(f"{policy.name}.{key}: {problem}")
+            raise KvsimError(problem, f"{policy.name}.{key}")
         resolved[key] = float(value) if policy.params[key].type is float else value
     return {k: resolved.get(k, p.default) for k, p in policy.params.items()}
 
@@ -55,16 +55,16 @@ def budget_problem(policy: Policy, budget: int, params: dict) -> str | None:
 def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict) -> None:
     """Budget and length checks that need the policy's resolved parameters."""
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise KvsimError(f"budget: expected an integer, got {budget!r}")
+        raise KvsimError(f"expected an integer, got {budget!r}", "budget")
     if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) \
             or not 0 <= prompt_len <= T:
-        raise KvsimError(f"prompt_len: expected an integer in [0, {T}], got {prompt_len!r}")
+        raise KvsimError(f"expected an integer in [0, {T}], got {prompt_len!r}", "prompt_len")
     problem = budget_problem(policy, budget, params)
     if problem:
-        raise KvsimError(f"budget: {problem}")
+        raise KvsimError(problem, "budget")
     problem = policy.check(T, prompt_len, params)
     if problem:
-        raise KvsimError(f"{policy.name}.{problem}")
+        raise KvsimError(problem.message, f"{policy.name}.{problem.key}")
 
 
 def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) -> None:
@@ -121,16 +121,18 @@ def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
 
 def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.ndarray,
                passes: dict, gqa: int = GQA_MEAN, seed: int = 0, snap_budget: int = -1,
-               snap_steps: np.ndarray | None = None) -> Group:
+               snap_steps: np.ndarray | None = None, progress: bool = False) -> Group:
     """The :class:`Group` of KV head ``kv_head``; full passes are memoised in ``passes``.
 
     ``important`` is an (H, T) mask; ``passes`` is the memo of full passes shared by the
     groups of one sequence; runs at ``snap_budget`` record their cache at the decode
-    steps ``snap_steps``. A component field's passes run here, on the calling thread.
+    steps ``snap_steps``. A component field's passes run here, on the calling thread
+    (``progress``: long ones show their rows on stderr).
     """
     heads = np.arange(kv_head * field.group, (kv_head + 1) * field.group, dtype=np.int64)
     group = Group(field, heads, prompt_len, passes, np.ascontiguousarray(important[heads]), gqa,
-                  seed, snap_budget, np.zeros(0, np.int64) if snap_steps is None else snap_steps)
+                  seed, snap_budget, np.zeros(0, np.int64) if snap_steps is None else snap_steps,
+                  progress)
     if not field.is_dense:
         group.row_max  # noqa: B018 - every policy needs the row statistics: compute them now
     return group
@@ -142,7 +144,7 @@ def important_mask(important, T: int) -> np.ndarray:
         return np.zeros(T, dtype=bool)
     pos = np.asarray(important)
     if pos.ndim != 1 or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
-        raise KvsimError("important: expected a 1-D array of integer positions")
+        raise KvsimError("expected a 1-D array of integer positions", "important")
     return positions_mask(pos, 1, T)[0]
 
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvsim.errors import Problem
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
@@ -167,10 +168,10 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
                         (n_pinned, prefix, budget - n_pinned))
 
 
-def _check(T: int, prompt_len: int, params: dict) -> str | None:
+def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
     if not params["protect_window"] and prompt_len < T:
-        return (f"protect_window: expected true when there are decode steps "
-                f"(prompt_len {prompt_len} < T {T}), got false")
+        return Problem("protect_window", f"expected true when there are decode steps "
+                                         f"(prompt_len {prompt_len} < T {T}), got false")
     return None
 
 

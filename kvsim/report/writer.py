@@ -18,12 +18,14 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, h2o_study, markdown
+from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
-from kvsim.engine.experiments import ScenarioResults, count_runs, simulate_scenario
+from kvsim.engine.experiments import ScenarioResults, simulate_scenario
 from kvsim.errors import KvsimError
 from kvsim.scenario.overrides import Overrides
 from kvsim.scenario.load import Scenario, load_sweep
 from kvsim.engine.resume import UnitStore
+from kvsim.report.lock import ReportLock, clean_leftovers, sibling
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -71,7 +73,7 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 workers: int) -> None:
+                 workers: int, progress: bool = False) -> None:
     rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -102,7 +104,7 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
                 jobs.append(((i, exp.name, "h2o"), h2o_study.figures,
                              (scenario, exp, rows, steps, target)))
     drawn: dict = {}
-    for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers)):
+    for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers, progress)):
         drawn.setdefault(key, []).extend(paths)
     markdown.write(folder, variants, results, drawn)
 
@@ -115,34 +117,39 @@ def _draw(index: int) -> list[Path]:
     return function(*args)
 
 
-def _draw_all(jobs: list, workers: int) -> list[list[Path]]:
+def _draw_all(jobs: list, workers: int, progress: bool = False) -> list[list[Path]]:
     """Draw every figure job, on ``workers`` forked processes where there are several
     (matplotlib holds the GIL, so threads would not help); results in job order."""
     global _JOBS
     _JOBS = jobs
+
+    def bar(drawn):  # figures done of the total, on stderr
+        return tqdm(drawn, total=len(jobs), unit="figure", desc="figures",
+                    disable=not progress, leave=False, dynamic_ncols=True)
+
     try:
         if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
-            return [_draw(i) for i in range(len(jobs))]
+            return list(bar(map(_draw, range(len(jobs)))))
         with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("fork")) as pool:
-            return list(pool.map(_draw, range(len(jobs))))
+            return list(bar(pool.map(_draw, range(len(jobs)))))
     finally:
         _JOBS = []
 
 
 def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 force: bool, workers: int = 1) -> Path:
+                 force: bool, workers: int = 1, progress: bool = False) -> Path:
     """Write the report into a temporary folder, then move it to ``out`` in one rename.
 
-    Figures are drawn on ``workers`` processes.
+    Figures are drawn on ``workers`` processes (``progress``: a bar on stderr).
     """
     check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    tmp = sibling(out, f".tmp-{os.getpid()}")
+    old = sibling(out, f".old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_files(tmp, variants, results, workers)
+        _write_files(tmp, variants, results, workers, progress)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
@@ -170,6 +177,11 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
         ``local:N`` (a local cluster of N worker processes); same results as a local run.
 
+    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
+    same folder is refused, and leftovers of killed runs are cleaned (or, with
+    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
+    the limit is refused before any work (:mod:`kvsim.engine.cost`).
+
     Returns
     -------
     Path of the report folder.
@@ -182,13 +194,18 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         variants = load_sweep(scenario, overrides)
     out = Path(out) if out is not None else default_out(variants[0])
     check_out(out, force)
-    with connect(dask) if dask else nullcontext() as client:  # before anything is written
-        store = UnitStore(out.parent / f".{out.name}.units", resume)
-        total = sum(count_runs(v) for v in variants)
-        with tqdm(total=total, unit="run", disable=not progress, dynamic_ncols=True,
+    cost = check_cost(variants, workers)
+    with connect(dask) if dask else nullcontext() as client, ReportLock(out):
+        clean_leftovers(out, keep_units=resume)
+        check_out(out, force)
+        store = UnitStore(sibling(out, ".units"), resume)
+        with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
                   desc=variants[0].name) as bar:
-            results = simulate_variants(client, variants, store=store, bar=bar) if client else \
-                [simulate_scenario(v, workers=workers, store=store, bar=bar) for v in variants]
-    write_report(out, variants, results, force, workers or os.cpu_count() or 1)
-    shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
+            if client:
+                results = simulate_variants(client, variants, store=store, bar=bar)
+            else:
+                results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
+                                             progress=progress) for v in variants]
+        write_report(out, variants, results, force, workers or os.cpu_count() or 1, progress)
+        shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

@@ -17,7 +17,7 @@ from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
-from kvsim.params import Param
+from kvsim.params import INT64_MAX, Param
 from kvsim.policies import POLICIES
 from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, resolve_params
 
@@ -95,7 +95,8 @@ class _Checker:
         self.problems: list[tuple[str, str, str]] = []
 
     def add(self, key: str, message: str) -> None:
-        self.problems.append((self.file, key, message))
+        if (self.file, key, message) not in self.problems:  # e.g. a shared table, per head
+            self.problems.append((self.file, key, message))
 
     def unknown_keys(self, table: dict, allowed, prefix: str) -> None:
         for key in table:
@@ -103,11 +104,12 @@ class _Checker:
                 self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; "
                                            f"expected one of {', '.join(allowed)}")
 
-    def table(self, doc: dict, key: str, path: str) -> dict:
+    def table(self, doc: dict, key: str, path: str) -> dict | None:
+        """``doc[key]`` ({} if absent), or None (a problem added) if it is not a table."""
         value = doc.get(key, {})
         if not isinstance(value, dict):
             self.add(path, f"expected a table, got {type(value).__name__}")
-            return {}
+            return None
         return value
 
     def params(self, table: dict, spec: dict[str, Param], prefix: str,
@@ -132,6 +134,8 @@ def _is_int(v) -> bool:
 
 def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
     tables = chk.table(doc, "policies", "policies")
+    if tables is None:
+        return {}
     if not tables:
         chk.add("policies", "expected at least one [policies.NAME] table")
     configs = {}
@@ -141,7 +145,7 @@ def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
             chk.add(where, f"expected a table, got {type(table).__name__}")
             continue
         kind = table.get("kind", label)
-        if kind not in POLICIES:
+        if not isinstance(kind, str) or kind not in POLICIES:
             key = f"{where}.kind" if "kind" in table else where
             chk.add(key, f"expected a policy name{did_you_mean(str(kind), POLICIES)} "
                          f"({', '.join(POLICIES)}), got {kind!r}")
@@ -153,7 +157,7 @@ def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
     return configs
 
 
-def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list, list]:
+def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tuple[list, list]:
     if not isinstance(raw, list) or not raw:
         chk.add(where, f"expected a non-empty list of token counts (integers) or prompt "
                        f"fractions (numbers in (0, 1]), got {raw!r}")
@@ -173,6 +177,10 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list
             chk.add(key, f"expected a budget of at least 1 token, got {b!r} "
                          f"(resolves to {resolved} with prompt_len {prompt_len})")
             continue
+        if resolved > T:
+            chk.add(key, f"expected a budget of at most T = {T} tokens (a larger cache never "
+                         f"evicts), got {b!r}")
+            continue
         if resolved in budgets:
             chk.add(key, f"expected distinct budgets, got {b!r} again (= {resolved} tokens)")
             continue
@@ -182,7 +190,7 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list
 
 
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
-                     configs: dict[str, PolicyConfig], names: set,
+                     configs: dict[str, PolicyConfig], defined: list, names: set,
                      source: tuple[str, frozenset]) -> Experiment | None:
     where = f"experiment[{index}]"
     chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
@@ -192,21 +200,29 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
         chk.add(f"{where}.name", f"expected an identifier-like name, got {name!r}")
     elif name in names:
         chk.add(f"{where}.name", f"expected a unique name, got {name!r} again")
-    names.add(name)
+    else:
+        names.add(name)
     prompt_len = table.get("prompt_len", T)
     if not _is_int(prompt_len) or not 0 <= prompt_len <= T:
         chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
         prompt_len = T
-    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len)
-    labels = table.get("policies", list(configs))
-    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len, T)
+    labels = table.get("policies", list(defined))
+    if "policies" not in table and not defined:
+        labels = []  # no policy tables: already reported
+    elif not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
         chk.add(f"{where}.policies", f"expected a non-empty list of policy names, got {labels!r}")
         labels = []
     chosen = []
     for i, label in enumerate(labels):
+        if label in labels[:i]:
+            chk.add(f"{where}.policies[{i}]", f"expected distinct policy labels, got {label!r} "
+                                              f"again")
+            continue
         if label not in configs:
-            chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
-                    f"file{did_you_mean(label, configs)}, got {label!r}")
+            if label not in defined:  # else its table's problems are reported already
+                chk.add(f"{where}.policies[{i}]", f"expected a [policies.NAME] defined in this "
+                        f"file{did_you_mean(label, configs)}, got {label!r}")
             continue
         config = configs[label]
         policy = get_policy(config.kind)
@@ -216,8 +232,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
                 chk.add(f"{where}.budgets[{j}]", f"policy {label!r}: {problem}")
         problem = policy.check(T, prompt_len, config.params)
         if problem:
-            key, _, message = problem.partition(": ")
-            chk.add(f"policies.{label}.{key}", f"{message} in experiment {name!r}")
+            chk.add(f"policies.{label}.{problem.key}", f"{problem.message} in experiment {name!r}")
         missing = missing_needs(policy, source[1])
         if missing:
             chk.add(f"{where}.policies[{i}]", f"policy {label!r}: {policy.name} needs {missing}, "
@@ -256,16 +271,17 @@ def _read_field(chk: _Checker, table: dict) -> dict:
     if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
         chk.add("attention.head", "expected [[attention.head]] tables, one per head")
         overrides = []
+    heads_known = "heads" in params  # else invalid: checks that need it are skipped
     heads = params.get("heads", 1) if "heads" in table or not overrides else len(overrides)
     params["heads"] = heads
-    if overrides and len(overrides) != heads:
+    if overrides and heads_known and len(overrides) != heads:
         chk.add("attention.head", f"expected one [[attention.head]] table per head ({heads}), "
                                   f"got {len(overrides)}")
     kv_heads = params.get("kv_heads") or heads
     params["kv_heads"] = kv_heads
-    if heads % kv_heads:
+    if heads_known and heads % kv_heads:
         chk.add("attention.kv_heads", f"expected a divisor of heads ({heads}), got {kv_heads}")
-    T = params.get("T", 1)
+    T = params.get("T", INT64_MAX)  # an invalid T is reported once: no range checks on it
 
     def components(raw: dict, prefix: str) -> dict:
         chk.unknown_keys(raw, (*COMPONENTS, "boost"), prefix)
@@ -273,7 +289,11 @@ def _read_field(chk: _Checker, table: dict) -> dict:
         for name, spec in COMPONENTS.items():
             if name in raw:
                 sub = chk.table(raw, name, prefix + name)
-                out[name] = (sub, chk.params(sub, spec, f"{prefix}{name}."))
+                if sub is None:
+                    continue
+                before = len(chk.problems)
+                out[name] = (sub, chk.params(sub, spec, f"{prefix}{name}."),
+                             len(chk.problems) == before)
         boosts = raw.get("boost", [])
         if not isinstance(boosts, list) or not all(isinstance(b, dict) for b in boosts):
             chk.add(prefix + "boost", "expected [[...boost]] tables")
@@ -286,9 +306,10 @@ def _read_field(chk: _Checker, table: dict) -> dict:
                 chk.add(where + ".queries", "expected [lo, hi], got nothing")
             if ("keys" in b) == ("key_positions" in b):
                 chk.add(where, "expected exactly one of keys = [lo, hi] or key_positions")
-            elif not (checked.get("keys") or checked.get("key_positions")):
+            else:
                 given = "keys" if "keys" in b else "key_positions"
-                chk.add(f"{where}.{given}", "expected at least one key, got none")
+                if given in checked and not checked[given]:
+                    chk.add(f"{where}.{given}", "expected at least one key, got none")
             for key in ("keys", "queries"):
                 if key in checked and checked[key] and checked[key][1] > T:
                     chk.add(f"{where}.{key}", f"expected a range within [0, {T}], "
@@ -307,13 +328,15 @@ def _read_field(chk: _Checker, table: dict) -> dict:
         merged = {}
         for name in COMPONENTS:
             if name in shared or name in own:
-                raw = {**shared.get(name, ({}, {}))[0], **own.get(name, ({}, {}))[0]}
+                if not all(part[name][2] for part in (shared, own) if name in part):
+                    continue  # already reported: nothing to merge
+                raw = {**shared.get(name, ({}, {}, True))[0], **own.get(name, ({}, {}, True))[0]}
                 merged[name] = {k: raw.get(k, p.default) for k, p in COMPONENTS[name].items()}
                 merged[name] = {k: float(v) if COMPONENTS[name][k].type is float else v
                                 for k, v in merged[name].items()}
         merged["boost"] = shared["boost"] + own.get("boost", [])
         hh = merged.get("heavy_hitters")
-        if hh and (max(hh["positions"], default=-1) >= T or hh["hi"] > T):
+        if hh and (max(hh["positions"], default=-1) >= T or (hh["hi"] or 0) > T):
             chk.add(f"attention.head[{h}].heavy_hitters" if "heavy_hitters" in own
                     else "attention.heavy_hitters",
                     f"expected positions and hi within [0, {T}], got {hh['positions'] or hh['hi']}")
@@ -352,15 +375,12 @@ def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Sce
     sweep varies no attention or experiment setting).
     """
     doc = read_document(path)
-    if overrides is not None:
-        try:
-            doc = apply(doc, overrides)
-        except KvsimError as exc:
-            raise ScenarioError([(str(path), "", str(exc))]) from None
     try:
-        points = expand_sweep(doc, str(path))
+        if overrides is not None:
+            doc = apply(doc, overrides)
+        points = expand_sweep(doc)
     except KvsimError as exc:
-        raise ScenarioError([(str(path), "", str(exc).removeprefix(f"{path}: "))]) from None
+        raise ScenarioError([(str(path), exc.key, exc.message)]) from None
     points = [p for point in points for p in _trace_files(*point, Path(path))]
     return [validate(point, path, variant) for point, variant in points]
 
@@ -415,10 +435,12 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         seeds = [0]
 
     attention = chk.table(doc, "attention", "attention")
-    source_name = attention.get("source")
+    source_name = attention.get("source") if attention is not None else None
     T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
     provides = (str(source_name), frozenset())
-    if source_name not in SOURCES:
+    if attention is None:
+        pass
+    elif not isinstance(source_name, str) or source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
     else:
@@ -437,11 +459,11 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
                 provides = (source_name, source.provides(attn_params))
             except KvsimError as exc:
-                key, _, message = str(exc).partition(": ")
-                chk.add(f"attention.{key}", message)
+                chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)
 
     configs = _read_policies(chk, doc)
-    output = chk.table(doc, "output", "output")
+    defined = list(doc["policies"]) if isinstance(doc.get("policies"), dict) else []
+    output = chk.table(doc, "output", "output") or {}
     chk.unknown_keys(output, OUTPUT_KEYS, "output.")
     formats = output.get("formats", ["png", "svg"])
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
@@ -458,7 +480,8 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, has_truth, configs, names, provides)
+                exp = _read_experiment(chk, table, i, T, has_truth, configs, defined, names,
+                                       provides)
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -34,9 +35,21 @@ def parse_budgets(text: str) -> list:
         try:
             out.append(int(part) if re.fullmatch(r"\s*\d+\s*", part) else float(part))
         except ValueError:
-            raise KvsimError(f"--budgets: expected comma-separated token counts or prompt "
-                             f"fractions, got {text!r}") from None
+            raise KvsimError(f"expected comma-separated token counts or prompt fractions, "
+                             f"got {text!r}", "--budgets") from None
     return out
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"h2o,window"`` -> ``["h2o", "window"]``: distinct, non-empty labels."""
+    labels = [p.strip() for p in text.split(",")]
+    if not all(labels):
+        raise KvsimError(f"expected comma-separated policy labels, got {text!r}", "--policies")
+    repeated = [x for i, x in enumerate(labels) if x in labels[:i]]
+    if repeated:
+        raise KvsimError(f"expected distinct policy labels, got {repeated[0]!r} twice",
+                         "--policies")
+    return labels
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -46,14 +59,14 @@ def parse_seeds(text: str) -> list[int]:
         return list(range(int(m[1]), int(m[2])))
     if re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text):
         return [int(p) for p in text.split(",")]
-    raise KvsimError(f"--seeds: expected START:STOP or a comma-separated list, got {text!r}")
+    raise KvsimError(f"expected START:STOP or a comma-separated list, got {text!r}", "--seeds")
 
 
 def parse_setting(text: str) -> tuple[str, object]:
     """``"attention.noise.scale=0.3"`` -> (path, value); the value is read as TOML."""
     path, sep, raw = text.partition("=")
     if not sep or not path.strip():
-        raise KvsimError(f"--set: expected KEY.PATH=VALUE, got {text!r}")
+        raise KvsimError(f"expected KEY.PATH=VALUE, got {text!r}", "--set")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -72,20 +85,20 @@ def _targets(doc: dict, path: str, where: str) -> list[tuple[dict, str]]:
             if m:
                 items = table.get(m[1])
                 if not isinstance(items, list) or int(m[2]) >= len(items):
-                    raise KvsimError(f"{where}: {path}: expected an existing {m[1]}[{m[2]}]")
+                    raise KvsimError(f"expected an existing {m[1]}[{m[2]}]", f"{where}{path}")
                 nxt.append(items[int(m[2])])
             elif isinstance(table.get(part), list):
                 nxt.extend(t for t in table[part] if isinstance(t, dict))
             else:
                 value = table.setdefault(part, {})
                 if not isinstance(value, dict):
-                    raise KvsimError(f"{where}: {path}: expected {part} to be a table")
+                    raise KvsimError(f"expected {part} to be a table", f"{where}{path}")
                 nxt.append(value)
         tables = nxt
     return [(t, parts[-1]) for t in tables]
 
 
-def assign(doc: dict, path: str, value, where: str = "--set") -> None:
+def assign(doc: dict, path: str, value, where: str = "--set ") -> None:
     """Set ``path`` (dotted, ``name[i]`` for one array entry) to ``value`` in ``doc``."""
     for table, key in _targets(doc, path, where):
         table[key] = copy.deepcopy(value)
@@ -121,42 +134,54 @@ def _leaves(table: dict, prefix: str = "") -> list[tuple[str, object]]:
     return out
 
 
-def expand_sweep(doc: dict, where: str) -> list[tuple[dict, dict]]:
+MAX_SWEEP_POINTS = 10_000  # field variants, and configurations of one swept policy
+
+
+def expand_sweep(doc: dict) -> list[tuple[dict, dict]]:
     """Expand ``[sweep]`` into (document, {path: value}) points, one per field variant.
 
     ``budgets`` and ``seeds`` replace the lists of the file; ``policies.LABEL.PARAM``
     axes become extra policy configurations ``LABEL[PARAM=value]`` within one run;
     every other path (attention or experiment settings) makes a separate variant of
-    the attention field, the product of all such axes.
+    the attention field, the product of all such axes. A sweep of more than
+    ``MAX_SWEEP_POINTS`` variants (or configurations of one policy) is refused before
+    it is expanded.
     """
     doc = copy.deepcopy(doc)
     sweep = doc.pop("sweep", {})
     if not isinstance(sweep, dict):
-        raise KvsimError(f"{where}: sweep: expected a table of KEY.PATH = [values]")
+        raise KvsimError("expected a table of KEY.PATH = [values]", "sweep")
     policy_axes: dict[str, list[tuple[str, list]]] = {}
     field_axes = []
     for path, values in _leaves(sweep):
         if not isinstance(values, list) or not values:
-            raise KvsimError(f"{where}: sweep.{path}: expected a non-empty list of values, "
-                             f"got {values!r}")
+            raise KvsimError(f"expected a non-empty list of values, got {values!r}",
+                             f"sweep.{path}")
         if path in ("budgets", "seeds"):
             apply_to = Overrides(budgets=values) if path == "budgets" else Overrides(seeds=values)
             doc = apply(doc, apply_to)
         elif path.startswith("policies."):
             parts = path.split(".")
             if len(parts) != 3 or parts[1] not in doc.get("policies", {}):
-                raise KvsimError(f"{where}: sweep.{path}: expected policies.LABEL.PARAM with "
-                                 f"a [policies.LABEL] defined in the file")
+                raise KvsimError("expected policies.LABEL.PARAM with a [policies.LABEL] "
+                                 "defined in the file", f"sweep.{path}")
             policy_axes.setdefault(parts[1], []).append((parts[2], values))
         else:
             field_axes.append((path, values))
+    for axes, what in [(field_axes, "field variants")] + [
+            (axes, f"configurations of policy {label!r}") for label, axes in policy_axes.items()]:
+        count = math.prod(len(values) for _, values in axes)
+        if count > MAX_SWEEP_POINTS:
+            longest = max(axes, key=lambda axis: len(axis[1]))[0]
+            raise KvsimError(f"expected at most {MAX_SWEEP_POINTS} {what}, got {count} "
+                             f"(longest axis: {longest})", "sweep")
     for label, axes in policy_axes.items():
         _expand_policy(doc, label, axes)
     points = []
     for combo in itertools.product(*[[(p, v) for v in vals] for p, vals in field_axes]):
         point = copy.deepcopy(doc)
         for path, value in combo:
-            assign(point, path, value, where=f"{where}: sweep")
+            assign(point, path, value, where="sweep.")
         points.append((point, dict(combo)))
     return points
 

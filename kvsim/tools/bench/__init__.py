@@ -59,7 +59,7 @@ def bench_field(T: int, noise: bool) -> FieldData:
         "sinks": {"count": 4, "strength": 6.0},
         "recency": {"kind": "power", "alpha": 0.8, "tau": 64.0},
         "heavy_hitters": {"count": max(T // 128, 1), "fraction": 0.0, "positions": [], "lo": 0,
-                          "hi": -1, "strength": 7.0, "exponent": 0.6, "important": True},
+                          "hi": None, "strength": 7.0, "exponent": 0.6, "important": True},
         "boost": [],
     }
     if noise:

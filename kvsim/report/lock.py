@@ -1,0 +1,85 @@
+"""Ownership of a report target: one run at a time, leftovers of killed runs cleaned.
+
+A run owns ``DIR`` while it holds an exclusive ``flock`` on ``.DIR.lock`` beside it (the
+file holds the owner's pid). The kernel releases the lock when its process dies, even by
+SIGKILL, so a later run can tell leftovers of dead runs (``.DIR.tmp-PID``,
+``.DIR.old-PID``, ``.DIR.units``) from those of a live one, and clean or reuse them.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+from kvsim.errors import KvsimError
+
+
+def sibling(out: Path, suffix: str) -> Path:
+    """``out.parent / ".NAME<suffix>"``: the hidden files of a report target."""
+    return out.parent / f".{out.name}{suffix}"
+
+
+class ReportLock:
+    """Exclusive ownership of the report target ``out`` (a context manager)."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.path = sibling(out, ".lock")
+        self.fd: int | None = None
+
+    def __enter__(self) -> "ReportLock":
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            self._take()
+        except OSError as exc:
+            raise KvsimError(f"expected a report folder that can be written "
+                             f"({exc.strerror or exc})", str(self.out)) from None
+        return self
+
+    def _take(self) -> None:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise KvsimError(f"expected no other kvsim run on this report, but process "
+                                 f"{owner} is writing it", str(self.out)) from None
+            try:  # the previous owner may have removed the file between open and flock
+                current = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+
+    def __exit__(self, *exc) -> None:
+        try:
+            os.unlink(self.path)  # while still holding the lock: see the inode check above
+        except FileNotFoundError:
+            pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def clean_leftovers(out: Path, keep_units: bool) -> None:
+    """Remove what killed runs left beside ``out`` (call while owning it).
+
+    A report moved aside (``.old-PID``) with no report in its place is put back: the
+    run died between the two renames of its atomic replace.
+    """
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        if not out.exists():
+            old.rename(out)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not keep_units:
+        shutil.rmtree(sibling(out, ".units"), ignore_errors=True)

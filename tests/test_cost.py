@@ -1,0 +1,77 @@
+"""Cost before work: the estimate, the key named when a run is refused, and the progress
+of a long full pass (which must not change a single bit)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from broken import cli, document, to_toml
+from kvsim.attention import components
+from kvsim.engine import cost
+from kvsim.engine.experiments import count_runs
+from kvsim.numerics import fullpass
+from kvsim.resources import parse_size
+from kvsim.scenario.load import load_sweep
+
+
+def _variants(tmp_path, patch=None):
+    path = tmp_path / "s.toml"
+    path.write_text(to_toml(document("field", patch)))
+    return load_sweep(path)
+
+
+def test_estimate_counts_runs_and_logits(tmp_path):
+    variants = _variants(tmp_path)
+    estimate = cost.estimate(variants, workers=1)
+    assert estimate.runs == sum(count_runs(v) for v in variants)
+    # Two seeds x two heads x one prompt length x T (T + 1) / 2, plus the decode steps.
+    full = 2 * 2 * 48 * 49 / 2
+    decode = 2 * 4 * 24 * (8 + 12) * 2
+    assert estimate.logits == full + decode
+    assert 0 < estimate.peak_bytes < 2**30
+
+
+@pytest.mark.parametrize("patch, key", [
+    ({"attention.T": 3_000_000}, "attention.T"),
+    ({"attention.heads": 4000, "attention.T": 8192, "experiment.prompt_len": 4096,
+      "experiment.budgets": [64]}, "attention.heads"),
+    ({"seeds": list(range(5000)), "attention.T": 8192, "experiment.prompt_len": 4096,
+      "experiment.budgets": [64]}, "seeds"),
+    ({"attention.qk.dim": 60_000, "attention.T": 16384, "experiment.prompt_len": 8192,
+      "experiment.budgets": [64]}, "attention.qk.dim"),
+])
+def test_a_refused_run_names_the_key_that_drives_its_cost(tmp_path, patch, key):
+    variants = _variants(tmp_path, patch)
+    assert cost.estimate(variants, workers=2).driver == key
+    path = tmp_path / "s.toml"
+    status, out, err = cli(["validate", path, "--max-memory", "1G"])
+    assert status == 2 and err.startswith(f"{path.resolve()}: {key}: expected the run to fit")
+
+
+def test_validate_prints_the_cost_in_one_line(tmp_path):
+    _variants(tmp_path)
+    status, out, err = cli(["validate", tmp_path / "s.toml"])
+    assert status == 0 and err == ""
+    (line,) = out.strip().splitlines()
+    assert "ok (1 field variant(s)" in line and "cost: 32 runs, " in line
+    assert "logit evaluations, peak memory about" in line
+
+
+def test_sizes():
+    assert parse_size("4G") == 4 * 2**30 and parse_size("512m") == 512 * 2**20
+    assert parse_size("1.5K") == 1536 and parse_size("100") == 100
+
+
+def test_long_full_pass_shows_rows_and_gives_the_same_numbers(monkeypatch, capsys):
+    heads = [{"recency": {"kind": "power", "alpha": 0.7, "tau": 1.0},
+              "noise": {"kind": "gaussian", "scale": 1.0},
+              "qk": {"dim": 4, "clusters": 3, "spread": 0.5, "focus": 2, "strength": 1.0,
+                     "values": True}, "boost": []}]
+    field, _ = components.build(heads, 700, 1, seed=3)
+    quiet = fullpass.full_pass(field, 0, 300)
+    monkeypatch.setattr(fullpass, "LONG_PASS", 0)
+    shown = fullpass.full_pass(field, 0, 300, progress=True)
+    assert "full pass, head 0" in capsys.readouterr().err
+    for a, b in zip(quiet, shown):
+        np.testing.assert_array_equal(a, b)

@@ -1,0 +1,113 @@
+"""Schema fuzzer: one key of a valid scenario (any source) set to a random value of any
+type. Every document must either validate and then run to completion, or exit 2 with
+one line per problem, each naming the file; never a traceback (a signal would end the
+test process: a few real-process cases live in test_broken_inputs.py).
+
+CI runs a fixed set of examples (derandomised); set KVSIM_FUZZ_EXAMPLES to explore more,
+with fresh random draws."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from broken import BASES, cli, document, to_toml, write_data
+from kvsim.attention.components import BOOST, COMPONENTS
+from kvsim.attention.sources import SOURCES
+from kvsim.engine.experiments import simulate_scenario
+from kvsim.policies import POLICIES
+from kvsim.scenario.load import load_sweep
+
+EXAMPLES = int(os.environ.get("KVSIM_FUZZ_EXAMPLES", 0))
+NAN, INF = float("nan"), float("inf")
+
+
+def _leaves(value, prefix: str) -> list[str]:
+    out = [prefix] if prefix else []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _leaves(v, f"{prefix}.{k}" if prefix else k)
+    elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
+        for i, v in enumerate(value):
+            out += _leaves(v, f"{prefix}[{i}]")
+    return out
+
+
+def _keys(base: str) -> list[str]:
+    """Every key of the base document, and every key the schema allows there."""
+    doc = BASES[base]
+    keys = set(_leaves(doc, ""))
+    source = doc["attention"]["source"]
+    keys |= {f"attention.{k}" for k in SOURCES[source].params}
+    keys |= {f"policies.{label}.{p}" for label, table in doc["policies"].items()
+             for p in POLICIES[table.get("kind", label)].params}
+    keys |= {f"policies.{name}" for name in POLICIES}
+    keys |= {f"experiment[0].{k}" for k in ("name", "prompt_len", "budgets", "policies",
+                                            "figures", "focus_budget")}
+    keys |= {"name", "description", "seeds", "output.formats", "output.dpi", "sweep",
+             "sweep.budgets", "sweep.seeds", "sweep.attention.T"}
+    if source == "field":
+        keys |= {f"attention.{c}.{k}" for c, spec in COMPONENTS.items() for k in spec}
+        keys |= {f"attention.boost[0].{k}" for k in BOOST} | {"attention.head"}
+    return sorted(keys)
+
+
+KEYS = [(base, key) for base in BASES for key in _keys(base)]
+
+SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 0.5, 1e300, -1e300, 5e-324, 2**31, 2**62, 2**63 - 1,
+           2**63, 2**64, -2**63, -2**70, 2**70, True, False, "", "h2o", [], {}, [8, 8],
+           [0, 0], [NAN], [INF, 1], [2**70], [-1], [[1, 2]], [{}], {"a": 1}]
+VALUES = st.one_of(
+    st.sampled_from(SPECIAL),
+    st.integers(-3, 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=4),
+    st.lists(st.one_of(st.integers(-2, 60), st.sampled_from([NAN, INF, 0.25, 2**64])),
+             max_size=4),
+    st.dictionaries(st.sampled_from(["T", "count", "x", "kind"]),
+                    st.one_of(st.integers(-2, 60), st.sampled_from([NAN, "a", []])),
+                    max_size=2),
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    path = tmp_path_factory.mktemp("fuzz")
+    write_data(path)
+    return path
+
+
+def _check(folder, base: str, key: str, value) -> None:
+    from kvsim.scenario.overrides import assign
+
+    doc = document(base)
+    try:
+        assign(doc, key, value)
+    except Exception:  # the path crosses a value that is not a table: not a document
+        return
+    path = folder / "s.toml"
+    path.write_text(to_toml(doc))
+    status, out, err = cli(["validate", path, "--max-memory", "256M"])
+    lines = err.strip().splitlines()
+    if status == 2:
+        assert out == "" and lines and len(set(lines)) == len(lines), err
+        assert all(line.startswith(f"{path}: ") for line in lines), err
+        return
+    assert status == 0 and err == "" and len(out.strip().splitlines()) == 1, (status, err)
+    for variant in load_sweep(path):
+        simulate_scenario(variant, progress=False, workers=1)
+
+
+@settings(max_examples=EXAMPLES or 120, derandomize=not EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(KEYS), VALUES)
+def test_one_key_any_value(folder, target, value):
+    _check(folder, *target, value)
+
+
+@pytest.mark.parametrize("base, key", KEYS[::5])
+def test_every_key_gets_nan_and_a_huge_int(folder, base, key):
+    for value in (NAN, 2**64):
+        _check(folder, base, key, value)
