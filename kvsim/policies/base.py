@@ -39,10 +39,7 @@ class Group:
     snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     vectors: tuple = ()  # (keys (d, T), values (T, dv)) of the KV head if not the field's
-    ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None. ``needs`` names what the policy reads from its source besides
-    attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says why it cannot run
-    one step at a time on attention from elsewhere, or None.
+    progress: bool = False  # long full passes show their rows on stderr
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
