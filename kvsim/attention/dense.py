@@ -1,47 +1,79 @@
-"""Dense (T, T) attention matrices: validation and conversion to float64 probabilities."""
+"""Dense attention matrices: validation and conversion to float64 probabilities.
+
+Probabilities may be float16, float32 or float64 (or integers). Row ``q`` (``n = q + 1``
+entries on and below the diagonal) must sum to 1 within :func:`row_sum_tolerance`:
+``1e-5 + eps + n * tiny``, with ``eps`` the dtype's machine epsilon and ``tiny`` its
+smallest subnormal, which bounds the error of rounding a row that summed to 1 into that
+dtype (relative rounding of every entry, plus the absolute rounding of entries that
+underflow to subnormals), with room for the producer's own arithmetic.
+"""
+
+from __future__ import annotations
 
 import numpy as np
 
-from kvsim.numerics.jit import jit
 from kvsim.errors import KvsimError
+from kvsim.numerics.jit import jit
 from kvsim.numerics.lanes import lane_sum
 
-ROW_SUM_TOL = 1e-5
+ROW_SUM_TOL = 1e-5  # the float64 tolerance; lower precisions add their rounding bound
+EXACT_TOL = 1e-12  # rows within this of 1 are used as given (no copy, no renormalisation)
+DTYPES = (np.float16, np.float32, np.float64)
+
+
+def row_sum_tolerance(dtype, n: int) -> float:
+    """How far from 1 a row of ``n`` probabilities stored as ``dtype`` may sum."""
+    info = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64)
+    return ROW_SUM_TOL + float(info.eps) + n * float(info.smallest_subnormal)
 
 
 def _check_square(a: np.ndarray, what: str) -> None:
     if a.ndim != 2 or a.shape[0] != a.shape[1] or a.shape[0] < 1:
         raise KvsimError(f"{what}: expected a square (T, T) matrix with T >= 1, "
                          f"got shape {a.shape}")
-    if not np.issubdtype(a.dtype, np.number) or np.issubdtype(a.dtype, np.complexfloating):
-        raise KvsimError(f"{what}: expected real numbers, got dtype {a.dtype}")
+    _check_dtype(a, what)
+
+
+def _check_dtype(a: np.ndarray, what: str) -> None:
+    ok = a.dtype in DTYPES or (np.issubdtype(a.dtype, np.integer) and a.dtype != bool)
+    if not ok:
+        raise KvsimError(f"{what}: expected float16, float32 or float64 numbers, "
+                         f"got dtype {a.dtype}")
 
 
 @jit
-def _row_problems(a, tol, problems):
+def _row_problems(a, base_tol, entry_tol, problems, deviation):
     """Fill ``problems[q]`` with row q's problem: 0 none, 1 non-finite, 2 negative, 3
-    non-zero above the diagonal, 4 sum away from 1 (the first of these that applies).
+    non-zero above the diagonal, 4 sum away from 1 (the first of these that applies),
+    and ``deviation[q]`` with ``|row sum - 1|``.
 
-    One pass, no copy; each row's checks are or-reductions and a lane sum, so they
-    vectorise.
+    One pass over each row, no copy: or-reductions that vectorise, then a lane sum of
+    the causal part while it is still in cache.
     """
     T = a.shape[0]
     for q in range(T):
+        row = a[q]
+        n = q + 1
         nonfinite = False
         negative = False
-        above = False
-        for k in range(T):
-            x = float(a[q, k])
+        for k in range(n):
+            x = row[k]
             nonfinite |= not (abs(x) < np.inf)
             negative |= x < 0.0
-            above |= (k > q) & (x != 0.0)
+        above = False
+        for k in range(n, T):
+            x = row[k]
+            nonfinite |= not (abs(x) < np.inf)
+            above |= x != 0.0
+        dev = abs(lane_sum(row, n) - 1.0)
+        deviation[q] = dev
         if nonfinite:
             problems[q] = 1
         elif negative:
             problems[q] = 2
         elif above:
             problems[q] = 3
-        elif abs(lane_sum(a[q], T) - 1.0) > tol:
+        elif not dev <= base_tol + n * entry_tol:
             problems[q] = 4
         else:
             problems[q] = 0
@@ -51,29 +83,60 @@ _PROBLEMS = {1: "expected finite values, row {row} is not",
              2: "expected non-negative probabilities, row {row} has a negative entry",
              3: "expected a causal matrix (zero above the diagonal), row {row} attends to a "
                 "later key",
-             4: "expected rows summing to 1 (within {tol:g}), row {row} sums to {total:.6g}"}
+             4: "expected rows summing to 1 (within {tol:.3g} for {dtype}), row {row} sums to "
+                "{total:.6g}"}
+
+
+def _checked(a: np.ndarray, dtype, what: str) -> float:
+    """Check a float64 C-contiguous (T, T) matrix; return the largest ``|row sum - 1|``."""
+    T = a.shape[0]
+    info = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64)
+    base = ROW_SUM_TOL + float(info.eps)
+    problems = np.empty(T, np.int8)
+    deviation = np.empty(T)
+    _row_problems(a, base, float(info.smallest_subnormal), problems, deviation)
+    if problems.any():
+        row = int(np.flatnonzero(problems)[0])
+        raise KvsimError(f"{what}: " + _PROBLEMS[int(problems[row])].format(
+            row=row, tol=row_sum_tolerance(dtype, row + 1), dtype=np.dtype(dtype).name,
+            total=float(a[row, :row + 1].sum())))
+    return float(deviation.max())
+
+
+def probability_stack(a, what: str = "attention", check: bool = True) -> np.ndarray:
+    """Causal probabilities ``(T, T)`` or ``(H, T, T)`` as a float64 ``(H, T, T)`` array.
+
+    A float64 C-contiguous input whose rows sum to 1 within ``EXACT_TOL`` is returned as
+    a view, never copied; other dtypes are converted (exactly), and rows off by more than
+    ``EXACT_TOL`` (within the tolerance) are renormalised in a copy. ``check=False`` skips
+    the checks (and the renormalisation) for trusted float64 data. Raises
+    :class:`KvsimError` naming the first bad row.
+    """
+    a = np.asarray(a)
+    if a.ndim not in (2, 3) or a.shape[-1] != a.shape[-2] or a.shape[-1] < 1 or a.size == 0:
+        raise KvsimError(f"{what}: expected a square (T, T) or (H, T, T) matrix with T >= 1, "
+                         f"got shape {a.shape}")
+    _check_dtype(a, what)
+    dtype = a.dtype
+    stack = a[None] if a.ndim == 2 else a
+    out = np.ascontiguousarray(stack, dtype=np.float64)  # a view when already float64 C
+    if not check:
+        return out
+    for h in range(out.shape[0]):
+        where = what if a.ndim == 2 else f"{what}: head {h}"
+        if _checked(out[h], dtype, where) > EXACT_TOL:
+            if np.shares_memory(out, a):
+                out = out.copy()  # never modify the caller's matrix
+            out[h] /= out[h].sum(axis=1, keepdims=True)
+    return out
 
 
 def probabilities(a: np.ndarray, what: str = "attention") -> np.ndarray:
-    """Check a causal probability matrix and return it in float64, rows summing to 1.
-
-    The checks are one compiled pass; raises :class:`KvsimError` naming the first bad row.
-    """
+    """Check a causal (T, T) probability matrix and return it in float64 (see
+    :func:`probability_stack`)."""
     a = np.asarray(a)
     _check_square(a, what)
-    if a.dtype not in (np.float32, np.float64):
-        a = a.astype(np.float64)
-    problems = np.empty(a.shape[0], np.int8)
-    _row_problems(np.ascontiguousarray(a), ROW_SUM_TOL, problems)
-    if problems.any():
-        row = int(np.flatnonzero(problems)[0])
-        total = float(np.asarray(a[row], np.float64).sum())
-        raise KvsimError(f"{what}: " + _PROBLEMS[int(problems[row])].format(
-            row=row, tol=ROW_SUM_TOL, total=total))
-    out = np.empty(a.shape)  # a copy, so the caller's matrix is never modified; copyto is
-    np.copyto(out, a)        # exact like astype, and ten times faster here
-    out /= out.sum(axis=1, keepdims=True)
-    return out
+    return probability_stack(a, what)[0]
 
 
 def softmax_logits(a: np.ndarray, what: str = "attention") -> np.ndarray:
