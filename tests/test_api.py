@@ -227,7 +227,6 @@ BAD_CALLS = {
     "important-negative": _single(A10, "h2o", 4, 5, important=[-1]),
     "important-2d": _single(A10, "h2o", 4, 5, important=[[1, 2]]),
     "important-string": _single(A10, "h2o", 4, 5, important="3"),
-    "important-repeated": _single(A10, "h2o", 4, 5, important=[3, 3]),
     "important-bool": _single(A10, "h2o", 4, 5, important=[True, False]),
     "param-unknown": _single(A10, "h2o", 4, 5, recent=0.5),
     "param-wrong-type": _single(A10, "h2o", 4, 5, recent_ratio="half"),
@@ -304,3 +303,10 @@ def test_bad_api_calls_raise_one_line_kvsim_errors(name):
         BAD_CALLS[name]()
     message = str(info.value)
     assert message and "\n" not in message and len(message) < 400, message
+
+
+def test_bench_rows_of_the_api_agree_with_the_numpy_peer():
+    from kvsim.tools.bench import api_versus_numpy
+    r = api_versus_numpy(96, {"prefill_heavy": (48, 16), "decode_heavy": (16, 8)}, [8, 16], 1)
+    assert r["check"]["ratio"] > 0 and r["budgets"]["speedup"] > 0
+    assert all(r[k]["trusted_speedup"] > 0 for k in ("prefill_heavy", "decode_heavy"))

@@ -65,7 +65,8 @@ def budgets(value, name: str = "budgets") -> list[int]:
 
 
 def important(value, T: int, heads: int) -> np.ndarray | None:
-    """An (H, T) mask from distinct positions in ``[0, T)`` shared by every head, or None."""
+    """An (H, T) mask from positions in ``[0, T)`` shared by every head (a position given
+    twice counts once), or None."""
     if value is None:
         return None
     if isinstance(value, (str, bytes, dict)) or np.ndim(value) != 1:
@@ -79,8 +80,6 @@ def important(value, T: int, heads: int) -> np.ndarray | None:
     if pos.min() < 0 or pos.max() >= T:
         raise KvsimError(f"important: expected positions in [0, {T}), got "
                          f"{pos.min()}..{pos.max()}")
-    if np.unique(pos).size != pos.size:
-        raise KvsimError("important: expected distinct positions, got repeats")
     mask = np.zeros((heads, T), bool)
     mask[:, pos] = True
     return mask
