@@ -310,3 +310,15 @@ def test_bench_rows_of_the_api_agree_with_the_numpy_peer():
     r = api_versus_numpy(96, {"prefill_heavy": (48, 16), "decode_heavy": (16, 8)}, [8, 16], 1)
     assert r["check"]["ratio"] > 0 and r["budgets"]["speedup"] > 0
     assert all(r[k]["trusted_speedup"] > 0 for k in ("prefill_heavy", "decode_heavy"))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_matrix_sources_accept_lower_precision(tmp_path, dtype):
+    A = causal_softmax(np.random.default_rng(3).normal(scale=2, size=(200, 200))).astype(dtype)
+    np.save(tmp_path / "a.npy", A)
+    (tmp_path / "s.toml").write_text('[attention]\nsource = "matrix"\npath = "a.npy"\n'
+                                     '[policies.h2o]\n[[experiment]]\nprompt_len = 100\nbudgets = [20]\n')
+    scenario = kvsim.load_scenario(tmp_path / "s.toml")
+    probs = scenario.field(0).data.probs[0]
+    assert np.allclose(probs.sum(axis=1), 1, atol=1e-15)
+    assert np.array_equal(probs, kvsim.Attention.from_probs(A).field().data.probs[0])
