@@ -142,6 +142,7 @@ def _single(attention, policy, budget, prompt_len, important, seed, check, recor
     seed = arguments.seeds(None, seed)[0]
     run = _Run(att, P, configs, caps, [seed], (), 1, lambda s, kv: s)
     config, (budget, _) = configs[0], caps[configs[0].label][0]
+    run.prepare()
     trace = run.traces(seed, 0, config)[0]
     truth = att.has_truth
     return SimulationResult(config.kind, budget, P, config.params, trace.mass[0],
@@ -245,13 +246,14 @@ class _Run:
         self.att, self.P, self.configs, self.caps = att, P, configs, caps
         self.seeds, self.record, self.workers, self.seed_of = seeds, record, workers, seed_of
         self.steps = np.arange(att.T - P, dtype=np.int64)
+        self.groups: dict = {}
 
     def truth(self, seed: int) -> np.ndarray:
         """(H, T) ground-truth mask (all False without ground truth)."""
-        field = self.att.field(seed)
-        return field.mask
+        return self.att.field(seed).mask
 
-    def _group(self, seed: int, kv: int, capacity: int = -1):
+    def group(self, seed: int, kv: int, capacity: int = -1):
+        """KV head ``kv``'s group; runs at ``capacity`` record their cache at every step."""
         field = self.att.field(seed)
         return make_group(field.data, kv, self.P, self.truth(seed), self.att.passes(seed),
                           GQA_MODES[self.att.gqa], self.seed_of(seed, kv), capacity,
@@ -262,17 +264,22 @@ class _Run:
         spec = POLICIES[config.kind]
         capacities = [cap for _, cap in self.caps[config.label]]
         if "kept" not in self.record:
-            return run_budgets(spec, self._group(seed, kv), capacities, config.params)
+            return run_budgets(spec, self.groups[seed, kv], capacities, config.params)
         # Recording: each budget's run records its cache (the full policy's is T wide).
-        return [run_budgets(spec, self._group(seed, kv, cap if spec.budgeted else self.att.T),
+        return [run_budgets(spec, self.group(seed, kv, cap if spec.budgeted else self.att.T),
                             [cap], config.params)[0] for cap in capacities]
+
+    def prepare(self) -> None:
+        """One group per (seed, KV head), shared by its policies (and their memoised row
+        sums), built before the pool: a component field's full passes run here, on every
+        core."""
+        self.groups = {(s, kv): self.group(s, kv) for s in self.seeds
+                       for kv in range(self.att.kv_heads)}
 
     def results(self) -> Results:
         tasks = [(s, kv, c) for s in self.seeds for kv in range(self.att.kv_heads)
                  for c in self.configs]
-        for s in self.seeds:  # build seeded fields and their statistics before the pool
-            for kv in range(self.att.kv_heads):
-                self._group(s, kv)
+        self.prepare()
         threads = min(self.workers, len(tasks))
         if threads > 1:
             with ThreadPoolExecutor(threads) as pool:
@@ -284,7 +291,7 @@ class _Run:
     def _collect(self, tasks, done) -> Results:
         att, P = self.att, self.P
         rows: list[dict] = []
-        series: dict = {m: [] for m in ("mass", "cache_size", "recall", "error", "kept")}
+        series: dict = {m: [] for m in ("mass", "cache_size", "recall", "error")}
         kept: dict = {}
         group = att.heads // att.kv_heads
         for (seed, kv, config), traces in zip(tasks, done):
