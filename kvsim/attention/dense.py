@@ -10,18 +10,14 @@ underflow to subnormals), with room for the producer's own arithmetic.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
-import numba
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.numerics.jit import jit
+from kvsim.numerics.jit import jit, jit_inline
 
 ROW_SUM_TOL = 1e-5  # the float64 tolerance; lower precisions add their rounding bound
 EXACT_TOL = 1e-12  # rows within this of 1 are used as given (no copy, no renormalisation)
 DTYPES = (np.float16, np.float32, np.float64)
-PARALLEL_ENTRIES = 1 << 22  # entries per thread below which one thread checks alone
 
 
 def row_sum_tolerance(dtype, n: int) -> float:
@@ -44,64 +40,68 @@ def _check_dtype(a: np.ndarray, what: str) -> None:
                          f"got dtype {a.dtype}")
 
 
-@jit
-def _row_problems(a, bits, lo, hi, base_tol, entry_tol, problems, deviation):
-    """For rows ``lo .. hi-1``: ``problems[q]`` = row q's problem (0 none, 1 non-finite, 2
-    negative, 3 non-zero above the diagonal, 4 sum away from 1: the first that applies)
-    and ``deviation[q] = |row sum - 1|``.
+@jit_inline
+def _sum_and_min(row, lo, hi):
+    """Sum (over 8 lanes) and minimum of ``row[lo:hi]``: vectorised reductions."""
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = 0.0
+    whole = hi - (hi - lo) % 8
+    for k in range(lo, whole, 8):
+        x0, x1, x2, x3 = row[k], row[k + 1], row[k + 2], row[k + 3]
+        x4, x5, x6, x7 = row[k + 4], row[k + 5], row[k + 6], row[k + 7]
+        s0 += x0
+        s1 += x1
+        s2 += x2
+        s3 += x3
+        s4 += x4
+        s5 += x5
+        s6 += x6
+        s7 += x7
+        m0 = m0 if m0 <= x0 else x0
+        m1 = m1 if m1 <= x1 else x1
+        m2 = m2 if m2 <= x2 else x2
+        m3 = m3 if m3 <= x3 else x3
+        m4 = m4 if m4 <= x4 else x4
+        m5 = m5 if m5 <= x5 else x5
+        m6 = m6 if m6 <= x6 else x6
+        m7 = m7 if m7 <= x7 else x7
+    for k in range(whole, hi):
+        s0 += row[k]
+        m0 = m0 if m0 <= row[k] else row[k]
+    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    return total, min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
 
-    Each entry is read once. Below the diagonal, a sum and a minimum over 8 lanes (a NaN
-    or infinity makes the sum non-finite); above it, an or of the bit patterns without
-    their sign bit (``bits`` is ``a`` viewed as int64), so -0.0 counts as zero. These
-    reductions vectorise.
+
+@jit
+def _bad_rows(a, base_tol, entry_tol, bad, deviation):
+    """For every row q: ``bad[q]`` whether it is invalid, ``deviation[q] = |row sum - 1|``.
+
+    Each entry is read once: a sum and a minimum below the diagonal, and above it. A NaN
+    or an infinity makes a sum non-finite; with every entry >= 0, the entries above the
+    diagonal are all zero exactly when their sum is.
     """
     T = a.shape[0]
-    for q in range(lo, hi):
+    for q in range(T):
         row = a[q]
         n = q + 1
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = 0.0
-        whole = n - n % 8
-        for k in range(0, whole, 8):
-            x0, x1, x2, x3 = row[k], row[k + 1], row[k + 2], row[k + 3]
-            x4, x5, x6, x7 = row[k + 4], row[k + 5], row[k + 6], row[k + 7]
-            s0 += x0
-            s1 += x1
-            s2 += x2
-            s3 += x3
-            s4 += x4
-            s5 += x5
-            s6 += x6
-            s7 += x7
-            m0 = m0 if m0 <= x0 else x0
-            m1 = m1 if m1 <= x1 else x1
-            m2 = m2 if m2 <= x2 else x2
-            m3 = m3 if m3 <= x3 else x3
-            m4 = m4 if m4 <= x4 else x4
-            m5 = m5 if m5 <= x5 else x5
-            m6 = m6 if m6 <= x6 else x6
-            m7 = m7 if m7 <= x7 else x7
-        for k in range(whole, n):
-            s0 += row[k]
-            m0 = m0 if m0 <= row[k] else row[k]
-        total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-        lowest = min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
-        above = 0
-        pattern = bits[q]
-        for k in range(n, T):
-            above |= pattern[k] << 1
+        total, lowest = _sum_and_min(row, 0, n)
+        later, later_lowest = _sum_and_min(row, n, T)
         dev = abs(total - 1.0)
         deviation[q] = dev
-        if not abs(total) < np.inf:
-            problems[q] = 1
-        elif lowest < 0.0:
-            problems[q] = 2
-        elif above != 0:
-            problems[q] = 3
-        elif not dev <= base_tol + n * entry_tol:
-            problems[q] = 4
-        else:
-            problems[q] = 0
+        bad[q] = not (abs(total) < np.inf and abs(later) < np.inf and lowest >= 0.0
+                      and later_lowest >= 0.0 and later == 0.0
+                      and dev <= base_tol + n * entry_tol)
+
+
+def _row_problem(row: np.ndarray, q: int) -> int:
+    """Which check row ``q`` fails (a key of ``_PROBLEMS``), read with NumPy."""
+    if not np.isfinite(row).all():
+        return 1
+    if (row[:q + 1] < 0).any():
+        return 2
+    if row[q + 1:].any():
+        return 3
+    return 4
 
 
 _PROBLEMS = {1: "expected finite values, row {row} is not",
@@ -114,35 +114,21 @@ _PROBLEMS = {1: "expected finite values, row {row} is not",
 def _checked(a: np.ndarray, dtype, what: str) -> float:
     """Check a float64 C-contiguous (T, T) matrix; return the largest ``|row sum - 1|``.
 
-    Large matrices are checked in row chunks on threads (the kernel releases the GIL).
+    On one thread: the check is bound by memory bandwidth, and two threads were slower
+    on the busy machine it was measured on.
     """
     T = a.shape[0]
     info = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64)
-    base = ROW_SUM_TOL + float(info.eps)
-    problems = np.empty(T, np.int8)
+    bad = np.empty(T, np.bool_)
     deviation = np.empty(T)
-    bits = a.view(np.int64)
-    chunks = min(numba.get_num_threads(), max(1, T * T // PARALLEL_ENTRIES))
-    bounds = [T * i // chunks for i in range(chunks + 1)]
-
-    def check(i: int) -> None:
-        _row_problems(a, bits, bounds[i], bounds[i + 1], base, float(info.smallest_subnormal),
-                      problems, deviation)
-
-    if chunks == 1:
-        check(0)
-    else:
-        with ThreadPoolExecutor(chunks) as pool:
-            list(pool.map(check, range(chunks)))
-    if problems.any():
-        row = int(np.flatnonzero(problems)[0])
-        code = int(problems[row])
-        if code == 1 and np.isfinite(a[row]).all():
-            code = 4  # finite entries whose sum overflows
-        raise KvsimError(f"{what}: " + _PROBLEMS[code].format(
-            row=row, tol=f"{row_sum_tolerance(dtype, row + 1):.3g}" + (
-                "" if dtype == np.float64 else f" for {np.dtype(dtype).name}"),
-            total=float(a[row, :row + 1].sum())))
+    _bad_rows(a, ROW_SUM_TOL + float(info.eps), float(info.smallest_subnormal), bad, deviation)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        tol = f"{row_sum_tolerance(dtype, row + 1):.3g}"
+        if dtype != np.float64:
+            tol += f" for {np.dtype(dtype).name}"
+        raise KvsimError(f"{what}: " + _PROBLEMS[_row_problem(a[row], row)].format(
+            row=row, tol=tol, total=float(a[row, :row + 1].sum())))
     return float(deviation.max())
 
 
