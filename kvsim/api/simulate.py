@@ -117,7 +117,7 @@ def simulate(attention, policy: str | None = None, budget: int | None = None,
     configs = _configs(policies, params)
     caps = _capacities(configs, arguments.budgets(budgets), att.T, P)
     run = _Run(att, P, configs, caps, arguments.seeds(seeds, seed), _record(record),
-               _workers(workers), lambda s, kv: random_seed(s, kv))
+               _workers(workers), random_seed)
     return run.results()
 
 
@@ -125,7 +125,8 @@ def _single(attention, policy, budget, prompt_len, important, seed, check, recor
             seeds, params) -> SimulationResult:
     """Today's one-policy, one-budget call on a (T, T) matrix."""
     if seeds is not None or record or workers is not None:
-        raise KvsimError("seeds/record/workers: expected with policies=[...], budgets=[...]")
+        raise KvsimError("seeds, record, workers: expected only with policies=[...], "
+                         "budgets=[...]")
     if not isinstance(policy, str):
         raise KvsimError(f"policy: expected a policy name ({', '.join(POLICIES)}), "
                          f"got {policy!r}")
@@ -138,7 +139,7 @@ def _single(attention, policy, budget, prompt_len, important, seed, check, recor
     P = _prompt_len(prompt_len, att.T)
     configs = _configs([policy], params)
     caps = _capacities(configs, [arguments.integer(budget, "budget", 1, arguments.MAX_INDEX)],
-                       att.T, P)
+                       att.T, P, "budget")
     seed = arguments.seeds(None, seed)[0]
     run = _Run(att, P, configs, caps, [seed], (), 1, lambda s, kv: s)
     config, (budget, _) = configs[0], caps[configs[0].label][0]
@@ -215,8 +216,8 @@ def _configs(policies, params: dict) -> list[PolicyConfig]:
     return configs
 
 
-def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int,
-                P: int) -> dict[str, list[tuple[int, int]]]:
+def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int, P: int,
+                name: str = "budgets") -> dict[str, list[tuple[int, int]]]:
     """Per policy label, (budget, capacity run) pairs after the budget checks.
 
     A cache never holds more than ``T`` keys, so a budget above ``max(T, floor)`` gives the
@@ -230,7 +231,8 @@ def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int,
         for i, budget in enumerate(budgets):
             problem = budget_problem(spec, budget, config.params)
             if problem:
-                raise KvsimError(f"budgets[{i}]: {config.label}: {problem}")
+                where = name if name == "budget" else f"{name}[{i}]"
+                raise KvsimError(f"{where}: {problem}")
             pairs.append((budget, min(budget, max(T, spec.min_budget(config.params)))))
         problem = spec.check(T, P, config.params)
         if problem:
