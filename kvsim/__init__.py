@@ -9,10 +9,11 @@ The package is layered; each layer imports only from the layers above it in this
 - ``scenario``: TOML -> validated, frozen scenario;
 - ``engine``: the cost of a run, experiments expanded into units, run in parallel, resumable;
 - ``report``: report folder (owned by one run at a time), markdown and figures;
-- ``api``, ``cli``, ``tools``: the Python API, the command line, bench and capture.
+- ``api``, ``cli``, ``tools``: the Python API (attention objects, simulate, results), the
+  command line, bench and capture.
 """
 
-from kvsim.api import SimulationResult, simulate
+from kvsim.api import Attention, Results, SimulationResult, load_report, simulate
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.policies import POLICIES
 from kvsim.report.writer import run
@@ -20,5 +21,6 @@ from kvsim.scenario.load import Scenario, load_scenario, load_sweep
 
 __version__ = "0.1.0"
 
-__all__ = ["POLICIES", "KvsimError", "Scenario", "ScenarioError", "SimulationResult",
-           "load_scenario", "load_sweep", "run", "simulate", "__version__"]
+__all__ = ["POLICIES", "Attention", "KvsimError", "Results", "Scenario", "ScenarioError",
+           "SimulationResult", "load_report", "load_scenario", "load_sweep", "run", "simulate",
+           "__version__"]

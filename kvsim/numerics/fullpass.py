@@ -25,6 +25,7 @@ from kvsim.numerics.lanes import lane_max, lane_sum
 
 BLOCKS = 16
 LONG_PASS = 2**31  # logit evaluations of a pass that shows its progress (a few seconds)
+SERIAL_ENTRIES = 1 << 23  # below this many entries, threads cost more than they save
 
 
 class FullPass(NamedTuple):
@@ -121,8 +122,14 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
                              prompt_blocks[b], decode_blocks[b], full_output, decode_mass)
             bar.update(len(range(lo + b, end, BLOCKS)))
 
-    with bar, ThreadPoolExecutor(min(numba.get_num_threads(), BLOCKS)) as pool:
-        list(pool.map(block, range(BLOCKS)))
+    threads = min(numba.get_num_threads(), BLOCKS)
+    with bar:
+        if threads == 1 or rows * (rows + 1) // 2 < SERIAL_ENTRIES:
+            for b in range(BLOCKS):  # the same blocks in the same order: identical sums
+                block(b)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(block, range(BLOCKS)))
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
                     full_output, decode_mass)
 

@@ -23,13 +23,13 @@ import numpy as np
 from kvsim.attention import components
 from kvsim.attention.sources import Field
 from kvsim.tools.bench.breakdown import breakdown
-from kvsim.tools.bench.numpy_baseline import BASELINES
+from kvsim.tools.bench.numpy_baseline import BASELINES, h2o as numpy_h2o
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, dense_field
 from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import row_sums
 from kvsim.policies import POLICIES
-from kvsim.api import simulate
+from kvsim.api import Attention, simulate
 from kvsim.policies.run import field_provides, make_group, resolve_params
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "long_context.toml"
@@ -134,6 +134,59 @@ def versus_numpy(workloads: dict, repeats: int) -> dict:
     return out
 
 
+def _paired(functions: dict, repeats: int) -> dict:
+    """Median wall time of each function, timed in turn (one warm-up each), so that load
+    from other processes falls on all of them alike."""
+    for fn in functions.values():
+        fn()
+    times: dict = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: median(t) for name, t in times.items()}
+
+
+def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -> dict:
+    """``kvsim.simulate`` through the public API against the NumPy online H2O peer.
+
+    On one dense float64 (T, T) matrix: the input check against a plain ``A.sum()``; per
+    (P, B) setting one call with trusted input (``check=False``), with checks, and on an
+    :class:`Attention` built once; and several budgets in one checked call against one
+    peer run per budget.
+    """
+    A = dense_matrix(T)
+    out = {"T": T, "check": _paired({"sum": A.sum, "check": lambda: Attention.from_probs(A)},
+                                    repeats)}
+    out["check"]["ratio"] = out["check"]["check"] / out["check"]["sum"]
+    att = Attention.from_probs(A)
+    for name, (P, B) in settings.items():
+        one = simulate(A, "h2o", B, P)
+        many = simulate(A, policies=["h2o"], budgets=[B], prompt_len=P, check=False)
+        mass, kept = numpy_h2o(A, P, B)
+        if not (np.allclose(one.mass, mass, rtol=0, atol=1e-9)
+                and np.array_equal(one.kept, np.sort(kept))
+                and np.array_equal(many.mass("h2o", B)[0], one.mass)):
+            raise AssertionError(f"NumPy h2o and kvsim.simulate disagree on {name}")
+        t = _paired({
+            "numpy": lambda: numpy_h2o(A, P, B),
+            "trusted": lambda: simulate(A, policies=["h2o"], budgets=[B], prompt_len=P,
+                                        check=False),
+            "checked": lambda: simulate(A, "h2o", B, P),
+            "reused": lambda: simulate(att, "h2o", B, P)}, repeats)
+        out[name] = {"prompt_len": P, "budget": B, **{f"{k}_s": v for k, v in t.items()},
+                     **{f"{k}_speedup": t["numpy"] / t[k] for k in ("trusted", "checked",
+                                                                    "reused")}}
+    P = settings["prefill_heavy"][0]
+    t = _paired({"numpy": lambda: [numpy_h2o(A, P, b) for b in budgets],
+                 "one_call": lambda: simulate(A, policies=["h2o"], budgets=budgets,
+                                              prompt_len=P)}, max(1, repeats // 2))
+    out["budgets"] = {"prompt_len": P, "budgets": budgets, "numpy_s": t["numpy"],
+                      "one_call_s": t["one_call"], "speedup": t["numpy"] / t["one_call"]}
+    return out
+
+
 def end_to_end(scenario: Path) -> dict:
     """Wall time and peak memory of a scenario run with an empty, then a warm, Numba cache."""
     out = {}
@@ -208,6 +261,10 @@ def run_bench(quick: bool, out: Path) -> dict:
                    "prompt_len": 8192, "steps": 256 if quick else 1024},
         "numpy": {"prefill_heavy": (4096, 2048, 256), "decode_heavy": (4096, 512, 64)}
         if not quick else {"prefill_heavy": (2048, 1024, 128), "decode_heavy": (2048, 256, 64)},
+        "api": {"T": 2048 if quick else 4096,
+                "settings": {"prefill_heavy": (1024, 128), "decode_heavy": (256, 64)} if quick
+                else {"prefill_heavy": (2048, 256), "decode_heavy": (512, 64)},
+                "budgets": [64, 128, 256, 512, 1024]},
         "scaling": {"T": [2048, 4096, 8192] if quick else [4096, 8192, 16384, 32768, 65536, 131072],
                     "budget": 1024, "steps": 1024},
         "end_to_end": "scenarios/seed_notebook.toml" if quick else "scenarios/long_context.toml",
@@ -246,6 +303,23 @@ def run_bench(quick: bool, out: Path) -> dict:
         print(f"vs NumPy {key:<28} kvsim {r['kvsim_s']:7.4f} s  numpy {r['numpy_s']:7.4f} s  "
               f"speed-up x{r['speedup']:.1f}  (simulate() with input checks "
               f"{r['simulate_s']:.4f} s: x{r['speedup_with_checks']:.1f})")
+    a = config["api"]
+    api = result["api"] = api_versus_numpy(a["T"], a["settings"], a["budgets"],
+                                           repeats=3 if quick else 7)
+    c = api["check"]
+    print(f"API input check on a {api['T']}^2 float64 matrix: {c['check'] * 1e3:.1f} ms, "
+          f"A.sum() {c['sum'] * 1e3:.1f} ms: x{c['ratio']:.2f} the sum")
+    for name in a["settings"]:
+        r = api[name]
+        print(f"API vs NumPy h2o {name} (P = {r['prompt_len']}, B = {r['budget']}): numpy "
+              f"{r['numpy_s'] * 1e3:.1f} ms; simulate check=False {r['trusted_s'] * 1e3:.1f} ms "
+              f"x{r['trusted_speedup']:.1f}, checked {r['checked_s'] * 1e3:.1f} ms "
+              f"x{r['checked_speedup']:.1f}, reused Attention {r['reused_s'] * 1e3:.1f} ms "
+              f"x{r['reused_speedup']:.1f}")
+    r = api["budgets"]
+    print(f"API {len(r['budgets'])} budgets in one checked call (P = {r['prompt_len']}): "
+          f"{r['one_call_s'] * 1e3:.1f} ms vs {len(r['budgets'])} NumPy runs "
+          f"{r['numpy_s'] * 1e3:.1f} ms: x{r['speedup']:.1f}")
     scenario = SCENARIO.parent.parent / config["end_to_end"]
     if not scenario.is_file():
         raise KvsimError(f"bench: expected the repository's {config['end_to_end']} (run the "

@@ -1,0 +1,85 @@
+"""Checks of the Python API's arguments: each bad value is a one-line :class:`KvsimError`.
+
+Nothing is truncated or coerced: a float where an integer is due, a bool where a number
+is due, a negative seed or an empty list is an error naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+
+MAX_INDEX = 2**31 - 1  # budgets and prompt lengths: far beyond any context, within int64
+MAX_SEED = 2**63 - 1
+
+
+def integer(value, name: str, lo: int, hi: int) -> int:
+    """``value`` as an int if it is an integer (not a bool) in ``[lo, hi]``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise KvsimError(f"{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= int(value) <= hi:
+        raise KvsimError(f"{name}: expected an integer in [{lo}, {hi}], got {int(value)}")
+    return int(value)
+
+
+def flag(value, name: str) -> bool:
+    """``value`` if it is a bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise KvsimError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
+
+
+def items(value, name: str, what: str) -> list:
+    """A non-empty list from a list, tuple or other iterable that is not a string."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+        raise KvsimError(f"{name}: expected a non-empty list of {what}, got {value!r}")
+    out = list(value)
+    if not out:
+        raise KvsimError(f"{name}: expected a non-empty list of {what}, got an empty one")
+    return out
+
+
+def seeds(value, single) -> list[int]:
+    """The seeds of a call: ``seeds`` (a list) or ``seed`` (one), distinct, >= 0."""
+    if value is not None and single is not None:
+        raise KvsimError("seeds: expected either seeds=[...] or seed=..., got both")
+    if value is None:
+        return [integer(0 if single is None else single, "seed", 0, MAX_SEED)]
+    out = [integer(s, f"seeds[{i}]", 0, MAX_SEED) for i, s in enumerate(items(value, "seeds",
+                                                                             "integers >= 0"))]
+    if len(set(out)) != len(out):
+        raise KvsimError(f"seeds: expected distinct seeds, got {out}")
+    return out
+
+
+def budgets(value, name: str = "budgets") -> list[int]:
+    """Distinct token budgets (their floors are checked per policy later)."""
+    out = [integer(b, f"{name}[{i}]", 1, MAX_INDEX)
+           for i, b in enumerate(items(value, name, "token counts"))]
+    if len(set(out)) != len(out):
+        raise KvsimError(f"{name}: expected distinct budgets, got {out}")
+    return out
+
+
+def important(value, T: int, heads: int) -> np.ndarray | None:
+    """An (H, T) mask from positions in ``[0, T)`` shared by every head (a position given
+    twice counts once), or None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, dict)) or np.ndim(value) != 1:
+        raise KvsimError(f"important: expected a 1-D list of positions, got {value!r}"[:200])
+    pos = np.asarray(value)
+    if pos.size == 0:
+        raise KvsimError("important: expected at least one position (None: no ground truth), "
+                         "got an empty list")
+    if not np.issubdtype(pos.dtype, np.integer) or pos.dtype == bool:
+        raise KvsimError(f"important: expected integer positions, got dtype {pos.dtype}")
+    if pos.min() < 0 or pos.max() >= T:
+        raise KvsimError(f"important: expected positions in [0, {T}), got "
+                         f"{pos.min()}..{pos.max()}")
+    mask = np.zeros((heads, T), bool)
+    mask[:, pos] = True
+    return mask

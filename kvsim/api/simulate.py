@@ -1,0 +1,327 @@
+""":func:`simulate`: many policies x budgets x heads x seeds on one attention, in one call."""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.api import arguments
+from kvsim.api.attention import Attention
+from kvsim.api.results import Results
+from kvsim.engine.experiments import PARAM_COLUMNS, _summary, random_seed
+from kvsim.errors import KvsimError
+from kvsim.numerics.kernels import GQA_MODES
+from kvsim.policies import POLICIES
+from kvsim.policies.run import (budget_problem, final_recall, get_policy, make_group,
+                                resolve_params, run_budgets)
+from kvsim.scenario.load import PolicyConfig
+
+RECORDABLE = ("kept",)
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Outcome of the single-run call ``simulate(matrix, policy, budget, prompt_len)``.
+
+    Attributes
+    ----------
+    mass : float64 array, one per decode step: full-attention mass the cache keeps.
+    cache_size : int64 array, one per decode step: ``|C_t|``.
+    kept : int64 array, sorted: the final cache (the prefill selection if ``P = T``).
+    recall : float64 array per decode step, or None without ground truth (NaN
+        while no important key has arrived).
+    final_recall : share of important keys in ``kept``, or None without ground truth.
+    """
+
+    policy: str
+    budget: int
+    prompt_len: int
+    params: dict
+    mass: np.ndarray
+    cache_size: np.ndarray
+    kept: np.ndarray
+    recall: np.ndarray | None
+    final_recall: float | None
+
+
+def simulate(attention, policy: str | None = None, budget: int | None = None,
+             prompt_len: int | None = None, *, policies=None, budgets=None, seeds=None,
+             seed: int | None = None, important=None, record: tuple[str, ...] = (),
+             workers: int | None = None, check: bool = True, **params):
+    """Simulate eviction policies on causal attention.
+
+    Two forms. ``simulate(att, policies=[...], budgets=[...], prompt_len=P)`` runs every
+    policy at every budget on every head (and seed) in one call, sharing the full
+    passes, on a thread pool, and returns :class:`Results`. The single-run form
+    ``simulate(matrix, "h2o", 64, P)`` returns a :class:`SimulationResult`.
+
+    Parameters
+    ----------
+    attention : Attention or array_like
+        An :class:`Attention` (checked once, reused across calls), or causal
+        probabilities ``(T, T)`` / ``(H, T, T)`` in float16, float32 or float64 (checked
+        at each call unless ``check=False``).
+    policy, budget : str, int
+        The single-run form: one registered policy at one budget.
+    prompt_len : int
+        Prompt length ``P`` in ``[0, T]``; steps ``P .. T-1`` are decoded one by one.
+    policies : list of str, or dict
+        Policy names, or ``{label: {"kind": name, param: value, ...}}`` as in a scenario's
+        ``[policies]`` tables (several configurations of one policy under distinct labels).
+    budgets : list of int
+        Distinct cache budgets in tokens (each at least the policy's fixed parts + 1).
+    seeds : list of int, optional
+        Sequences to simulate (default ``[0]``): the seed of a field spec's random terms
+        and of the ``random`` policy. ``seed`` gives one.
+    important : array_like of int, optional
+        Ground-truth important positions (for recall) when ``attention`` is an array.
+    record : tuple of str
+        ``("kept",)`` keeps the cache at every decode step (see :meth:`Results.kept`).
+    workers : int, optional
+        Threads running policies (default: every core); results do not depend on it.
+    check : bool
+        Check an array input (``False``: trust it, like ``scipy.linalg``'s
+        ``check_finite=False``).
+    **params
+        Policy parameters (e.g. ``recent_ratio=0.25``), given to every selected policy
+        that has them; a parameter no selected policy has is an error.
+
+    Returns
+    -------
+    Results, or SimulationResult for the single-run form.
+
+    Raises
+    ------
+    KvsimError
+        For any invalid argument, with a one-line message naming it.
+
+    Examples
+    --------
+    >>> att = kvsim.Attention.from_probs(A)
+    >>> res = kvsim.simulate(att, policies=["h2o", "snapkv"], budgets=[64, 256], prompt_len=512)
+    >>> res.mass("h2o", 64).mean()
+    """
+    single = policies is None and budgets is None
+    if single and (policy is not None or budget is not None or seeds is None):
+        return _single(attention, policy, budget, prompt_len, important, seed, check, record,
+                       workers, seeds, params)
+    if policy is not None or budget is not None:
+        raise KvsimError("policy/budget: expected either policy=..., budget=... (one run) or "
+                         "policies=[...], budgets=[...], not both")
+    att = _attention(attention, important, check)
+    P = _prompt_len(prompt_len, att.T)
+    configs = _configs(policies, params)
+    caps = _capacities(configs, arguments.budgets(budgets), att.T, P)
+    run = _Run(att, P, configs, caps, arguments.seeds(seeds, seed), _record(record),
+               _workers(workers), random_seed)
+    return run.results()
+
+
+def _single(attention, policy, budget, prompt_len, important, seed, check, record, workers,
+            seeds, params) -> SimulationResult:
+    """Today's one-policy, one-budget call on a (T, T) matrix."""
+    if seeds is not None or record or workers is not None:
+        raise KvsimError("seeds, record, workers: expected only with policies=[...], "
+                         "budgets=[...]")
+    if not isinstance(policy, str):
+        raise KvsimError(f"policy: expected a policy name ({', '.join(POLICIES)}), "
+                         f"got {policy!r}")
+    if budget is None:
+        raise KvsimError("budget: expected a token count, got None")
+    att = _attention(attention, important, check)
+    if att.heads != 1:
+        raise KvsimError(f"attention: expected one head for simulate(matrix, policy, budget, "
+                         f"prompt_len), got {att.heads}; use policies=[...], budgets=[...]")
+    P = _prompt_len(prompt_len, att.T)
+    configs = _configs([policy], params)
+    caps = _capacities(configs, [arguments.integer(budget, "budget", 1, arguments.MAX_INDEX)],
+                       att.T, P, "budget")
+    seed = arguments.seeds(None, seed)[0]
+    run = _Run(att, P, configs, caps, [seed], (), 1, lambda s, kv: s)
+    config, (budget, _) = configs[0], caps[configs[0].label][0]
+    run.prepare()
+    trace = run.traces(seed, 0, config)[0]
+    truth = att.has_truth
+    return SimulationResult(config.kind, budget, P, config.params, trace.mass[0],
+                            trace.cache_size, trace.kept, trace.recall[0] if truth else None,
+                            final_recall(trace.kept, run.truth(seed)[0]) if truth else None)
+
+
+def _attention(attention, important, check) -> Attention:
+    if isinstance(attention, Attention):
+        if important is not None:
+            raise KvsimError("important: expected it on the Attention constructor "
+                             "(Attention.from_probs(..., important=...)), got it on simulate")
+        return attention
+    return Attention.from_probs(attention, important=important, check=check)
+
+
+def _prompt_len(value, T: int) -> int:
+    if value is None:
+        raise KvsimError(f"prompt_len: expected an integer in [0, {T}], got None")
+    return arguments.integer(value, "prompt_len", 0, T)
+
+
+def _workers(value) -> int:
+    if value is None:
+        return os.cpu_count() or 1
+    return arguments.integer(value, "workers", 1, 1024)
+
+
+def _record(value) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or any(v not in RECORDABLE for v in value):
+        raise KvsimError(f"record: expected a tuple of {', '.join(RECORDABLE)}, got {value!r}")
+    return tuple(value)
+
+
+def _configs(policies, params: dict) -> list[PolicyConfig]:
+    """Checked policy configurations; ``params`` go to every policy that has them."""
+    if isinstance(policies, dict):
+        tables = policies
+        if not tables:
+            raise KvsimError("policies: expected a non-empty list of policy names, got {}")
+    else:
+        names = arguments.items(policies, "policies", "policy names")
+        for i, name in enumerate(names):
+            if not isinstance(name, str):
+                raise KvsimError(f"policies[{i}]: expected a policy name, got {name!r}")
+        tables = {name: {} for name in names}
+        if len(tables) != len(names):
+            raise KvsimError(f"policies: expected distinct names, got {names}; give several "
+                             f"configurations as {{label: {{'kind': name, ...}}}}")
+    used: set = set()
+    configs = []
+    for label, table in tables.items():
+        if not isinstance(label, str) or not isinstance(table, dict):
+            raise KvsimError(f"policies: expected {{label: {{'kind': name, param: value}}}}, "
+                             f"got {label!r}: {table!r}")
+        own = dict(table)
+        kind = own.pop("kind", label)
+        if not isinstance(kind, str):
+            raise KvsimError(f"policies.{label}.kind: expected a policy name, got {kind!r}")
+        spec = get_policy(kind)
+        shared = {k: v for k, v in params.items() if k in spec.params and k not in own}
+        used.update(shared)
+        configs.append(PolicyConfig(label, kind, resolve_params(spec, {**shared, **own})))
+    unused = sorted(set(params) - used)
+    if unused:
+        raise KvsimError(f"{unused[0]}: expected a parameter of a selected policy "
+                         f"({', '.join(c.label for c in configs)}), got one none of them has")
+    return configs
+
+
+def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int, P: int,
+                name: str = "budgets") -> dict[str, list[tuple[int, int]]]:
+    """Per policy label, (budget, capacity run) pairs after the budget checks.
+
+    A cache never holds more than ``T`` keys, so a budget above ``max(T, floor)`` gives the
+    same run as that bound (nothing is ever evicted): it runs at the bound, and the
+    results report the budget asked for.
+    """
+    out = {}
+    for config in configs:
+        spec = POLICIES[config.kind]
+        pairs = []
+        for i, budget in enumerate(budgets):
+            problem = budget_problem(spec, budget, config.params)
+            if problem:
+                where = name if name == "budget" else f"{name}[{i}]"
+                raise KvsimError(f"{where}: {problem}")
+            pairs.append((budget, min(budget, max(T, spec.min_budget(config.params)))))
+        problem = spec.check(T, P, config.params)
+        if problem:
+            raise KvsimError(f"{config.label}.{problem}")
+        out[config.label] = pairs
+    return out
+
+
+class _Run:
+    """One call's work: groups per (seed, KV head), policies on a thread pool."""
+
+    def __init__(self, att: Attention, P: int, configs, caps, seeds, record, workers, seed_of):
+        self.att, self.P, self.configs, self.caps = att, P, configs, caps
+        self.seeds, self.record, self.workers, self.seed_of = seeds, record, workers, seed_of
+        self.steps = np.arange(att.T - P, dtype=np.int64)
+        self.groups: dict = {}
+        self.source = f"{'a' if att.kind[0] not in 'aeiou' else 'an'} {att.kind!r} attention object"
+
+    def truth(self, seed: int) -> np.ndarray:
+        """(H, T) ground-truth mask (all False without ground truth)."""
+        return self.att.field(seed).mask
+
+    def group(self, seed: int, kv: int, capacity: int = -1):
+        """KV head ``kv``'s group; runs at ``capacity`` record their cache at every step."""
+        field = self.att.field(seed)
+        return make_group(field.data, kv, self.P, self.truth(seed), self.att.passes(seed),
+                          GQA_MODES[self.att.gqa], self.seed_of(seed, kv), capacity,
+                          self.steps if capacity >= 0 else None)
+
+    def traces(self, seed: int, kv: int, config: PolicyConfig) -> list:
+        """The traces of one policy at every budget, on one KV head."""
+        spec = POLICIES[config.kind]
+        capacities = [cap for _, cap in self.caps[config.label]]
+        if "kept" not in self.record:
+            return run_budgets(spec, self.groups[seed, kv], capacities, config.params, self.source)
+        # Recording: each budget's run records its cache (the full policy's is T wide).
+        return [run_budgets(spec, self.group(seed, kv, cap if spec.budgeted else self.att.T),
+                            [cap], config.params, self.source)[0] for cap in capacities]
+
+    def prepare(self) -> None:
+        """One group per (seed, KV head), shared by its policies (and their memoised row
+        sums), built before the pool: a component field's full passes run here, on every
+        core."""
+        self.groups = {(s, kv): self.group(s, kv) for s in self.seeds
+                       for kv in range(self.att.kv_heads)}
+
+    def results(self) -> Results:
+        tasks = [(s, kv, c) for s in self.seeds for kv in range(self.att.kv_heads)
+                 for c in self.configs]
+        self.prepare()
+        threads = min(self.workers, len(tasks))
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:
+                done = list(pool.map(lambda task: self.traces(*task), tasks))
+        else:
+            done = [self.traces(*task) for task in tasks]
+        return self._collect(tasks, done)
+
+    def _collect(self, tasks, done) -> Results:
+        att, P = self.att, self.P
+        rows: list[dict] = []
+        series: dict = {m: [] for m in ("mass", "cache_size", "recall", "error")}
+        kept: dict = {}
+        group = att.heads // att.kv_heads
+        for (seed, kv, config), traces in zip(tasks, done):
+            truth = self.truth(seed)
+            has_truth = att.has_truth
+            for (budget, _), trace in zip(self.caps[config.label], traces):
+                if "kept" in self.record:
+                    kept[config.label, budget, seed, kv] = trace.snapshots
+                for g, h in enumerate(range(kv * group, (kv + 1) * group)):
+                    row = {"variant": "", "experiment": "simulate", "unit": len(rows),
+                           "policy": config.label, "kind": config.kind, "budget": budget,
+                           "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
+                           "T": att.T, "prompt_len": P, "steps": att.T - P}
+                    row.update({n: config.params.get(n, "") for n in PARAM_COLUMNS})
+                    row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g],
+                                        trace.kept, truth[h], has_truth, att.T))
+                    rows.append(row)
+                    series["mass"].append(trace.mass[g])
+                    series["cache_size"].append(trace.cache_size)
+                    series["recall"].append(trace.recall[g] if has_truth
+                                            else np.full(trace.mass.shape[1], math.nan))
+                    series["error"].append(trace.error[g])
+        steps = att.T - P
+        arrays = {"mass": np.array(series["mass"], np.float64).reshape(len(rows), steps),
+                  "cache_size": np.array(series["cache_size"], np.int64).reshape(len(rows), steps),
+                  "recall": np.array(series["recall"], np.float64).reshape(len(rows), steps),
+                  "error": np.array(series["error"], np.float64).reshape(len(rows), steps)}
+        key = ("", "simulate")
+        return Results("simulate", rows, {key: arrays}, {key: (self.steps, kept)} if kept else {})
+
