@@ -57,7 +57,7 @@ def open_metrics(mass: np.ndarray, error: np.ndarray, weights: np.ndarray) -> di
             "mass_p10": float(np.quantile(per_step, 0.1)),
             "mass_layer_weighted": float(weighted.mean()),
             "output_error": float(error.mean()),
-            "neg_log_mass": float(-np.log(np.maximum(mass, 1e-300)).mean())}
+            "neg_log_mass": float(-np.log(np.maximum(mass, 1e-300)).mean()) + 0.0}
 
 
 def _rowwise_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:

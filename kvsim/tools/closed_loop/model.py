@@ -137,37 +137,55 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
                    logits[0].float().numpy(), np.stack([norms[layer] for layer in range(L)]))
 
 
+class FullCache:
+    """The full cache as a :class:`CachePolicy`: every position stays (the reference)."""
+
+    def __init__(self, prompt_len: int):
+        self.n = prompt_len
+
+    @property
+    def cache(self) -> np.ndarray:
+        return np.arange(self.n, dtype=np.int64)
+
+    def admit(self, t: int) -> int:
+        self.n = t + 1
+        return -1
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """Nothing to learn: the full cache keeps everything."""
+
+
 class Decoder:
     """Teacher-forced decode of ``C`` compressed caches at once, from a shared full prefill.
+
+    At step ``t`` each layer first writes the new key and value into the store, lets every
+    policy admit ``t`` (evicting first when full), then gathers each cache's keys in the
+    policy's slot order: the model attends over exactly those, and the attention rows it
+    computes are, as they stand, what the policy observes.
 
     Parameters
     ----------
     net : the model, attached with :func:`attach`.
     full : the full-cache run (its prompt keys and values fill every cache's prefill).
     prompt_len : ``P``; decode steps are ``P .. T-1``.
-    policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy`, or None for a full
-        cache (every position kept: the reference the closed loop must reproduce).
-    keys, values : (L, C, H_kv, T, d) float32 stores the policies may read (rows ``<= t``
-        are filled before ``admit(t)``), shared with the model's attention.
+    policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill.
+    keys, values : (L, C, H_kv, T, d) float32 stores the policies may read (row ``t`` is
+        written before ``admit(t)``), shared with the model's attention.
+    width : the largest cache any policy holds (its budget; ``T`` for a full cache).
     """
 
     def __init__(self, net, full: FullRun, prompt_len: int, policies: list, keys: np.ndarray,
-                 values: np.ndarray):
+                 values: np.ndarray, width: int):
         torch = _torch()
-        self.net, self.full, self.P = net, full, prompt_len
-        self.policies = policies
-        L, C, H_kv, T, _ = keys.shape
+        self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
         keys[:, :, :, :prompt_len] = full.keys[:, None, :, :prompt_len]
         values[:, :, :, :prompt_len] = full.values[:, None, :, :prompt_len]
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
-        self.member = np.zeros((L, C, H_kv, T), bool)
-        for c, per_layer in enumerate(policies):
-            for layer in range(L):
-                for j in range(H_kv):
-                    kept = (np.arange(prompt_len) if per_layer is None
-                            else per_layer[layer][j].cache)
-                    self.member[layer, c, j, kept] = True
-        self._member = torch.from_numpy(self.member)
+        C, H_kv = keys.shape[1], keys.shape[2]
+        self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order
+        self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
+        self._slots, self._absent = torch.from_numpy(self.slots), torch.from_numpy(self.absent)
+        self.sizes = np.zeros((C, H_kv), np.int64)
         self.t = prompt_len
 
     def step(self) -> np.ndarray:
@@ -188,32 +206,33 @@ class Decoder:
     def _attend(self, layer, query, key, value, scaling):
         torch = _torch()
         t, C = self.t, query.shape[0]
-        H, H_kv = query.shape[1], key.shape[1]
-        K, V, member = self.keys[layer], self.values[layer], self.member[layer]
+        H, H_kv, d = query.shape[1], key.shape[1], key.shape[-1]
+        K, V = self.keys[layer], self.values[layer]
         K[:, :, t] = key[:, :, 0]
         V[:, :, t] = value[:, :, 0]
+        width = self.slots.shape[-1]
         for c, per_layer in enumerate(self.policies):
-            for j in range(H_kv):
-                if per_layer is None:
-                    member[c, j, t] = True
-                    continue
-                evicted = per_layer[layer][j].admit(t)
-                member[c, j, t] = True
-                if evicted >= 0:
-                    member[c, j, evicted] = False
-        q = query[:, :, 0].reshape(C, H_kv, H // H_kv, -1)
-        logits = torch.matmul(q, K[:, :, :t + 1].transpose(-1, -2)) * scaling
-        absent = ~self._member[layer][:, :, None, :t + 1]
-        p = torch.softmax(logits.masked_fill(absent, float("-inf")), dim=-1,
-                          dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(p, V[:, :, :t + 1])  # (C, H_kv, G, dv)
-        rows, outs = p.numpy(), out.numpy()
-        for c, per_layer in enumerate(self.policies):
-            if per_layer is None:
-                continue
             for j in range(H_kv):
                 policy = per_layer[layer][j]
+                policy.admit(t)
                 cache = policy.cache
-                policy.observe(rows[c, j][:, cache].astype(np.float64),
-                               outs[c, j].astype(np.float64))
+                n = cache.shape[0]
+                if n > width:
+                    raise AssertionError(f"cache of {n} keys exceeds its budget of {width}")
+                self.slots[c, j, :n] = cache
+                self.absent[c, j, 0, :n] = False
+                self.absent[c, j, 0, n:] = True
+                self.sizes[c, j] = n
+        index = self._slots[..., None].expand(-1, -1, -1, d)
+        keys = torch.gather(K, 2, index)                       # (C, H_kv, width, d)
+        vals = torch.gather(V, 2, self._slots[..., None].expand(-1, -1, -1, V.shape[-1]))
+        q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
+        logits = torch.matmul(q, keys.transpose(-1, -2)) * scaling
+        p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
+                          dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(p, vals)                              # (C, H_kv, G, dv)
+        rows, outs = p.double().numpy(), out.double().numpy()
+        for c, per_layer in enumerate(self.policies):
+            for j in range(H_kv):
+                per_layer[layer][j].observe(rows[c, j, :, :self.sizes[c, j]], outs[c, j])
         return out.reshape(C, 1, H, -1), None

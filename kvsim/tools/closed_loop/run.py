@@ -21,7 +21,7 @@ from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
-from kvsim.tools.closed_loop.model import Decoder, FullRun, attach, prefill
+from kvsim.tools.closed_loop.model import Decoder, FullCache, FullRun, attach, prefill
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.scenario.load import PolicyConfig
 
@@ -57,14 +57,18 @@ def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
 
 def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
                   keys: np.ndarray, values: np.ndarray, gqa: str, seed: int) -> list:
-    """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: full)."""
+    """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: the full
+    cache)."""
     L, _, H_kv, T, _ = keys.shape
-    out: list = [None if cfg is None else [[None] * H_kv for _ in range(L)] for cfg, _ in runs]
+    out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
     for layer in range(L):
         for j in range(H_kv):
-            prompt = full.prompt_attention(layer, j, prompt_len)
+            prompt = full.prompt_attention(layer, j, prompt_len) \
+                if any(cfg is not None for cfg, _ in runs) else None
             for c, (cfg, budget) in enumerate(runs):
-                if cfg is not None:
+                if cfg is None:
+                    out[c][layer][j] = FullCache(prompt_len)
+                else:
                     out[c][layer][j] = Stepper(
                         cfg.kind, budget, cfg.params, prompt_attention=prompt,
                         keys=keys[layer, c, j], values=values[layer, c, j], gqa=gqa,
@@ -79,7 +83,8 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
     keys = np.zeros((L, len(runs), H_kv, T, d), np.float32)
     values = np.zeros((L, len(runs), H_kv, T, full.values.shape[-1]), np.float32)
     steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed)
-    decoder = Decoder(net, full, prompt_len, steppers, keys, values)
+    width = max(T if cfg is None else budget for cfg, budget in runs)
+    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width)
     steps = T - prompt_len
     kl, nll = np.zeros((len(runs), steps)), np.zeros((len(runs), steps))
     for s, t in enumerate(range(prompt_len, T)):
@@ -119,14 +124,19 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True) -> tuple[l
                                      ol[b].mass.mean(axis=(0, 1)),
                                      metrics.open_metrics(ol[b].mass, ol[b].error, weights)))
                 runs.append((pc, b))
-        batch = cfg.batch or len(runs)
+        # the full cache alone (it attends over every position), then the others by budget,
+        # so that a batch gathers about as many keys as its caches hold
+        order = [0] + sorted(range(1, len(runs)), key=lambda c: runs[c][1])
+        batch = cfg.batch or len(runs) - 1
+        batches = [order[:1]] + [order[lo:lo + batch] for lo in range(1, len(order), batch)]
         bar = tqdm(total=len(runs) * (T - P), unit="step", disable=not progress,
                    desc="closed loop (runs x steps)")
         with bar:
-            for lo in range(0, len(runs), batch):
-                done = closed_loop(net, full, runs[lo:lo + batch], P, cfg.gqa, cfg.seed, bar)
-                for s, (kl, nll) in zip(series[lo:lo + batch], done):
-                    s.kl, s.nll = kl, nll
+            for members in batches:
+                done = closed_loop(net, full, [runs[c] for c in members], P, cfg.gqa,
+                                   cfg.seed, bar)
+                for c, (kl, nll) in zip(members, done):
+                    series[c].kl, series[c].nll = kl, nll
     finally:
         torch.set_num_threads(threads)
     facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
