@@ -64,7 +64,7 @@ def simulate(attention: np.ndarray, policy: str, budget: int, prompt_len: int, *
     mask = important_mask(important, T)
     group = make_group(dense_field(attn[None]), 0, int(prompt_len), mask[None], {},
                        seed=int(seed))
-    trace = run_policy(spec, group, int(budget), resolved)
+    trace = run_policy(spec, group, int(budget), resolved, "a dense attention matrix")
     has_truth = important is not None
     return SimulationResult(
         policy, int(budget), int(prompt_len), resolved, trace.mass[0], trace.cache_size,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvsim.numerics.kernels import _kth_largest, _lowest_ranked_slot, _top_ranked_above, _top_ranked_linear, top_ranked
+from kvsim.numerics.kernels import _kth_largest, lowest_ranked_slot, _top_ranked_above, _top_ranked_linear, top_ranked
 from kvsim.numerics.lanes import lane_max, lane_sum, masked_min
 
 pytestmark = pytest.mark.quick
@@ -57,7 +57,7 @@ def test_lowest_ranked_slot_is_the_rank_rule(values, data):
     slot_of[cache] = np.arange(n)
     eligible = [j for j in range(n) if cache[j] < limit]
     expected = max(eligible, key=lambda j: (-value[j], cache[j])) if eligible else -1
-    assert _lowest_ranked_slot(cache, n, value, limit, slot_of) == expected
+    assert lowest_ranked_slot(cache, n, value, limit, slot_of) == expected
 
 
 @SETTINGS

@@ -62,7 +62,8 @@ class Source:
 
     ``describe(params, base)`` checks the parameters against the data and gives
     ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`;
-    ``build(params, seed, base)`` returns a :class:`Field`.
+    ``build(params, seed, base)`` returns a :class:`Field`; ``provides(params)`` names
+    what it has besides attention (of "keys", "values", "queries": a policy's ``needs``).
     """
 
     name: str
@@ -71,6 +72,7 @@ class Source:
     required: tuple[str, ...]
     describe: Callable[[dict, Path], tuple[int, int, int, bool]]
     build: Callable[[dict, int, Path], Field]
+    provides: Callable[[dict], frozenset] = lambda params: frozenset()
 
 
 def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
@@ -187,7 +189,9 @@ def _field_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 FIELD = Source(
     "field", "a composed field: sinks, recency, heavy hitters, boosts, noise, query/key "
     "vectors; logits evaluated on the fly (O(T) memory)",
-    FIELD_PARAMS, (), _field_describe, _field_build)
+    FIELD_PARAMS, (), _field_describe, _field_build, lambda params: frozenset(
+        (["keys", "queries"] if all("qk" in c for c in params["per_head"]) else [])
+        + (["values"] if all(c.get("qk", {}).get("values") for c in params["per_head"]) else [])))
 
 TRACE = Source(
     "trace", "recorded post-RoPE queries, keys and values of a real model (.npz); logits "
@@ -204,6 +208,7 @@ TRACE = Source(
                    check=lambda v: v >= 0, expect="an integer >= 1"),
         "gqa": FIELD_PARAMS["gqa"],
     }, ("path",), trace.describe, lambda params, seed, base: Field(trace.build(params, seed,
-                                                                               base), None))
+                                                                               base), None),
+    lambda params: frozenset({"keys", "values", "queries"}))
 
 SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD, TRACE)}

@@ -192,7 +192,7 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
         else:
             config = exp.policies[i]
             traces = run_budgets(get_policy(config.kind), group, list(exp.budgets),
-                                 config.params)
+                                 config.params, f"the {scenario.source!r} attention source")
             if store:
                 store.save(keys[i], traces)
         bar.update(heads_per_kv * len(traces))

@@ -3,5 +3,6 @@
 ``jit`` (compile options and the on-disk cache key), ``elementary`` (exp, log, cos),
 ``lanes`` (deterministic lane-wise reductions), ``noise`` (counter-based draws),
 ``field`` (logits and probabilities of a field), ``fullpass`` (the exact full-attention
-pass) and ``kernels`` (ranking and the decode loop).
+pass), ``decode`` (the generic decode loop that drives a policy's steps) and ``kernels``
+(the shared step helpers: ranking, ring, combining heads; the oracle's own loop).
 """

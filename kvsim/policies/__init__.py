@@ -1,11 +1,32 @@
 """Registry of eviction policies: the scenario name -> its implementation.
 
-A new policy is one module defining a :class:`~kvsim.policies.base.Policy` and one
-entry below.
+A new policy is one module and one entry below; tests iterate over this registry. The
+module defines (see ``window``, ``tova``, ``h2o``):
+
+- ``State``: a ``typing.NamedTuple`` of arrays and scalars (mutable counters as
+  1-element arrays), defined at module level so that Numba types and caches it;
+- ``admit(state, cache, n, t) -> slot`` and ``observe(state, cache, n, obs, mass, outputs)``,
+  both ``@jit_inline`` (the protocol is in :mod:`kvsim.numerics.decode`), composed from
+  the shared helpers of :mod:`kvsim.numerics.kernels` (``top_ranked``,
+  ``lowest_ranked_slot`` with the total order, ``ring_slot``, ``combine_observed``,
+  ``combine_rows``);
+- ``decode``: ``@jit def decode(ctx, out, cache, n, state): return decode_loop(ctx, out,
+  cache, n, state, admit, observe)``, naming the steps as globals (a kernel taking them
+  as arguments would recompile in every process);
+- ``start(prompt, budget, params, T) -> (kept, state)``: the prefill selection from the
+  prompt rows of a :class:`Group` (``prompt_scores()``, ``row_scores(lo, hi)``, ``keys``,
+  ``values``; ``gqa``, ``seed``) and the decode state sized for positions ``< T``;
+- ``POLICY = Policy(name, summary, params, Steps(start, admit, observe, decode), ...)``
+  with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
+  attention: checked against the source, a one-line error naming both) and
+  ``closed_loop`` (why it cannot run one step at a time, if so).
+
+The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Stepper`
+runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
 """
 
 from kvsim.policies import full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova, window
-from kvsim.policies.base import Group, Param, Policy, Trace
+from kvsim.policies.base import Group, Param, Policy, Steps, Trace
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
     full.POLICY,
@@ -19,4 +40,4 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     oracle.POLICY,
 )}
 
-__all__ = ["POLICIES", "Group", "Param", "Policy", "Trace"]
+__all__ = ["POLICIES", "Group", "Param", "Policy", "Steps", "Trace"]

@@ -1,17 +1,21 @@
-"""What a policy is: its parameters, its budget floor, and how it runs on one KV head."""
+"""What a policy is: its parameters, its budget floor, its step code, and how it runs on
+one KV head."""
 
 from __future__ import annotations
 
+import functools
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import Context, Outputs
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.fullpass import FullPass, full_pass
 from kvsim.params import Param
+from kvsim.policies import ring
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Group:
     seed: int = 0
     snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    vectors: tuple = ()  # (keys (d, T), values (T, dv)) of the KV head if not the field's
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
@@ -48,6 +53,20 @@ class Group:
     @property
     def row_sum(self) -> np.ndarray:
         return self._stats()[1]
+
+    @property
+    def keys(self) -> np.ndarray:
+        """(d, T) the KV head's key vectors by dimension ((0, 0) if the source has none)."""
+        return self.vectors[0] if self.vectors else self.field.keys[self.kv_head]
+
+    @property
+    def values(self) -> np.ndarray:
+        """(T, dv) the KV head's value vectors ((0, 0) if the source has none)."""
+        return self.vectors[1] if self.vectors else self.field.values[self.kv_head]
+
+    @property
+    def kv_head(self) -> int:
+        return int(self.heads[0]) // self.field.group
 
     def passes(self, rows: int | None = None) -> tuple[FullPass, ...]:
         """The full pass of every query head of the group over queries ``0 .. rows-1``."""
@@ -121,25 +140,62 @@ class Trace:
     snapshots: np.ndarray   # (len(snap_steps), budget) cached positions, -1 padded, or (0, 0)
 
 
+NEEDS = frozenset({"keys", "values", "queries"})
+"""What a policy may need from its source besides attention (``Policy.needs``)."""
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A policy's step code (:mod:`kvsim.numerics.decode` defines the protocol).
+
+    ``start(prompt, budget, params, T) -> (kept, state)``: the prefill selection (cached
+    positions in slot order) and the decode state, sized for positions ``< T``; ``prompt``
+    is a :class:`Group` of which only the prompt rows are read (the
+    :class:`~kvsim.policies.stepping.Stepper` builds one from a prompt's attention).
+    ``admit``/``observe``: the compiled steps; ``decode``: the policy's compiled loop,
+    ``decode_loop(ctx, out, cache, n, state, admit, observe)``.
+    """
+
+    start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]
+    admit: Callable
+    observe: Callable
+    decode: Callable
+
+
 @dataclass(frozen=True)
 class Policy:
     """A registered policy.
 
+    ``steps`` is its step code; ``run(group, budget, params)`` returns a :class:`Trace`
+    (by default the decode loop over ``steps``); ``run_budgets(group, budgets, params)``,
+    where given, returns one per budget from work shared across budgets.
     ``min_budget(params)`` is the smallest valid budget (fixed parts + 1);
     ``check(T, prompt_len, params)`` returns a cross-field problem ``"param: expected
-    ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`;
-    ``run_budgets(group, budgets, params)``, where given, returns one per budget from
-    work shared across budgets.
+    ..."`` or None. ``needs`` names what the policy reads from its source besides
+    attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says why it cannot run
+    one step at a time on attention from elsewhere, or None.
     """
 
     name: str
     summary: str
     params: dict[str, Param]
-    run: Callable[[Group, int, dict], Trace]
+    steps: Steps | None = None
+    _: KW_ONLY
+    run: Callable[[Group, int, dict], Trace] | None = None
     min_budget: Callable[[dict], int] = lambda params: 1
     check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
+    needs: frozenset[str] = frozenset()
+    closed_loop: Callable[[dict], str | None] = lambda params: None
+
+    def __post_init__(self):
+        if not self.needs <= NEEDS:
+            raise ValueError(f"{self.name}: needs {set(self.needs - NEEDS)}, not in {set(NEEDS)}")
+        if self.run is None:
+            if self.steps is None:
+                raise ValueError(f"{self.name}: expected step code or a run function")
+            object.__setattr__(self, "run", functools.partial(run_steps, self.steps))
 
     def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
         """One trace per budget (shared work where the policy supports it)."""
@@ -162,34 +218,35 @@ def snapshot_steps(group: Group, budget: int) -> np.ndarray:
     return group.snap_steps if budget == group.snap_budget else np.zeros(0, np.int64)
 
 
-def run_decode(group: Group, capacity: int, kept: np.ndarray, *, score=None, seen=None,
-               static_score=None, evict_rule: int = kernels.EVICT_RING, ring=(0, 0, 1),
-               recent: int = 0, normalize: bool = False,
-               update_rule: int = kernels.UPDATE_NONE, evict_slots=None) -> Trace:
-    """Run the shared decode loop from a prefill selection ``kept`` (ascending).
+def context(group: Group) -> Context:
+    """The decode loop's view of ``group``."""
+    return Context(group.field, group.row_max, group.row_sum, group.heads, group.prompt_len,
+                   group.important, group.full_output)
 
-    ``score``/``seen`` give the state of each kept key, ``static_score`` the score a
-    new token starts with (one value per position).
+
+def run_decode(group: Group, capacity: int, kept: np.ndarray, decode: Callable | None = None,
+               state: NamedTuple | None = None) -> Trace:
+    """Run a policy's compiled decode loop ``decode`` with ``state`` from the prefill
+    selection ``kept`` (slot order) with ``capacity`` slots.
+
+    Without ``decode``: the window rule (a ring over every slot, oldest key first).
     """
+    if decode is None:
+        decode, state = ring.decode, ring.Ring(0, group.prompt_len - len(kept), capacity)
     n = kept.shape[0]
     cache = np.zeros(capacity, np.int64)
     cache[:n] = kept
-    state = np.zeros(capacity)
-    counts = np.zeros(capacity)
-    if score is not None:
-        state[:n] = score
-    if seen is not None:
-        counts[:n] = seen
     trace = new_trace(group)
-    steps = group.T - group.prompt_len
     snap_steps = snapshot_steps(group, capacity)
     trace.snapshots = np.full((snap_steps.shape[0], capacity), -1, np.int64)
-    n = kernels.decode(
-        group.field, group.row_max, group.row_sum, group.heads, group.prompt_len, cache, n,
-        state, counts, np.zeros(group.T) if static_score is None else static_score,
-        evict_rule, np.asarray(ring, np.int64), recent, normalize, update_rule, group.gqa,
-        np.zeros(steps, np.int64) if evict_slots is None else evict_slots,
-        group.important, group.full_output, trace.mass, trace.cache_size, trace.recall,
-        trace.error, snap_steps, trace.snapshots)
+    out = Outputs(trace.mass, trace.cache_size, trace.recall, trace.error, snap_steps,
+                  trace.snapshots)
+    n = decode(context(group), out, cache, n, state)
     trace.kept = np.sort(cache[:n])
     return trace
+
+
+def run_steps(steps: Steps, group: Group, budget: int, params: dict) -> Trace:
+    """A policy's trace from its step code: prefill selection, then the decode loop."""
+    kept, state = steps.start(group, budget, params, group.T)
+    return run_decode(group, budget, kept, steps.decode, state)

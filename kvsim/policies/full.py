@@ -35,5 +35,6 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     return [trace] * len(budgets)
 
 
-POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, _run,
-                budgeted=False, run_budgets=_run_budgets)
+POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, run=_run,
+                budgeted=False, run_budgets=_run_budgets,
+                closed_loop=lambda params: "it keeps every key: run the model uncompressed")

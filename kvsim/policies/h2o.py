@@ -4,10 +4,14 @@ Zhang et al. 2023, Heavy-Hitter Oracle: keep the ``recent`` newest tokens and th
 heavy hitters, the keys with the largest accumulated attention.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Group, Param, Policy, Steps
 
 RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",
                      check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)")
@@ -20,41 +24,115 @@ ONLINE_PARAMS = {
 }
 
 
+class State(NamedTuple):
+    """Per slot: the score and how many queries saw the key; per position: its slot."""
+
+    score: np.ndarray     # (B,) float64
+    seen: np.ndarray      # (B,) float64
+    slot_of: np.ndarray   # (T,) int64
+    initial: np.ndarray   # (T,) float64: the score a token joins with
+    ranking: np.ndarray   # (B,) float64 scratch: score / seen
+    combined: np.ndarray  # (B,) float64 scratch: the step's combined attention
+    recent: int           # the newest tokens (the incoming one included) never evicted
+    normalize: bool       # rank by score / seen
+    full: bool            # accumulate the full attention p, not the observed p~
+    gqa: int
+
+
 def recent_count(budget: int, params: dict) -> int:
     """Number of newest tokens protected from eviction."""
     return int(params["recent_ratio"] * budget)
 
 
-def _prefill(group: Group, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
-    P = group.prompt_len
+@jit_inline
+def admit(state, cache, n, t):
+    """Evict the lowest-ranked key outside the ``recent`` newest when full."""
+    slot = n
+    if n == cache.shape[0]:
+        value = state.score
+        if state.normalize:
+            for j in range(n):
+                state.ranking[j] = state.score[j] / state.seen[j]
+            value = state.ranking
+        slot = kernels.lowest_ranked_slot(cache, n, value, t - state.recent + 1, state.slot_of)
+    state.slot_of[t] = slot
+    state.score[slot] = state.initial[t]
+    state.seen[slot] = 0.0
+    return slot
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Add the step's attention (observed, or full) to every cached key's score."""
+    if state.full:
+        kernels.combine_rows(obs, n, state.gqa, state.combined)
+    else:
+        kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
+    for j in range(n):
+        state.score[j] += state.combined[j]
+        state.seen[j] += 1.0
+
+
+@jit_inline
+def observe_nothing(state, cache, n, obs, mass, outputs):
+    """Static scores: nothing to learn."""
+    return None
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``h2o``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+@jit
+def decode_offline(ctx, out, cache, n, state):
+    """The decode loop of ``h2o_offline``: static scores."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+
+
+def _prefill(P: int, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
     if P <= budget:
         return np.arange(P)
     heavy = kernels.top_ranked(ranking, 0, P - recent, budget - recent)
     return np.concatenate((heavy, np.arange(P - recent, P)))
 
 
-def _run_online(group: Group, budget: int, params: dict) -> Trace:
-    P, recent = group.prompt_len, recent_count(budget, params)
-    score = group.prompt_scores()[:P]
+def _state(budget: int, T: int, kept: np.ndarray, score: np.ndarray, seen: np.ndarray,
+           initial: np.ndarray, recent: int, params: dict, gqa: int) -> State:
+    state = State(np.zeros(budget), np.zeros(budget), np.zeros(T, np.int64), initial,
+                  np.zeros(budget), np.zeros(budget), recent, bool(params.get("normalize")),
+                  params.get("accumulate") == "full", gqa)
+    n = len(kept)
+    state.score[:n], state.seen[:n], state.slot_of[kept] = score, seen, np.arange(n)
+    return state
+
+
+def _start_online(prompt: Group, budget: int, params: dict, T: int):
+    P, recent = prompt.prompt_len, recent_count(budget, params)
+    score = prompt.prompt_scores()[:P]
     seen = (P - np.arange(P)).astype(np.float64)
     ranking = score / seen if params["normalize"] else score
-    kept = _prefill(group, budget, recent, ranking)
-    update = (kernels.UPDATE_ADD_OBSERVED if params["accumulate"] == "observed"
-              else kernels.UPDATE_ADD_FULL)
-    return run_decode(group, budget, kept, score=score[kept], seen=seen[kept],
-                      evict_rule=kernels.EVICT_LOWEST, recent=recent,
-                      normalize=params["normalize"], update_rule=update)
+    kept = _prefill(P, budget, recent, ranking)
+    return kept, _state(budget, T, kept, score[kept], seen[kept], np.zeros(T), recent, params,
+                        prompt.gqa)
 
 
-def _run_offline(group: Group, budget: int, params: dict) -> Trace:
+def _start_offline(group: Group, budget: int, params: dict, T: int):
     recent = recent_count(budget, params)
     score = group.global_scores()
-    kept = _prefill(group, budget, recent, score)
-    return run_decode(group, budget, kept, score=score[kept], static_score=score,
-                      evict_rule=kernels.EVICT_LOWEST, recent=recent)
+    kept = _prefill(group.prompt_len, budget, recent, score)
+    return kept, _state(budget, T, kept, score[kept], np.zeros(len(kept)), score, recent,
+                        params, group.gqa)
 
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
-                ONLINE_PARAMS, _run_online)
+                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode),
+                closed_loop=lambda params: (
+                    'accumulate = "full" adds the full attention p(t, k), which a closed loop '
+                    'does not have' if params["accumulate"] == "full" else None))
 OFFLINE = Policy("h2o_offline", "recent newest + heavy hitters by global column sums "
-                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO}, _run_offline)
+                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO},
+                 Steps(_start_offline, admit, observe_nothing, decode_offline),
+                 closed_loop=lambda params: "it is clairvoyant: it ranks keys by the attention "
+                 "of future queries")

@@ -1,18 +1,39 @@
 """``random``: a uniformly random prompt subset, then uniformly random evictions."""
 
+from typing import NamedTuple
+
 import numpy as np
 
-from kvsim.numerics import kernels
-from kvsim.policies.base import Group, Policy, Trace, run_decode
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.ring import observe
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P = group.prompt_len
-    rng = np.random.default_rng(group.seed)
+class State(NamedTuple):
+    slots: np.ndarray  # (T - P,) int64: the slot evicted at each decode step, drawn in advance
+    prompt_len: int
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Evict the slot drawn for this step (the new token always joins)."""
+    return n if n < cache.shape[0] else state.slots[t - state.prompt_len]
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``random``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P = prompt.prompt_len
+    rng = np.random.default_rng(prompt.seed)
     kept = np.sort(rng.choice(P, size=budget, replace=False)) if P > budget else np.arange(P)
-    slots = rng.integers(0, budget, size=group.T - P).astype(np.int64)
-    return run_decode(group, budget, kept.astype(np.int64), evict_rule=kernels.EVICT_SLOT,
-                      evict_slots=slots)
+    slots = rng.integers(0, budget, size=T - P).astype(np.int64)
+    return kept.astype(np.int64), State(slots, P)
 
 
-POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {}, _run)
+POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
+                Steps(_start, admit, observe, decode))

@@ -79,13 +79,40 @@ def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) ->
         raise InvariantError("full: mass differs from 1")
 
 
-def run_policy(policy: Policy, group: Group, budget: int, params: dict) -> Trace:
+NEED_WORDS = {"keys": "key vectors", "values": "value vectors", "queries": "query vectors"}
+
+
+def missing_needs(policy: Policy, provides: frozenset) -> str | None:
+    """What ``policy`` needs that a source providing ``provides`` lacks (words), or None."""
+    return " and ".join(NEED_WORDS[n] for n in sorted(policy.needs - provides)) or None
+
+
+def field_provides(field: FieldData, kv_head: int) -> frozenset:
+    """What a field has besides attention for KV head ``kv_head`` (see ``Policy.needs``)."""
+    return frozenset(name for name, present in (
+        ("keys", field.keys.shape[1] > 0), ("queries", field.queries.shape[2] > 0),
+        ("values", field.has_values(kv_head))) if present)
+
+
+def check_source(policy: Policy, group: Group, source: str) -> None:
+    """A one-line :class:`KvsimError` if ``policy`` needs what ``source`` (its description,
+    e.g. "a dense attention matrix") does not have for ``group``."""
+    missing = missing_needs(policy, field_provides(group.field, group.kv_head))
+    if missing:
+        raise KvsimError(f"{policy.name}: needs {missing}, which {source} does not have")
+
+
+def run_policy(policy: Policy, group: Group, budget: int, params: dict,
+               source: str = "this attention source") -> Trace:
     """Run a checked policy on one KV head's ``group`` and assert the invariants."""
-    return run_budgets(policy, group, [budget], params)[0]
+    return run_budgets(policy, group, [budget], params, source)[0]
 
 
-def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict) -> list[Trace]:
-    """:func:`run_policy` at several budgets, sharing work where the policy can."""
+def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
+                source: str = "this attention source") -> list[Trace]:
+    """:func:`run_policy` at several budgets, sharing work where the policy can; ``source``
+    describes the attention source in the error if the policy needs what it lacks."""
+    check_source(policy, group, source)
     traces = policy.run_all(group, [int(b) for b in budgets], params)
     for budget, trace in zip(budgets, traces):
         check_invariants(policy, budget, group, trace)

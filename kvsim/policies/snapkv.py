@@ -4,7 +4,8 @@ import numpy as np
 
 from kvsim.numerics import kernels
 from kvsim.numerics.jit import jit
-from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
+from kvsim.policies import ring
+from kvsim.policies.base import Group, Param, Policy, Steps
 
 POOLING = ("max", "avg", "none")
 
@@ -43,20 +44,19 @@ def pool(votes, kernel, mode):
     return out
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P = group.prompt_len
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P = prompt.prompt_len
     w = min(params["window"], P)
-    votes = group.row_scores(P - w, P)
+    votes = prompt.row_scores(P - w, P)
     mode = POOLING.index(params["pooling"])
-    if not params["protect_window"]:
+    if not params["protect_window"]:  # only without decode steps (see _check)
         kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
-        return run_decode(group, budget, kept)
+        return kept, ring.Ring(0, 0, budget)
     prefix = P - w
     n_pinned = min(prefix, budget - w)
     pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
-    return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
-                      ring=(n_pinned, prefix, budget - n_pinned))
+    return kept, ring.Ring(n_pinned, prefix, budget - n_pinned)
 
 
 def _check(T: int, prompt_len: int, params: dict) -> str | None:
@@ -67,5 +67,5 @@ def _check(T: int, prompt_len: int, params: dict) -> str | None:
 
 
 POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt queries + ring",
-                PARAMS, _run, check=_check,
+                PARAMS, Steps(_start, ring.admit, ring.observe, ring.decode), check=_check,
                 min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1)

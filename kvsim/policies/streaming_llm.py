@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from kvsim.numerics import kernels
-from kvsim.policies.base import Group, Param, Policy, Trace, run_decode
+from kvsim.policies import ring
+from kvsim.policies.base import Group, Param, Policy, Steps
 
 PARAMS = {
     "sinks": Param(int, 4, "number of first tokens always kept", check=lambda v: v >= 0,
@@ -11,14 +11,14 @@ PARAMS = {
 }
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P, sinks = group.prompt_len, params["sinks"]
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, sinks = prompt.prompt_len, params["sinks"]
     width = budget - sinks
     start = max(sinks, P - width)  # oldest position in the ring
     kept = np.concatenate((np.arange(min(sinks, P)), np.arange(start, P)))
-    return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
-                      ring=(sinks, start, width))
+    return kept, ring.Ring(sinks, start, width)
 
 
-POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS, _run,
+POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS,
+                Steps(_start, ring.admit, ring.observe, ring.decode),
                 min_budget=lambda params: params["sinks"] + 1)

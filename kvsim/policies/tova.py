@@ -1,17 +1,51 @@
 """``tova``: evict the key the previous query attended to least (Oren et al. 2024)."""
 
+from typing import NamedTuple
+
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.policies.base import Group, Policy, Trace, run_decode
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Group, Policy, Steps
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P = group.prompt_len
-    last = group.row_scores(P - 1, P) if P > 0 else np.zeros(group.T)
+class State(NamedTuple):
+    score: np.ndarray    # (B,) float64: the previous query's observed attention
+    slot_of: np.ndarray  # (T,) int64: the slot of each cached position
+    gqa: int
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Evict the key with the lowest score (the newest token always joins)."""
+    slot = n if n < cache.shape[0] else kernels.lowest_ranked_slot(cache, n, state.score, t + 1,
+                                                                   state.slot_of)
+    state.slot_of[t] = slot
+    state.score[slot] = 0.0
+    return slot
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """The score becomes this query's observed attention, combined over the group."""
+    kernels.combine_observed(obs, mass, n, state.gqa, state.score)
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``tova``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P = prompt.prompt_len
+    last = prompt.row_scores(P - 1, P) if P > 0 else np.zeros(P)
     kept = kernels.top_ranked(last, 0, P, budget)
-    return run_decode(group, budget, kept, score=last[kept], evict_rule=kernels.EVICT_LOWEST,
-                      update_rule=kernels.UPDATE_SET_OBSERVED)
+    state = State(np.zeros(budget), np.zeros(T, np.int64), prompt.gqa)
+    state.score[:len(kept)], state.slot_of[kept] = last[kept], np.arange(len(kept))
+    return kept, state
 
 
-POLICY = Policy("tova", "evict the lowest attention of the previous query", {}, _run)
+POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
+                Steps(_start, admit, observe, decode))

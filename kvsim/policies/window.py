@@ -2,15 +2,15 @@
 
 import numpy as np
 
-from kvsim.numerics import kernels
-from kvsim.policies.base import Group, Policy, Trace, run_decode
+from kvsim.policies import ring
+from kvsim.policies.base import Group, Policy, Steps
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
-    P = group.prompt_len
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P = prompt.prompt_len
     start = max(0, P - budget)
-    return run_decode(group, budget, np.arange(start, P),
-                      evict_rule=kernels.EVICT_RING, ring=(0, start, budget))
+    return np.arange(start, P), ring.Ring(0, start, budget)
 
 
-POLICY = Policy("window", "last B tokens (sliding window)", {}, _run)
+POLICY = Policy("window", "last B tokens (sliding window)", {},
+                Steps(_start, ring.admit, ring.observe, ring.decode))

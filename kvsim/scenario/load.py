@@ -17,7 +17,7 @@ from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import Param
 from kvsim.policies import POLICIES
-from kvsim.policies.run import budget_problem, did_you_mean, get_policy, resolve_params
+from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, resolve_params
 
 FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster")
 FORMATS = ("png", "svg", "pdf")
@@ -180,7 +180,8 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list
 
 
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
-                     configs: dict[str, PolicyConfig], names: set) -> Experiment | None:
+                     configs: dict[str, PolicyConfig], names: set,
+                     source: tuple[str, frozenset]) -> Experiment | None:
     where = f"experiment[{index}]"
     chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
     before = len(chk.problems)
@@ -215,6 +216,10 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
         if problem:
             key, _, message = problem.partition(": ")
             chk.add(f"policies.{label}.{key}", f"{message} in experiment {name!r}")
+        missing = missing_needs(policy, source[1])
+        if missing:
+            chk.add(f"{where}.policies[{i}]", f"policy {label!r}: {policy.name} needs {missing}, "
+                                              f"which the {source[0]!r} attention source does not have")
         chosen.append(config)
     decodes = prompt_len < T
     default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
@@ -392,6 +397,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     attention = chk.table(doc, "attention", "attention")
     source_name = attention.get("source")
     T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
+    provides = (str(source_name), frozenset())
     if source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
@@ -409,6 +415,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         if len(chk.problems) == before:
             try:
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
+                provides = (source_name, source.provides(attn_params))
             except KvsimError as exc:
                 key, _, message = str(exc).partition(": ")
                 chk.add(f"attention.{key}", message)
@@ -431,7 +438,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, has_truth, configs, names)
+                exp = _read_experiment(chk, table, i, T, has_truth, configs, names, provides)
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:

@@ -1,0 +1,194 @@
+"""The generic decode loop: one KV head, token by token, driving a policy's two steps.
+
+A policy is a state (a ``NamedTuple`` of arrays and scalars, defined at module level;
+mutable counters are 1-element arrays) and two steps, compiled with ``jit_inline``:
+
+``admit(state, cache, n, t) -> slot``
+    Token ``t`` joins the cache ``cache[:n]`` (cached positions in slot order;
+    ``cache.shape[0]`` is the budget). Return the slot it takes: ``n`` while the cache
+    is not full, else the slot of the key to evict (``cache[slot]`` is still the evicted
+    position). Set the policy's own per-slot state for ``t`` there; the loop then writes
+    ``cache[slot] = t`` (and ``n += 1`` if ``slot == n``). Slots never move.
+``observe(state, cache, n, obs, mass, outputs) -> None``
+    Query ``t`` attended over ``cache[:n]``: ``obs[g, :n]`` is the attention of query
+    head ``g`` of the group over the cache and ``mass[g]`` its sum (the observed
+    attention is ``obs / mass``; ``obs`` may be overwritten); ``outputs[g]`` is the
+    observed output ``o~`` of head ``g`` where the field has values (shape (G, 0)
+    otherwise). Update the state from them.
+
+The loop is generic: it knows no policy. Each policy compiles its own loop as a small
+top-level kernel that names its steps as globals,
+
+.. code-block:: python
+
+    @jit
+    def decode(ctx, out, cache, n, state):
+        return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+because a kernel that takes compiled functions as *arguments* is never an on-disk
+cache hit (Numba types a dispatcher per process). The same ``admit``/``observe`` run
+one step at a time from Python in :class:`kvsim.policies.stepping.Stepper`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.numerics.field import FieldData, probs_at
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.lanes import lane_sum
+
+
+class Context(NamedTuple):
+    """What the decode loop reads about one KV head and its ``G`` query heads."""
+
+    field: FieldData
+    row_max: np.ndarray      # (H, T) float64 row statistics of the full pass
+    row_sum: np.ndarray      # (H, T) float64
+    heads: np.ndarray        # (G,) int64: the query heads sharing this KV head
+    prompt_len: int
+    important: np.ndarray    # (G, T) bool: ground-truth positions per query head
+    full_output: np.ndarray  # (G, steps, dv) float64: o(t), dv = 0 without values
+
+
+class Outputs(NamedTuple):
+    """What the decode loop writes, one entry per decode step ``t - prompt_len``."""
+
+    mass: np.ndarray         # (G, steps) float64: full-attention mass of the cache
+    cache_size: np.ndarray   # (steps,) int64
+    recall: np.ndarray       # (G, steps) float64: share of important keys cached
+    error: np.ndarray        # (G, steps) float64: relative output error (dv > 0)
+    snap_steps: np.ndarray   # (S,) int64 ascending: steps whose cache is recorded
+    snapshots: np.ndarray    # (S, width) int64: cached positions, -1 padded
+
+
+@jit
+def observed_outputs(values, cache, n, obs, mass, outputs):
+    """``outputs[g] = sum_j (obs[g, j] / mass[g]) * values[cache[j]]``, in slot order: the
+    observed output ``o~`` of each head (0 where no mass is kept)."""
+    dv = outputs.shape[1]
+    for g in range(outputs.shape[0]):
+        m = mass[g]
+        for i in range(dv):
+            outputs[g, i] = 0.0
+        for j in range(n):
+            w = obs[g, j] / m if m > 0.0 else 0.0
+            value = values[cache[j]]  # a row view: LLVM then vectorises over i
+            for i in range(dv):
+                outputs[g, i] += w * value[i]
+
+
+@jit_inline
+def record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out_mass, out_recall,
+           out_error):
+    """Metrics of step ``step`` from the full attention ``obs[g, :n]`` of each head over the
+    cache: mass (into ``mass`` too), recall (``hits[g]`` of the ``n_important[g]`` important
+    keys are cached) and, with values, the output error (``outputs`` gets ``o~``)."""
+    f = ctx.field
+    dv = outputs.shape[1]
+    for g in range(obs.shape[0]):
+        m = lane_sum(obs[g], n)
+        mass[g] = m
+        out_mass[g, step] = m
+        out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
+    if dv > 0:
+        observed_outputs(f.values[ctx.heads[0] // f.group], cache, n, obs, mass, outputs)
+        for g in range(obs.shape[0]):
+            diff = 0.0
+            norm = 0.0
+            for i in range(dv):
+                diff += (outputs[g, i] - ctx.full_output[g, step, i]) ** 2
+                norm += ctx.full_output[g, step, i] ** 2
+            out_error[g, step] = np.sqrt(diff / norm) if norm > 0.0 else 0.0
+
+
+@jit
+def copy_kept(cache, n, out):
+    """``out[:n] = cache[:n]``, as a loop: a slice copy would compile Numba's shape-mismatch
+    error formatting into every kernel that uses it (seconds of cold start)."""
+    for j in range(n):
+        out[j] = cache[j]
+
+
+@jit
+def snapshot(cache, n, step, snap_steps, snapshots, index):
+    """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step."""
+    if index < snap_steps.shape[0] and snap_steps[index] == step:
+        for j in range(snapshots.shape[1]):  # loops, not slice copies: see copy_kept
+            snapshots[index, j] = cache[j] if j < n else -1
+        return index + 1
+    return index
+
+
+@jit
+def cached_important(important, cache, n, hits):
+    """``hits[g]``: the number of query head g's important keys among ``cache[:n]``."""
+    for g in range(important.shape[0]):
+        hits[g] = 0
+        for j in range(n):
+            hits[g] += important[g, cache[j]]
+
+
+@jit
+def count_important(important, prompt_len):
+    """Number of important keys before the first decode step, per query head."""
+    counts = np.zeros(important.shape[0], np.int64)
+    for g in range(important.shape[0]):
+        for k in range(prompt_len):
+            if important[g, k]:
+                counts[g] += 1
+    return counts
+
+
+@jit_inline
+def decode_loop(ctx, out, cache, n, state, admit, observe):
+    """Simulate decode steps ``prompt_len .. T-1`` of one KV head; fill ``out``.
+
+    ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
+    decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
+    the full attention of each query head over the cache, record the metrics and the
+    snapshot, ``observe``. Returns the final number of cached keys.
+    """
+    f = ctx.field
+    budget = cache.shape[0]
+    T = f.key_bias.shape[1]
+    G = ctx.heads.shape[0]
+    important = ctx.important
+    obs = np.empty((G, budget))
+    mass = np.empty(G)
+    outputs = np.empty((G, ctx.full_output.shape[2]))
+    n_important = count_important(important, ctx.prompt_len)
+    hits = np.empty(G, np.int64)
+    cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
+    work = np.empty(budget)
+    kv = ctx.heads[0] // f.group
+    d = f.keys.shape[1]
+    cached = np.empty((d, budget))  # the cached keys' vectors, by dimension (q.k fields)
+    for j in range(n):
+        for i in range(d):
+            cached[i, j] = f.keys[kv, i, cache[j]]
+    snap = 0
+    for t in range(ctx.prompt_len, T):
+        step = t - ctx.prompt_len
+        slot = admit(state, cache, n, t)
+        if slot < n:
+            for g in range(G):
+                hits[g] -= important[g, cache[slot]]
+        else:
+            n += 1
+        cache[slot] = t
+        for i in range(d):
+            cached[i, slot] = f.keys[kv, i, t]
+        for g in range(G):
+            n_important[g] += important[g, t]
+            hits[g] += important[g, t]
+        out.cache_size[step] = n
+        for g in range(G):
+            probs_at(f, ctx.row_max, ctx.row_sum, ctx.heads[g], t, cache, n, obs[g], work, cached)
+        record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out.mass, out.recall,
+               out.error)
+        snap = snapshot(cache, n, step, out.snap_steps, out.snapshots, snap)
+        observe(state, cache, n, obs, mass, outputs)
+    return n

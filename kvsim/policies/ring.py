@@ -1,0 +1,37 @@
+"""The ring: a fixed set of slots refilled oldest first, with no score (no ``observe``).
+
+Step code shared by ``window`` (a ring over every slot), ``streaming_llm`` (sinks, then
+a ring) and ``snapkv`` (a pinned selection, then a ring), so they share one compiled loop.
+"""
+
+from typing import NamedTuple
+
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.kernels import ring_slot
+
+
+class Ring(NamedTuple):
+    """Slots ``base .. base + width - 1`` form the ring; slot ``base`` took ``start``."""
+
+    base: int
+    start: int
+    width: int
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Append while there is room, then replace the ring's oldest key."""
+    return n if n < cache.shape[0] else ring_slot(state.base, state.start, state.width, t)
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Nothing to learn: a ring has no score."""
+    return None
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of the ring (:func:`kvsim.numerics.decode.decode_loop`)."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)

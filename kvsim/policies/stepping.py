@@ -1,0 +1,157 @@
+"""Drive a policy one step at a time from Python, on attention rows from elsewhere.
+
+The :class:`Stepper` runs the very ``admit``/``observe`` code that the simulator's decode
+loop runs (:mod:`kvsim.numerics.decode`), so fed the simulator's rows it reproduces the
+simulator's cache at every step; fed a real model's rows under its compressed cache, it is
+the policy in a closed loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.numerics.field import dense_field
+from kvsim.numerics.kernels import GQA_MODES
+from kvsim.numerics.lanes import lane_sum
+from kvsim.policies.run import budget_problem, get_policy, make_group, resolve_params
+
+
+def _array(name: str, value, ndim: int) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.ndim != ndim:
+        raise KvsimError(f"{name}: expected a {ndim}-D NumPy array, got "
+                         f"{getattr(value, 'shape', type(value).__name__)}")
+    return value
+
+
+class Stepper:
+    """One KV head's cache under ``policy``, advanced one token at a time.
+
+    Parameters
+    ----------
+    policy, budget, params : a registered policy, its budget and parameters.
+    prompt_attention : (G, P, P) float64, the full causal attention of the P prompt
+        queries of the G query heads sharing this KV head (rows sum to 1 over k <= q);
+        P may be 0. The prefill selection is made from it exactly as the simulator makes it.
+    keys, values : (capacity_T, d) arrays of the KV head, read by reference (not copied),
+        so rows may be filled as tokens arrive; a policy reads rows ``< t + 1`` only. A
+        policy's ``start`` sees them as ``prompt.keys`` (by dimension, ``keys.T``) and
+        ``prompt.values``.
+    gqa : how the group's scores combine ("mean", "max", "sum").
+    seed : the seed of seeded policies (``random``).
+    capacity_T : the largest position + 1 that will ever be admitted.
+
+    Raises
+    ------
+    KvsimError
+        For a bad argument, or a policy that cannot run in a closed loop (with the reason).
+    """
+
+    def __init__(self, policy: str, budget: int, params: dict | None = None, *,
+                 prompt_attention: np.ndarray, keys: np.ndarray | None = None,
+                 values: np.ndarray | None = None, gqa: str = "mean", seed: int = 0,
+                 capacity_T: int):
+        spec = get_policy(policy)
+        resolved = resolve_params(spec, params or {})
+        reason = spec.closed_loop(resolved)
+        if reason is None and spec.steps is None:
+            reason = "it has no step code"
+        if reason:
+            raise KvsimError(f"{policy}: cannot run one step at a time: {reason}")
+        A = _array("prompt_attention", prompt_attention, 3)
+        G, P = A.shape[0], A.shape[1]
+        if G < 1 or A.shape[2] != P:
+            raise KvsimError(f"prompt_attention: expected shape (G, P, P) with G >= 1, got {A.shape}")
+        if isinstance(capacity_T, bool) or not isinstance(capacity_T, (int, np.integer)) \
+                or capacity_T < P:
+            raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+            raise KvsimError(f"budget: expected an integer, got {budget!r}")
+        problem = budget_problem(spec, budget, resolved)
+        if problem:
+            raise KvsimError(f"budget: {problem}")
+        problem = spec.check(capacity_T, P, resolved)
+        if problem:
+            raise KvsimError(f"{policy}.{problem}")
+        if gqa not in GQA_MODES:
+            raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
+        self._keys = self._vectors("keys", keys, capacity_T, policy, "keys" in spec.needs)
+        self._values = self._vectors("values", values, capacity_T, policy,
+                                     "values" in spec.needs)
+        # The prefill reads only the prompt rows: a dense field over them (one key when
+        # P = 0, so that the field is not empty; the prompt has no row to read).
+        probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G, 1, 1))
+        prompt = make_group(dense_field(probs, kv_heads=1), 0, P, np.zeros((G, max(P, 1)), bool),
+                            {}, GQA_MODES[gqa], int(seed))
+        empty = np.zeros((0, 0), np.float32)
+        prompt = dataclasses.replace(prompt, vectors=(
+            empty if self._keys is None else self._keys.T,  # by dimension, like a field's
+            empty if self._values is None else self._values))
+        kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
+        self._steps = spec.steps
+        self._cache = np.zeros(int(budget), np.int64)
+        self._n = len(kept)
+        self._cache[:self._n] = kept
+        self._obs = np.zeros((G, int(budget)))
+        self._mass = np.zeros(G)
+        self._next = P  # the next token to admit
+        self._capacity = int(capacity_T)
+        self._observed = True
+
+    @staticmethod
+    def _vectors(name: str, x, capacity_T: int, policy: str, needed: bool):
+        """A (capacity_T, d) array by reference, or None; an error if needed and missing."""
+        if x is None:
+            if needed:
+                raise KvsimError(f"{name}: {policy} needs the {name} of the KV head, got none")
+            return None
+        x = _array(name, x, 2)
+        if x.shape[0] != capacity_T:
+            raise KvsimError(f"{name}: expected {capacity_T} rows (capacity_T), got {x.shape[0]}")
+        return x
+
+    @property
+    def cache(self) -> np.ndarray:
+        """The cached positions, in slot order."""
+        return self._cache[:self._n].copy()
+
+    def admit(self, t: int) -> int:
+        """Token ``t`` joins (evicting first when full); returns the evicted position or -1."""
+        if t != self._next or t >= self._capacity:
+            raise KvsimError(f"admit: expected token {self._next} (tokens join in order, below "
+                             f"capacity_T = {self._capacity}), got {t!r}")
+        if not self._observed:
+            raise KvsimError(f"admit: token {t - 1} was admitted but not observed")
+        slot = int(self._steps.admit(self._state, self._cache, self._n, t))
+        evicted = int(self._cache[slot]) if slot < self._n else -1
+        self._n += slot == self._n
+        self._cache[slot] = t
+        self._next = t + 1
+        self._observed = False
+        return evicted
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """Query ``t`` (the last admitted token) attended over :attr:`cache`.
+
+        ``attention``: (G, n) attention of each query head over the cache in slot order
+        (renormalised here, so the full-cache rows restricted to the cache do too);
+        ``output``: (G, dv) the observed outputs, for policies that need values.
+        """
+        if self._observed:
+            raise KvsimError("observe: expected a token admitted first")
+        G, n = self._obs.shape[0], self._n
+        a = _array("attention", attention, 2)
+        if a.shape != (G, n):
+            raise KvsimError(f"attention: expected shape {(G, n)} (heads, cached keys), "
+                             f"got {a.shape}")
+        self._obs[:, :n] = a
+        for g in range(G):
+            self._mass[g] = lane_sum(self._obs[g], n)
+        outputs = np.zeros((G, 0)) if output is None else np.ascontiguousarray(
+            _array("output", output, 2), dtype=np.float64)
+        if outputs.shape[0] != G:
+            raise KvsimError(f"output: expected {G} rows (heads), got {outputs.shape[0]}")
+        self._steps.observe(self._state, self._cache, n, self._obs, self._mass, outputs)
+        self._observed = True
