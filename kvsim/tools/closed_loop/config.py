@@ -121,10 +121,10 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     configs = _read_policies(chk, doc)
     for label, cfg in configs.items():
         policy = get_policy(cfg.kind)
-        if not policy.budgeted:
-            chk.add(f"policies.{label}", f"expected a budgeted policy (the closed loop always "
-                                         f"decodes the full cache as its reference), got "
-                                         f"{cfg.kind!r}")
+        reason = policy.closed_loop(cfg.params)
+        if reason:
+            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
+                                         f"{cfg.kind} cannot: {reason}")
         for b in budgets:
             problem = budget_problem(policy, b, cfg.params)
             if problem:

@@ -186,6 +186,7 @@ class Decoder:
         self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
         self._slots, self._absent = torch.from_numpy(self.slots), torch.from_numpy(self.absent)
         self.sizes = np.zeros((C, H_kv), np.int64)
+        self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
         self.t = prompt_len
 
     def step(self) -> np.ndarray:
@@ -223,9 +224,9 @@ class Decoder:
                 self.absent[c, j, 0, :n] = False
                 self.absent[c, j, 0, n:] = True
                 self.sizes[c, j] = n
-        index = self._slots[..., None].expand(-1, -1, -1, d)
-        keys = torch.gather(K, 2, index)                       # (C, H_kv, width, d)
-        vals = torch.gather(V, 2, self._slots[..., None].expand(-1, -1, -1, V.shape[-1]))
+        rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
+        keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
+        vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
         q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
         logits = torch.matmul(q, keys.transpose(-1, -2)) * scaling
         p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
