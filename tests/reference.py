@@ -51,7 +51,7 @@ _near_ties = []  # decisions with a near tie at the boundary, reset per simulati
 
 
 def _note_boundary(a, b, what):
-    if a != b and abs(a - b) <= NEAR_TIE_RTOL * max(abs(a), abs(b)):
+    if a != b and math.isfinite(a) and math.isfinite(b) and abs(a - b) <= NEAR_TIE_RTOL * max(abs(a), abs(b)):
         _near_ties.append((what, a, b))
 
 
@@ -360,3 +360,400 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
         final_recall=final_recall,
         near_tie=bool(_near_ties),
     )
+
+
+# ================================================================ sources with vectors, GQA
+# The policies of DESIGN.md section 6 (and the GQA combination) on a *source*: the G query
+# heads sharing one KV head, with their full causal attention and, where the source has
+# them, the query/key/value vectors. Everything below is plain Python over float64.
+
+NEW_DEFAULTS = {
+    "knorm": {"recent_ratio": 0.0},
+    "keydiff": {"recent_ratio": 0.0},
+    "scissorhands": {"recent_ratio": 0.5, "history": 32},
+    "caote": {},
+    "snapkv": {**DEFAULTS["snapkv"], "refresh": 0},
+    "quest": {"page_size": 16},
+}
+# What each policy reads besides the attention rows.
+NEEDS = {"knorm": ("keys",), "keydiff": ("keys",), "scissorhands": (), "caote": ("values",),
+         "snapkv": (), "quest": ("queries", "keys")}
+
+
+@dataclass
+class Source:
+    """One KV head: ``probs`` (G, T, T) full causal attention of its G query heads, and
+    optionally ``keys`` (T, d), ``values`` (T, dv), ``queries`` (G, T, d) with the logit
+    scale of each query head (the logit is ``scaling[g] * q . k``)."""
+
+    probs: np.ndarray
+    keys: np.ndarray | None = None
+    values: np.ndarray | None = None
+    queries: np.ndarray | None = None
+    scaling: np.ndarray | None = None
+
+    @property
+    def G(self):
+        return self.probs.shape[0]
+
+    @property
+    def T(self):
+        return self.probs.shape[1]
+
+
+def dense_source(probs):
+    """A source from dense probabilities, (T, T) or (G, T, T): no vectors."""
+    a = np.asarray(probs, dtype=np.float64)
+    a = a[None] if a.ndim == 2 else a
+    return Source(np.stack([normalise_rows(x) for x in a]))
+
+
+def dot_seq(x, y):
+    """sum_i x_i * y_i in float64, in order of i."""
+    total = 0.0
+    for a, b in zip(x, y):
+        total += float(a) * float(b)
+    return total
+
+
+def qk_logits(queries, keys, scaling):
+    """(G, T, T) logits ``scaling[g] * q . k``, the dot product summed over dimensions in
+    order, as kvsim's q.k fields and traces define them."""
+    q = np.asarray(queries, dtype=np.float64)
+    k = np.asarray(keys, dtype=np.float64)
+    G, T, d = q.shape
+    dots = np.zeros((G, T, T))
+    for i in range(d):  # one dimension at a time: the same float sum as kvsim
+        dots += q[:, :, i, None] * k[None, None, :, i]
+    return np.asarray(scaling, dtype=np.float64)[:, None, None] * dots
+
+
+def causal_probs(logits):
+    """Row softmax over keys k <= q (zero above the diagonal)."""
+    T = logits.shape[-1]
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    z = np.where(mask, logits, -np.inf)
+    e = np.where(mask, np.exp(z - z.max(axis=-1, keepdims=True)), 0.0)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def qk_source(queries, keys, values=None, scaling=None):
+    """A source from query (G, T, d), key (T, d) and value (T, dv) vectors; ``scaling``
+    (one per query head, default 1/sqrt(d)) multiplies q . k."""
+    q = np.asarray(queries, dtype=np.float64)
+    G, T, d = q.shape
+    scaling = np.full(G, 1.0 / math.sqrt(d)) if scaling is None else np.asarray(scaling, float)
+    k = np.asarray(keys, dtype=np.float64)
+    v = None if values is None else np.asarray(values, dtype=np.float64)
+    return Source(causal_probs(qk_logits(q, k, scaling)), k, v, q, scaling)
+
+
+def combine(per_head, mode):
+    """Combine one value per query head (in head order): mean, max or sum.
+
+    Mean is the sum divided by the number of heads, as kvsim computes it."""
+    total = per_head[0]
+    for x in per_head[1:]:
+        total = max(total, x) if mode == "max" else total + x
+    return total / len(per_head) if mode == "mean" else total
+
+
+def combined_scores(per_head, mode):
+    """Combine per-head score dicts (same keys) into one dict."""
+    return {k: combine([s[k] for s in per_head], mode) for k in per_head[0]}
+
+
+def head_observed(src, t, cache):
+    """Per query head, p~_g(t, k) over the cache (a dict per head)."""
+    out = []
+    for g in range(src.G):
+        m = cache_mass(src.probs[g], t, cache)
+        out.append({k: (src.probs[g, t, k] / m if m > 0 else 0.0) for k in cache})
+    return out
+
+
+def _note_threshold(value, bound, what):
+    """A threshold comparison decided by rounding noise counts as a near tie."""
+    _note_boundary(value, bound, what)
+
+
+def l2_norm(x):
+    """sqrt(sum_i x_i^2), summed in order of i."""
+    return math.sqrt(dot_seq(x, x))
+
+
+def _static_keep(score, P, T, B, r):
+    """Keep the r newest + top B - r by a static score; evict the lowest outside the r newest."""
+    cache = top_k(range(P - r), score, B - r) + list(range(P - r, P)) if P > B else list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            cache.remove(lowest_ranked([k for k in cache if k <= t - r], score))
+        cache.append(t)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def policy_knorm(src, P, T, B, gqa, recent_ratio):
+    """Knorm: score = -||k||; static."""
+    score = [-l2_norm(src.keys[k]) for k in range(T)]
+    return _static_keep(score, P, T, B, _recent_count(recent_ratio, B))
+
+
+def keydiff_scores(src, candidates):
+    """score(k) = -cos(k, a), a = the mean of the candidates' unit-normalised keys."""
+    d = src.keys.shape[1]
+    total = np.zeros(d)
+    for k in sorted(candidates):
+        n = l2_norm(src.keys[k])
+        for i in range(d):
+            total[i] += src.keys[k, i] / n if n > 0 else 0.0
+    anchor = total / len(candidates)
+    a_norm = l2_norm(anchor)
+    score = {}
+    for k in candidates:
+        den = l2_norm(src.keys[k]) * a_norm
+        score[k] = -(dot_seq(src.keys[k], anchor) / den) if den > 0 else 0.0
+    return score
+
+
+def policy_keydiff(src, P, T, B, gqa, recent_ratio):
+    """KeyDiff: evict the key most similar to the anchor of the candidates."""
+    r = _recent_count(recent_ratio, B)
+    if P > B:
+        score = keydiff_scores(src, list(range(P)))
+        cache = top_k(range(P - r), score, B - r) + list(range(P - r, P))
+    else:
+        cache = list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            score = keydiff_scores(src, cache + [t])
+            cache.remove(lowest_ranked([k for k in cache if k <= t - r], score))
+        cache.append(t)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def policy_scissorhands(src, P, T, B, gqa, recent_ratio, history):
+    """Scissorhands: count how many of the last `history` queries found each key important."""
+    r = _recent_count(recent_ratio, B)
+    important = {}  # query -> the set of keys it found important
+    for q in range(max(0, P - history), P):  # full attention, n = q + 1
+        row = combined_scores([{k: src.probs[g, q, k] for k in range(q + 1)}
+                               for g in range(src.G)], gqa)
+        important[q] = set()
+        for k, v in row.items():
+            _note_threshold(v, 1.0 / (q + 1), "importance")
+            if v >= 1.0 / (q + 1):
+                important[q].add(k)
+
+    def counts(t):
+        window = range(max(0, t - history), t)
+        return {k: sum(k in important[q] for q in window) for k in range(t)}
+
+    if P > B:
+        cache = top_k(range(P - r), counts(P), B - r) + list(range(P - r, P))
+    else:
+        cache = list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            cache.remove(lowest_ranked([k for k in cache if k <= t - r], counts(t)))
+        cache.append(t)
+        row = combined_scores(head_observed(src, t, cache), gqa)  # n = |C_t|
+        important[t] = set()
+        for k, v in row.items():
+            _note_threshold(v, 1.0 / len(cache), "importance")
+            if v >= 1.0 / len(cache):
+                important[t].add(k)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def output(src, weights):
+    """sum_k w_k v_k over the keys of ``weights`` (a dict), in ascending position order."""
+    o = np.zeros(src.values.shape[1])
+    for k in sorted(weights):
+        o = o + weights[k] * src.values[k]
+    return o
+
+
+def caote_scores(src, per_head_weights, gqa):
+    """Per head: (p_k / (1 - p_k)) * ||v_k - o||, o = sum p v (+inf where p_k = 1);
+    combined over the heads."""
+    per_head = []
+    for w in per_head_weights:
+        o = output(src, w)
+        s = {}
+        for k, p in w.items():
+            s[k] = math.inf if p >= 1.0 else (p / (1.0 - p)) * l2_norm(src.values[k] - o)
+        per_head.append(s)
+    return combined_scores(per_head, gqa)
+
+
+def policy_caote(src, P, T, B, gqa):
+    """CAOTE: evict the key whose removal changes the previous query's output least."""
+    prev = {}
+    if P > 0:  # the last prompt query's full attention and full output
+        prev = caote_scores(src, [{k: src.probs[g, P - 1, k] for k in range(P)}
+                                  for g in range(src.G)], gqa)
+    cache = top_k(range(P), prev, B) if P > B else list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            cache.remove(lowest_ranked(cache, prev))
+        cache.append(t)
+        prev = caote_scores(src, head_observed(src, t, cache), gqa)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def policy_snapkv_refresh(src, P, T, B, gqa, window, kernel, pooling, protect_window, refresh):
+    """SnapKV on G heads (votes: per-head sums, then combined), with the pinned set re-chosen
+    every `refresh` decode steps from the observed attention of the last decode queries."""
+    w = min(window, P)
+    n_cand = P - w if protect_window else P
+    votes = combined_scores([{k: sum_seq(src.probs[g, P - w: P, k]) for k in range(n_cand)}
+                             for g in range(src.G)], gqa)
+    pooled = pool_votes([votes[k] for k in range(n_cand)], kernel, pooling)
+    if not protect_window:
+        return (top_k(range(P), pooled, B) if P > B else list(range(P))), []
+    pinned = top_k(range(P - w), pooled, min(P - w, B - w))
+    ring = list(range(P - w, P))  # oldest first
+    prefill = sorted(pinned + ring)
+    seen = {}  # decode query -> per-head observed attention over its cache
+    steps = []
+    for t in range(P, T):
+        s = t - P
+        if refresh > 0 and s > 0 and s % refresh == 0:
+            cached = sorted(pinned + ring)
+            queries = range(t - min(window, s), t)
+            per_head = [{k: sum_seq([seen[q][g].get(k, 0.0) for q in queries]) for k in cached}
+                        for g in range(src.G)]
+            votes = combined_scores(per_head, gqa)
+            pooled = dict(zip(cached, pool_votes([votes[k] for k in cached], kernel, pooling)))
+            pinned = top_k(cached, pooled, min(len(cached), B - window))
+            ring = sorted(set(cached) - set(pinned))
+        if len(pinned) + len(ring) == B:
+            ring.pop(0)
+        ring.append(t)
+        cache = pinned + ring
+        seen[t] = head_observed(src, t, cache)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def quest_pages(src, t, B, gqa, page_size):
+    """Quest's selection for query t: the positions <= t of its floor(B / page_size) pages."""
+    n_pages = B // page_size
+    current = t // page_size
+    earlier = list(range(current))
+    if len(earlier) >= n_pages:
+        bounds = {}
+        for i in earlier:
+            block = src.keys[i * page_size: (i + 1) * page_size]
+            bounds[i] = (block.min(axis=0), block.max(axis=0))
+        per_head = []
+        for g in range(src.G):
+            qs = [src.scaling[g] * float(x) for x in src.queries[g, t]]
+            per_head.append({i: sum_seq([max(q * hi, q * lo) for q, lo, hi in
+                                         zip(qs, bounds[i][0], bounds[i][1])]) for i in earlier})
+        earlier = top_k(earlier, combined_scores(per_head, gqa), n_pages - 1)
+    pages = earlier + [current]
+    return [k for i in pages for k in range(i * page_size, min((i + 1) * page_size, t + 1))]
+
+
+def policy_quest(src, P, T, B, gqa, page_size):
+    """Quest: every key stays; query t attends to the keys of its selected pages."""
+    prefill = quest_pages(src, P - 1, B, gqa, page_size) if P > 0 else []
+    return prefill, [quest_pages(src, t, B, gqa, page_size) for t in range(P, T)]
+
+
+@dataclass
+class RefRun:
+    """A reference run on a source: per-step caches and metrics of every query head."""
+
+    caches: list  # sorted position lists C_t, t = P .. T-1
+    mass: np.ndarray  # (G, T - P)
+    cache_size: np.ndarray  # (T - P,) int64
+    error: np.ndarray | None  # (G, T - P) relative output error, None without values
+    kept: np.ndarray  # the final cache (the prefill selection without decode steps)
+    near_tie: bool = False
+    recall: np.ndarray | None = None  # (T - P,) share of the important keys arrived so far
+
+
+def min_budget(policy, params):
+    """Smallest valid budget of a section-6 policy."""
+    if policy == "snapkv":
+        return params["window"] + 1 if params["protect_window"] else 1
+    if policy == "quest":
+        return params["page_size"]
+    return 1
+
+
+def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, **params):
+    """Run a section-6 policy (or, on one query head, any policy above) on a source;
+    ``important``: optional ground-truth positions, for recall."""
+    P, B, T = int(prompt_len), int(budget), src.T
+    if policy in NEW_DEFAULTS:
+        prm = {**NEW_DEFAULTS[policy], **params}
+        for need in NEEDS[policy]:
+            if getattr(src, need) is None:
+                raise ValueError(f"{policy} needs {need}; the source has none")
+        if B < min_budget(policy, prm):
+            raise ValueError("budget below the policy's minimum")
+        if policy == "snapkv" and not prm["protect_window"] and P < T:
+            raise ValueError("protect_window=False needs prompt_len == T")
+    _near_ties.clear()
+    if policy in NEW_DEFAULTS:
+        rule = {"knorm": policy_knorm, "keydiff": policy_keydiff, "caote": policy_caote,
+                "scissorhands": policy_scissorhands, "snapkv": policy_snapkv_refresh,
+                "quest": policy_quest}[policy]
+        prefill, steps = rule(src, P, T, B, gqa, **prm)
+    else:  # the single-head reference above
+        if src.G != 1 and policy not in ("full", "window", "streaming_llm", "random"):
+            raise ValueError(f"the reference of {policy} is single-head")
+        ref = reference_simulate(src.probs[0], policy, B, P, **params)
+        caches = _single_head_caches(src.probs[0], policy, B, P, params)
+        return _metrics(src, caches, ref.kept, ref.near_tie, important)
+    kept = np.array(sorted(steps[-1] if steps else prefill), dtype=np.int64)
+    return _metrics(src, steps, kept, bool(_near_ties), important)
+
+
+def _single_head_caches(p, policy, B, P, params):
+    prm = {**DEFAULTS[policy], **params}
+    T = p.shape[0]
+    seed = prm.pop("seed", 0)
+    rules = {"full": policy_full, "window": policy_window, "streaming_llm": policy_streaming_llm,
+             "h2o": policy_h2o, "h2o_offline": policy_h2o_offline, "snapkv": policy_snapkv,
+             "tova": policy_tova, "oracle": policy_oracle}
+    if policy == "random":
+        return policy_random(p, P, T, B, seed)[1]
+    return rules[policy](p, P, T, B, *prm.values())[1]
+
+
+def _metrics(src, steps, kept, near_tie, important=None):
+    P = src.T - len(steps)
+    recall = None
+    if important is not None:
+        imp = set(int(i) for i in important)
+        recall = np.array([len(imp & set(c)) / len([k for k in imp if k <= t])
+                           if any(k <= t for k in imp) else np.nan
+                           for t, c in zip(range(P, src.T), steps)])
+    mass = np.array([[cache_mass(src.probs[g], t, c) for t, c in zip(range(P, src.T), steps)]
+                     for g in range(src.G)]).reshape(src.G, len(steps))
+    error = None
+    if src.values is not None:
+        error = np.zeros((src.G, len(steps)))
+        for i, (t, c) in enumerate(zip(range(P, src.T), steps)):
+            for g, w in enumerate(head_observed(src, t, c)):
+                full = output(src, {k: src.probs[g, t, k] for k in range(t + 1)})
+                norm = l2_norm(full)
+                error[g, i] = l2_norm(output(src, w) - full) / norm if norm > 0 else 0.0
+    return RefRun([sorted(c) for c in steps], mass, np.array([len(c) for c in steps], np.int64),
+                  error, kept, near_tie, recall)

@@ -25,7 +25,8 @@ The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Step
 runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
 """
 
-from kvsim.policies import full, h2o, oracle, random_eviction, snapkv, streaming_llm, tova, window
+from kvsim.policies import (caote, full, h2o, keydiff, knorm, oracle, quest, random_eviction,
+                            scissorhands, snapkv, streaming_llm, tova, window)
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace
 
 POLICIES: dict[str, Policy] = {p.name: p for p in (
@@ -38,6 +39,11 @@ POLICIES: dict[str, Policy] = {p.name: p for p in (
     tova.POLICY,
     random_eviction.POLICY,
     oracle.POLICY,
+    knorm.POLICY,
+    keydiff.POLICY,
+    scissorhands.POLICY,
+    caote.POLICY,
+    quest.POLICY,
 )}
 
 __all__ = ["POLICIES", "Group", "Param", "Policy", "Steps", "Trace"]

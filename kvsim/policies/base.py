@@ -188,6 +188,7 @@ class Policy:
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
     needs: frozenset[str] = frozenset()
     closed_loop: Callable[[dict], str | None] = lambda params: None
+    floor_reason: str = "its fixed parts + 1"  # why min_budget can exceed 1, for errors
 
     def __post_init__(self):
         if not self.needs <= NEEDS:

@@ -48,7 +48,7 @@ def budget_problem(policy: Policy, budget: int, params: dict) -> str | None:
     floor = policy.min_budget(params)
     if budget >= floor:
         return None
-    fixed = "" if floor == 1 else " (its fixed parts + 1)"
+    fixed = "" if floor == 1 else f" ({policy.floor_reason})"
     return f"expected at least {floor} for {policy.name}{fixed}, got {budget}"
 
 

@@ -1,10 +1,17 @@
-"""``snapkv``: one-shot prompt selection voted by an observation window (Li et al. 2024)."""
+"""``snapkv``: one-shot prompt selection voted by an observation window (Li et al. 2024).
+
+The selection stays pinned and a ring holds the newest tokens. With ``refresh = N > 0`` the
+pinned set is re-chosen every N decode steps over the cache, from the observed attention of
+the last decode queries (kvpress's decode-time compression, with a hard budget).
+"""
+
+from typing import NamedTuple
 
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.jit import jit
-from kvsim.policies import ring
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps
 
 POOLING = ("max", "avg", "none")
@@ -16,6 +23,8 @@ PARAMS = {
                     check=lambda v: v >= 1 and v % 2 == 1, expect="an odd integer >= 1"),
     "pooling": Param(str, "max", "1-D pooling of the votes", choices=POOLING),
     "protect_window": Param(bool, True, "always keep the observation window itself"),
+    "refresh": Param(int, 0, "re-choose the pinned set every N decode steps (0: never)",
+                     check=lambda v: v >= 0, expect="an integer >= 0"),
 }
 
 
@@ -44,6 +53,104 @@ def pool(votes, kernel, mode):
     return out
 
 
+class State(NamedTuple):
+    """Without refresh, a ring: slots ``base .. base + width - 1``, slot ``base`` took
+    ``start``. With refresh, the pinned slots and the observed attention of recent queries."""
+
+    base: int
+    start: int
+    width: int
+    refresh: int          # re-choose the pinned set every ``refresh`` decode steps (0: never)
+    prompt_len: int
+    window: int
+    kernel: int
+    mode: int             # pooling: 0 max, 1 avg, 2 none
+    gqa: int
+    pinned: np.ndarray    # (B,) bool: the slot's key is pinned
+    seen: np.ndarray      # (window, G, B): row q % window: query q's observed attention
+    rows: np.ndarray      # (G, B) scratch
+    votes: np.ndarray     # (B,) scratch
+    now: np.ndarray       # (1,) int64: the current step's token
+
+
+@jit
+def repin(state, cache, n, t):
+    """Re-choose the pinned set before step ``t``: the observed attention of the last
+    ``min(window, t - prompt_len)`` decode queries summed per head (0 where a key was not
+    cached), combined, pooled along the cached keys in position order; the top
+    ``B - window`` are pinned, the other keys form the ring."""
+    order = np.argsort(cache[:n])
+    queries = min(state.window, t - state.prompt_len)
+    for g in range(state.rows.shape[0]):
+        for i in range(n):
+            total = 0.0
+            for q in range(t - queries, t):
+                total += state.seen[q % state.window, g, order[i]]
+            state.rows[g, i] = total
+    kernels.combine_rows(state.rows, n, state.gqa, state.votes)
+    pooled = pool(state.votes[:n], state.kernel, state.mode)
+    chosen = kernels.top_ranked(pooled, 0, n, min(n, cache.shape[0] - state.window))
+    for j in range(n):
+        state.pinned[j] = False
+    for i in chosen:
+        state.pinned[order[i]] = True
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Append while there is room, then replace the oldest key of the ring (the unpinned
+    keys); with refresh, first re-choose the pinned set every ``refresh`` decode steps."""
+    if state.refresh == 0:
+        return n if n < cache.shape[0] else kernels.ring_slot(state.base, state.start,
+                                                              state.width, t)
+    step = t - state.prompt_len
+    if step > 0 and step % state.refresh == 0:
+        repin(state, cache, n, t)
+    slot = n
+    if n == cache.shape[0]:
+        slot = -1
+        for j in range(n):
+            if not state.pinned[j] and (slot < 0 or cache[j] < cache[slot]):
+                slot = j
+    state.pinned[slot] = False
+    for r in range(state.seen.shape[0]):  # token t was in no earlier query's cache
+        for g in range(state.seen.shape[1]):
+            state.seen[r, g, slot] = 0.0
+    state.now[0] = t
+    return slot
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """With refresh, remember this query's observed attention of each head."""
+    if state.refresh == 0:
+        return None
+    row = state.seen[state.now[0] % state.window]
+    for g in range(obs.shape[0]):
+        m = mass[g]
+        for j in range(n):
+            row[g, j] = obs[g, j] / m if m > 0.0 else 0.0
+    return None
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``snapkv``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def _state(params: dict, P: int, budget: int, G: int, gqa: int, n_pinned: int,
+           ring: tuple[int, int, int]) -> State:
+    refresh = params["refresh"]
+    window = params["window"] if refresh else 0
+    state = State(*ring, refresh, P, params["window"], params["kernel"],
+                  POOLING.index(params["pooling"]), gqa, np.zeros(budget, bool),
+                  np.zeros((window, G, budget if refresh else 0)), np.zeros((G, budget)),
+                  np.zeros(budget), np.zeros(1, np.int64))
+    state.pinned[:n_pinned] = True
+    return state
+
+
 def _start(prompt: Group, budget: int, params: dict, T: int):
     P = prompt.prompt_len
     w = min(params["window"], P)
@@ -51,12 +158,13 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     mode = POOLING.index(params["pooling"])
     if not params["protect_window"]:  # only without decode steps (see _check)
         kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
-        return kept, ring.Ring(0, 0, budget)
+        return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, 0, (0, 0, budget))
     prefix = P - w
     n_pinned = min(prefix, budget - w)
     pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
-    return kept, ring.Ring(n_pinned, prefix, budget - n_pinned)
+    return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, n_pinned,
+                        (n_pinned, prefix, budget - n_pinned))
 
 
 def _check(T: int, prompt_len: int, params: dict) -> str | None:
@@ -67,5 +175,5 @@ def _check(T: int, prompt_len: int, params: dict) -> str | None:
 
 
 POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt queries + ring",
-                PARAMS, Steps(_start, ring.admit, ring.observe, ring.decode), check=_check,
+                PARAMS, Steps(_start, admit, observe, decode), check=_check,
                 min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1)

@@ -91,6 +91,7 @@ class Stepper:
             empty if self._values is None else self._values))
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
         self._steps = spec.steps
+        self._name, self._needs = policy, spec.needs
         self._cache = np.zeros(int(budget), np.int64)
         self._n = len(kept)
         self._cache[:self._n] = kept
@@ -149,9 +150,14 @@ class Stepper:
         self._obs[:, :n] = a
         for g in range(G):
             self._mass[g] = lane_sum(self._obs[g], n)
+        if output is None and "values" in self._needs:
+            raise KvsimError(f"output: {self._name} needs the observed outputs (G, dv), got none")
         outputs = np.zeros((G, 0)) if output is None else np.ascontiguousarray(
             _array("output", output, 2), dtype=np.float64)
         if outputs.shape[0] != G:
             raise KvsimError(f"output: expected {G} rows (heads), got {outputs.shape[0]}")
+        if "values" in self._needs and outputs.shape[1] != self._values.shape[1]:
+            raise KvsimError(f"output: expected {self._values.shape[1]} columns (the values' "
+                             f"dimension), got {outputs.shape[1]}")
         self._steps.observe(self._state, self._cache, n, self._obs, self._mass, outputs)
         self._observed = True

@@ -1,0 +1,93 @@
+"""``caote``: evict the key whose removal changes the previous query's output least
+(Goel et al. 2025, on TOVA's step rule).
+
+A cached key's score is ``(p~_k / (1 - p~_k)) * ||v_k - o~||`` from the previous query's
+observed attention ``p~`` and output ``o~``, per query head, combined over the group by its
+``gqa`` rule (``+inf`` where ``p~_k = 1``). At prefill the last prompt query's full attention
+and full output rank the prompt keys, and rank the first decode eviction too.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.rows import head_rows
+
+
+class State(NamedTuple):
+    values: np.ndarray   # (T, dv) the KV head's values
+    score: np.ndarray    # (B,) the previous query's score of each slot's key
+    slot_of: np.ndarray  # (T,) int64: the slot of each cached position
+    rows: np.ndarray     # (G, B) scratch: per-head scores
+    gqa: int
+
+
+@jit
+def head_scores(p, m, positions, n, values, output, out):
+    """``out[:n]``: each key's ``(w / (1 - w)) * ||v - o||`` with ``w = p / m`` (0 if m = 0),
+    ``o = output``; ``+inf`` where w = 1."""
+    dv = values.shape[1]
+    for j in range(n):
+        w = p[j] / m if m > 0.0 else 0.0
+        if w >= 1.0:
+            out[j] = np.inf
+            continue
+        v = values[positions[j]]
+        dist = 0.0
+        for i in range(dv):
+            diff = np.float64(v[i]) - output[i]
+            dist += diff * diff
+        out[j] = (w / (1.0 - w)) * np.sqrt(dist)
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Evict the key with the lowest score (the newest token always joins)."""
+    slot = n if n < cache.shape[0] else kernels.lowest_ranked_slot(cache, n, state.score, t + 1,
+                                                                   state.slot_of)
+    state.slot_of[t] = slot
+    state.score[slot] = 0.0
+    return slot
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Each key's score from this query's observed attention and output, per head, combined."""
+    for g in range(obs.shape[0]):
+        head_scores(obs[g], mass[g], cache, n, state.values, outputs[g], state.rows[g])
+    kernels.combine_rows(state.rows, n, state.gqa, state.score)
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``caote``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, values = prompt.prompt_len, prompt.values
+    state = State(values, np.zeros(budget), np.zeros(T, np.int64),
+                  np.zeros((len(prompt.heads), budget)), prompt.gqa)
+    score = np.zeros(P)
+    if P > 0:  # the last prompt query's full attention and full output
+        positions = np.arange(P)
+        per_head = []
+        for row in head_rows(prompt, P - 1):
+            output = np.zeros(values.shape[1])
+            for k in range(P):  # o = sum_k p_k v_k, in position order
+                output += row[k] * values[k].astype(np.float64)
+            scores = np.zeros(P)
+            head_scores(row, 1.0, positions, P, values, output, scores)
+            per_head.append(scores)
+        score = prompt.combine(per_head)
+    kept = kernels.top_ranked(score, 0, P, budget)
+    state.score[:len(kept)], state.slot_of[kept] = score[kept], np.arange(len(kept))
+    return kept, state
+
+
+POLICY = Policy("caote", "evict the key whose removal least changes the previous output", {},
+                Steps(_start, admit, observe, decode), needs=frozenset({"values"}))

@@ -1,0 +1,103 @@
+"""``keydiff``: evict the key most similar to the anchor of the keys (Park et al. 2025).
+
+The anchor ``a`` is the mean of the unit-normalised keys of the candidates (prefill: the
+whole prompt; decode: the cache plus the incoming key, recomputed at each eviction), and a
+key's score is ``-cos(k, a)``. The ``recent`` newest tokens are never evicted, and the
+incoming token always joins.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.h2o import _prefill, recent_count
+from kvsim.policies.knorm import PARAMS, key_norm, key_norms
+
+
+class State(NamedTuple):
+    keys: np.ndarray        # (d, T) the KV head's keys, by dimension
+    norm: np.ndarray        # (B + 1,) the L2 norm of each slot's key, then token t's
+    slot_of: np.ndarray     # (T,) int64: the slot of each cached position
+    recent: int             # the newest tokens (the incoming one included) never evicted
+    candidates: np.ndarray  # (B + 1,) int64 scratch: the cache, then token t
+    anchor: np.ndarray      # (d,) scratch
+    score: np.ndarray       # (B + 1,) scratch
+
+
+@jit
+def anchor_scores(keys, norm, positions, n, anchor, score):
+    """``score[:n] = -cos(k, a)`` for the keys at ``positions[:n]`` (``norm[j]``: the norm
+    of ``positions[j]``), ``a`` the mean of their unit-normalised keys, summed in the order
+    given. A zero key's unit vector is 0, and a zero ``||k|| ||a||`` gives a cosine of 0."""
+    d = keys.shape[0]
+    for i in range(d):
+        total = 0.0
+        for j in range(n):
+            total += np.float64(keys[i, positions[j]]) / norm[j] if norm[j] > 0.0 else 0.0
+        anchor[i] = total / n
+    a_sq = 0.0
+    for i in range(d):
+        a_sq += anchor[i] * anchor[i]
+    a_norm = np.sqrt(a_sq)
+    for j in range(n):
+        score[j] = 0.0
+    for i in range(d):  # dimension by dimension: each dot product summed in order of i
+        for j in range(n):
+            score[j] += np.float64(keys[i, positions[j]]) * anchor[i]
+    for j in range(n):
+        den = norm[j] * a_norm
+        score[j] = -(score[j] / den) if den > 0.0 else 0.0
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """When full, evict the lowest ``-cos(k, a)`` outside the ``recent`` newest, ``a`` the
+    anchor of the cache and token t."""
+    budget = cache.shape[0]
+    state.norm[budget] = key_norm(state.keys, t)
+    slot = n
+    if n == budget:
+        for j in range(n):
+            state.candidates[j] = cache[j]
+        state.candidates[n] = t
+        anchor_scores(state.keys, state.norm, state.candidates, n + 1, state.anchor,
+                      state.score)
+        slot = kernels.lowest_ranked_slot(cache, n, state.score, t - state.recent + 1,
+                                          state.slot_of)
+    state.slot_of[t] = slot
+    state.norm[slot] = state.norm[budget]
+    return slot
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """The anchor depends on the keys only: nothing to learn."""
+    return None
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``keydiff``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, recent = prompt.prompt_len, recent_count(budget, params)
+    keys = prompt.keys
+    norms = key_norms(keys, P)
+    state = State(keys, np.zeros(budget + 1), np.zeros(T, np.int64), recent,
+                  np.zeros(budget + 1, np.int64), np.zeros(keys.shape[0]), np.zeros(budget + 1))
+    score = np.zeros(P)
+    if P > budget:
+        anchor_scores(keys, norms, np.arange(P), P, state.anchor, score)
+    kept = _prefill(P, budget, recent, score)
+    state.norm[:len(kept)], state.slot_of[kept] = norms[kept], np.arange(len(kept))
+    return kept, state
+
+
+POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
+                dict(PARAMS), Steps(_start, admit, observe, decode), needs=frozenset({"keys"}))
