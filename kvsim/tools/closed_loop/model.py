@@ -137,6 +137,18 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
                    logits[0].float().numpy(), np.stack([norms[layer] for layer in range(L)]))
 
 
+def stores(full: FullRun, caches: int, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(L, C, H_kv, T, d) float32 key and value stores of ``caches`` caches, prompt rows
+    filled from the full run (the policies' prefill reads them)."""
+    out = []
+    for x in (full.keys, full.values):
+        L, H_kv, T, d = x.shape
+        store = np.zeros((L, caches, H_kv, T, d), np.float32)
+        store[:, :, :, :prompt_len] = x[:, None, :, :prompt_len]
+        out.append(store)
+    return out[0], out[1]
+
+
 class FullCache:
     """The full cache as a :class:`CachePolicy`: every position stays (the reference)."""
 
@@ -169,7 +181,7 @@ class Decoder:
     full : the full-cache run (its prompt keys and values fill every cache's prefill).
     prompt_len : ``P``; decode steps are ``P .. T-1``.
     policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill.
-    keys, values : (L, C, H_kv, T, d) float32 stores the policies may read (row ``t`` is
+    keys, values : the stores of :func:`stores`, which the policies read (row ``t`` is
         written before ``admit(t)``), shared with the model's attention.
     width : the largest cache any policy holds (its budget; ``T`` for a full cache).
     """
@@ -178,8 +190,6 @@ class Decoder:
                  values: np.ndarray, width: int):
         torch = _torch()
         self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
-        keys[:, :, :, :prompt_len] = full.keys[:, None, :, :prompt_len]
-        values[:, :, :, :prompt_len] = full.values[:, None, :, :prompt_len]
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
         C, H_kv = keys.shape[1], keys.shape[2]
         self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order

@@ -21,7 +21,8 @@ from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
-from kvsim.tools.closed_loop.model import Decoder, FullCache, FullRun, attach, prefill
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
+                                           stores)
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.scenario.load import PolicyConfig
 
@@ -79,9 +80,8 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
 def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
                 prompt_len: int, gqa: str, seed: int, bar=None) -> list[tuple]:
     """(kl, nll) per decode step for each run, all decoded together (one forward per step)."""
-    L, H_kv, T, d = full.keys.shape
-    keys = np.zeros((L, len(runs), H_kv, T, d), np.float32)
-    values = np.zeros((L, len(runs), H_kv, T, full.values.shape[-1]), np.float32)
+    T = full.T
+    keys, values = stores(full, len(runs), prompt_len)
     steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed)
     width = max(T if cfg is None else budget for cfg, budget in runs)
     decoder = Decoder(net, full, prompt_len, steppers, keys, values, width)
