@@ -30,6 +30,9 @@ commands:
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
+  kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet]
+                        run each policy and budget inside a real model and report how well
+                        the open-loop mass predicts its KL and NLL (needs the capture extra)
 
 examples:
   python -m kvsim scenarios/seed_notebook.toml
@@ -197,8 +200,25 @@ def _capture(argv: list[str]) -> int:
     return 0
 
 
+def _closed_loop(argv: list[str]) -> int:
+    from kvsim.tools.closed_loop.command import closed_loop_report
+
+    p = argparse.ArgumentParser(
+        prog="kvsim closed-loop", description="Run every policy and budget of a closed-loop "
+        "file inside a real model (each layer and KV head under its own cache), beside the "
+        "simulator's open-loop mass on the same text, and report how well each open-loop "
+        "metric predicts the model's KL and NLL. Needs: pip install -e \".[capture]\".")
+    p.add_argument("file", type=Path, help="closed-loop file (TOML with a [closed_loop] table)")
+    p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
+    p.add_argument("--force", action="store_true", help="replace an existing report folder")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet))
+    return 0
+
+
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
-            "capture": _capture}
+            "capture": _capture, "closed-loop": _closed_loop}
 
 
 def main(argv: list[str] | None = None) -> int:

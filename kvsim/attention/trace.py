@@ -117,12 +117,21 @@ def build(params: dict, seed: int, base: Path) -> FieldData:
     if T > T_all:
         raise KvsimError(f"expected at most the recorded {T_all} tokens, got {T}", "T")
     heads = [kv * group + g for kv in kv_ids for g in range(group)]
-    f = empty_field(len(heads), T, len(kv_ids))
-    f["queries"] = np.ascontiguousarray(q[i, heads, :T], dtype=np.float32)
-    f["keys"] = np.ascontiguousarray(k[i, kv_ids, :T].transpose(0, 2, 1), dtype=np.float32)
-    if v is not None:
-        f["values"] = np.ascontiguousarray(v[i, kv_ids, :T], dtype=np.float32)
-        f["value_heads"] = np.ones(len(kv_ids), bool)
     scale = float(arrays["scaling"]) if "scaling" in arrays else 1.0 / np.sqrt(q.shape[3])
-    f["qk_scale"] = np.full(len(heads), scale)
+    return layer_field(q[i, heads, :T], k[i, kv_ids, :T],
+                       None if v is None else v[i, kv_ids, :T], scale)
+
+
+def layer_field(queries: np.ndarray, keys: np.ndarray, values: np.ndarray | None,
+                scaling: float) -> FieldData:
+    """The field of one layer's post-RoPE ``queries`` (H, T, d), ``keys`` (H_kv, T, d) and
+    ``values`` (H_kv, T, dv) or None, with logits ``q . k * scaling``."""
+    H, T = queries.shape[:2]
+    f = empty_field(H, T, keys.shape[0])
+    f["queries"] = np.ascontiguousarray(queries, dtype=np.float32)
+    f["keys"] = np.ascontiguousarray(keys.transpose(0, 2, 1), dtype=np.float32)
+    if values is not None:
+        f["values"] = np.ascontiguousarray(values, dtype=np.float32)
+        f["value_heads"] = np.ones(keys.shape[0], bool)
+    f["qk_scale"] = np.full(H, float(scaling))
     return FieldData(**f)

@@ -1,0 +1,30 @@
+"""``python -m kvsim closed-loop FILE.toml``: load, run, write the report, print its folder."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kvsim.report.writer import check_out
+from kvsim.tools.capture import load_model
+from kvsim.tools.closed_loop.config import load_config
+from kvsim.tools.closed_loop.report import write_report
+from kvsim.tools.closed_loop.run import run
+
+
+def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool = False,
+                       progress: bool = True) -> Path:
+    """Run a closed-loop file and write its report (default ``reports/<name>/``).
+
+    The wall time written in the report covers everything up to the report files:
+    loading the model, the full run, the open loop and every closed-loop run.
+    """
+    start = time.perf_counter()
+    cfg = load_config(path)
+    out = Path("reports") / cfg.name if out is None else Path(out)
+    check_out(out, force)
+    net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+    series, facts = run(cfg, net, tokenizer, progress)
+    facts["run_seconds"] = facts["wall_seconds"]
+    facts["wall_seconds"] = time.perf_counter() - start
+    return write_report(cfg, series, facts, out)

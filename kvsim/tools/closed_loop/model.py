@@ -1,0 +1,249 @@
+"""A Hugging Face causal LM with kvsim's caches inside it: the two passes of the closed loop.
+
+One attention function, registered with transformers' attention interface, serves both:
+
+- :func:`prefill` runs the whole text with full causal attention and records every layer's
+  post-RoPE queries, keys and values. transformers passes a registered attention function
+  no mask (it treats it like SDPA, with an implicit causal flag), so this pass applies
+  causality itself; without it the prompt would silently attend to the future.
+- :class:`Decoder` then decodes the text one token at a time (teacher forcing) for ``C``
+  compressed caches at once: every layer and KV head of every cache holds the positions its
+  policy keeps; the model attends over those only, and the policy observes the attention the
+  model computed under its compressed cache. The keys live in a full-length store with a
+  membership mask, which gives the same numbers as evicting them physically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+
+ATTENTION = "kvsim_closed_loop"
+_ACTIVE: list[Callable] = []  # the pass the registered attention function serves
+
+
+def _torch():
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError:
+        raise KvsimError('closed-loop needs torch and transformers: pip install -e ".[capture]"') \
+            from None
+    return torch
+
+
+def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    """The registered attention function: hands the layer's tensors to the active pass."""
+    return _ACTIVE[-1](module.layer_idx, query, key, value, float(scaling))
+
+
+def attach(net) -> None:
+    """Route ``net``'s attention through kvsim's function (used by both passes)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+    net.set_attn_implementation(ATTENTION)
+
+
+class CachePolicy(Protocol):
+    """What the decoder needs of a policy (:class:`kvsim.policies.stepping.Stepper`)."""
+
+    cache: np.ndarray
+
+    def admit(self, t: int) -> int: ...
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None: ...
+
+
+@dataclass
+class FullRun:
+    """The full-cache run of the text: what every compressed run is compared with.
+
+    ``queries`` (L, H, T, d), ``keys`` (L, H_kv, T, d), ``values`` (L, H_kv, T, dv) float32,
+    post-RoPE; ``logits`` (T, V) float32; ``attn_out_norm`` (L, T): the norm of each layer's
+    attention block output (after the output projection), per position.
+    """
+
+    token_ids: np.ndarray
+    queries: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    scaling: float
+    logits: np.ndarray
+    attn_out_norm: np.ndarray
+
+    @property
+    def T(self) -> int:
+        return self.token_ids.shape[0]
+
+    @property
+    def group(self) -> int:
+        return self.queries.shape[1] // self.keys.shape[1]
+
+    def prompt_attention(self, layer: int, kv_head: int, prompt_len: int) -> np.ndarray:
+        """(G, P, P) float64 causal softmax of the prompt queries of one KV head's group."""
+        G = self.group
+        q = self.queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len].astype(np.float64)
+        k = self.keys[layer, kv_head, :prompt_len].astype(np.float64)
+        return causal_softmax(np.einsum("gqd,kd->gqk", q, k) * self.scaling)
+
+
+def causal_softmax(logits: np.ndarray) -> np.ndarray:
+    """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64)."""
+    n = logits.shape[-1]
+    masked = np.where(np.tri(n, dtype=bool), logits, -np.inf)
+    p = np.exp(masked - masked.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def prefill(net, token_ids: np.ndarray) -> FullRun:
+    """Run ``token_ids`` once with full causal attention through kvsim's attention function."""
+    torch = _torch()
+    L = net.config.num_hidden_layers
+    seen: dict[int, tuple] = {}
+    norms: dict[int, np.ndarray] = {}
+
+    def full_causal(layer, query, key, value, scaling):
+        B, H, T, d = query.shape
+        H_kv = key.shape[1]
+        q = query.view(B, H_kv, H // H_kv, T, d)
+        logits = torch.matmul(q, key[:, :, None].transpose(-1, -2)) * scaling
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # the trap: no mask is passed
+        p = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1,
+                          dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(p, value[:, :, None]).reshape(B, H, T, -1)
+        seen[layer] = (query[0], key[0], value[0])
+        return out.transpose(1, 2).contiguous(), None
+
+    def record_norm(module, args, output):
+        norms[module.layer_idx] = output[0][0].norm(dim=-1).double().numpy()
+
+    hooks = [layer.self_attn.register_forward_hook(record_norm) for layer in net.model.layers]
+    _ACTIVE.append(full_causal)
+    try:
+        with torch.no_grad():
+            logits = net(torch.as_tensor(token_ids[None], dtype=torch.long), use_cache=False).logits
+    finally:
+        _ACTIVE.pop()
+        for hook in hooks:
+            hook.remove()
+    q, k, v = (torch.stack([seen[layer][i] for layer in range(L)]).float().numpy()
+               for i in range(3))
+    return FullRun(np.asarray(token_ids, np.int64), q, k, v, float(net.model.layers[0].self_attn.scaling),
+                   logits[0].float().numpy(), np.stack([norms[layer] for layer in range(L)]))
+
+
+def stores(full: FullRun, caches: int, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(L, C, H_kv, T, d) float32 key and value stores of ``caches`` caches, prompt rows
+    filled from the full run (the policies' prefill reads them)."""
+    out = []
+    for x in (full.keys, full.values):
+        L, H_kv, T, d = x.shape
+        store = np.zeros((L, caches, H_kv, T, d), np.float32)
+        store[:, :, :, :prompt_len] = x[:, None, :, :prompt_len]
+        out.append(store)
+    return out[0], out[1]
+
+
+class FullCache:
+    """The full cache as a :class:`CachePolicy`: every position stays (the reference)."""
+
+    def __init__(self, prompt_len: int):
+        self.n = prompt_len
+
+    @property
+    def cache(self) -> np.ndarray:
+        return np.arange(self.n, dtype=np.int64)
+
+    def admit(self, t: int) -> int:
+        self.n = t + 1
+        return -1
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """Nothing to learn: the full cache keeps everything."""
+
+
+class Decoder:
+    """Teacher-forced decode of ``C`` compressed caches at once, from a shared full prefill.
+
+    At step ``t`` each layer first writes the new key and value into the store, lets every
+    policy admit ``t`` (evicting first when full), then gathers each cache's keys in the
+    policy's slot order: the model attends over exactly those, and the attention rows it
+    computes are, as they stand, what the policy observes.
+
+    Parameters
+    ----------
+    net : the model, attached with :func:`attach`.
+    full : the full-cache run (its prompt keys and values fill every cache's prefill).
+    prompt_len : ``P``; decode steps are ``P .. T-1``.
+    policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill.
+    keys, values : the stores of :func:`stores`, which the policies read (row ``t`` is
+        written before ``admit(t)``), shared with the model's attention.
+    width : the largest cache any policy holds (its budget; ``T`` for a full cache).
+    """
+
+    def __init__(self, net, full: FullRun, prompt_len: int, policies: list, keys: np.ndarray,
+                 values: np.ndarray, width: int):
+        torch = _torch()
+        self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
+        self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
+        C, H_kv = keys.shape[1], keys.shape[2]
+        self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order
+        self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
+        self._slots, self._absent = torch.from_numpy(self.slots), torch.from_numpy(self.absent)
+        self.sizes = np.zeros((C, H_kv), np.int64)
+        self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
+        self.t = prompt_len
+
+    def step(self) -> np.ndarray:
+        """Decode position ``t`` in every cache; returns the (C, V) float32 next-token logits."""
+        torch = _torch()
+        C = len(self.policies)
+        ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long)
+        pos = torch.full((C, 1), self.t, dtype=torch.long)
+        _ACTIVE.append(self._attend)
+        try:
+            with torch.no_grad():
+                logits = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
+        finally:
+            _ACTIVE.pop()
+        self.t += 1
+        return logits[:, 0].float().numpy()
+
+    def _attend(self, layer, query, key, value, scaling):
+        torch = _torch()
+        t, C = self.t, query.shape[0]
+        H, H_kv, d = query.shape[1], key.shape[1], key.shape[-1]
+        K, V = self.keys[layer], self.values[layer]
+        K[:, :, t] = key[:, :, 0]
+        V[:, :, t] = value[:, :, 0]
+        width = self.slots.shape[-1]
+        for c, per_layer in enumerate(self.policies):
+            for j in range(H_kv):
+                policy = per_layer[layer][j]
+                policy.admit(t)
+                cache = policy.cache
+                n = cache.shape[0]
+                if n > width:
+                    raise AssertionError(f"cache of {n} keys exceeds its budget of {width}")
+                self.slots[c, j, :n] = cache
+                self.absent[c, j, 0, :n] = False
+                self.absent[c, j, 0, n:] = True
+                self.sizes[c, j] = n
+        rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
+        keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
+        vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
+        q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
+        logits = torch.matmul(q, keys.transpose(-1, -2)) * scaling
+        p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
+                          dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(p, vals)                              # (C, H_kv, G, dv)
+        rows, outs = p.double().numpy(), out.double().numpy()
+        for c, per_layer in enumerate(self.policies):
+            for j in range(H_kv):
+                per_layer[layer][j].observe(rows[c, j, :, :self.sizes[c, j]], outs[c, j])
+        return out.reshape(C, 1, H, -1), None

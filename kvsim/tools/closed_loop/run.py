@@ -1,0 +1,147 @@
+"""``kvsim closed-loop``: every policy and budget inside the model, beside the open loop.
+
+1. The text runs once with the full cache (:func:`~kvsim.tools.closed_loop.model.prefill`).
+2. The simulator runs every policy and budget on the full run's attention (open loop).
+3. Every policy and budget decodes the text inside the model under its own caches, one
+   :class:`~kvsim.policies.stepping.Stepper` per layer and KV head (closed loop), with the
+   full cache decoded the same way as the numerical reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from kvsim.errors import KvsimError
+from kvsim.policies.stepping import Stepper
+from kvsim.tools.closed_loop import metrics
+from kvsim.tools.closed_loop.config import ClosedLoopConfig
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
+                                           stores)
+from kvsim.tools.closed_loop.open_loop import open_loop
+from kvsim.scenario.load import PolicyConfig
+
+FULL = "full"  # label of the full-cache reference run
+
+
+@dataclass
+class Series:
+    """Per decode step of one run: closed-loop ``kl`` and ``nll``, open-loop ``mass``."""
+
+    label: str
+    kind: str
+    budget: int
+    kl: np.ndarray
+    nll: np.ndarray
+    mass: np.ndarray
+    open: dict = field(default_factory=dict)  # open-loop predictors (metrics.open_metrics)
+
+
+def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
+    """The first ``tokens`` token ids of the text."""
+    try:
+        raw = cfg.text.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvsimError(f"closed_loop.text: expected a readable UTF-8 text file ({exc})") \
+            from None
+    ids = np.asarray(tokenizer(raw)["input_ids"], np.int64)
+    if ids.size < cfg.tokens:
+        raise KvsimError(f"closed_loop.tokens: expected at most the text's {ids.size} "
+                         f"tokens, got {cfg.tokens}")
+    return ids[:cfg.tokens]
+
+
+def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
+                  keys: np.ndarray, values: np.ndarray, gqa: str, seed: int) -> list:
+    """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: the full
+    cache)."""
+    L, _, H_kv, T, _ = keys.shape
+    out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
+    for layer in range(L):
+        for j in range(H_kv):
+            prompt = full.prompt_attention(layer, j, prompt_len) \
+                if any(cfg is not None for cfg, _ in runs) else None
+            for c, (cfg, budget) in enumerate(runs):
+                if cfg is None:
+                    out[c][layer][j] = FullCache(prompt_len)
+                else:
+                    out[c][layer][j] = Stepper(
+                        cfg.kind, budget, cfg.params, prompt_attention=prompt,
+                        keys=keys[layer, c, j], values=values[layer, c, j], gqa=gqa,
+                        seed=seed, capacity_T=T)
+    return out
+
+
+def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
+                prompt_len: int, gqa: str, seed: int, bar=None) -> list[tuple]:
+    """(kl, nll) per decode step for each run, all decoded together (one forward per step)."""
+    T = full.T
+    keys, values = stores(full, len(runs), prompt_len)
+    steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed)
+    width = max(T if cfg is None else budget for cfg, budget in runs)
+    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width)
+    steps = T - prompt_len
+    kl, nll = np.zeros((len(runs), steps)), np.zeros((len(runs), steps))
+    for s, t in enumerate(range(prompt_len, T)):
+        logits = decoder.step()
+        target = int(full.token_ids[t + 1]) if t + 1 < T else None
+        kl[:, s], nll[:, s] = metrics.kl_nll(metrics.log_softmax(full.logits[t]), logits,
+                                             target)
+        if bar is not None:
+            bar.update(len(runs))
+    return [(kl[c], nll[c]) for c in range(len(runs))]
+
+
+def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True) -> tuple[list[Series], dict]:
+    """Every policy and budget of ``cfg`` in the closed and the open loop.
+
+    Returns the per-run series (the full-cache reference first) and facts for the report.
+    """
+    import torch
+
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # results then do not depend on the machine's core count
+    try:
+        attach(net)
+        ids = load_text(cfg, tokenizer)
+        full = prefill(net, ids)
+        P, T = cfg.prompt_len, cfg.tokens
+        weights = metrics.layer_weights(full.attn_out_norm, P)
+        whole = np.ones((full.keys.shape[0], full.queries.shape[1], T - P))
+        series = [Series(FULL, FULL, T, None, None, whole.mean(axis=(0, 1)),
+                         metrics.open_metrics(whole, 0.0 * whole, weights))]
+        runs: list[tuple[PolicyConfig | None, int]] = [(None, T)]
+        for pc in cfg.policies:
+            ol = open_loop(full, P, pc.kind, pc.params, list(cfg.budgets), cfg.gqa)
+            for b in cfg.budgets:
+                series.append(Series(pc.label, pc.kind, b, None, None,
+                                     ol[b].mass.mean(axis=(0, 1)),
+                                     metrics.open_metrics(ol[b].mass, ol[b].error, weights)))
+                runs.append((pc, b))
+        # the full cache alone (it attends over every position), then the others by budget,
+        # so that a batch gathers about as many keys as its caches hold
+        order = [0] + sorted(range(1, len(runs)), key=lambda c: runs[c][1])
+        batch = cfg.batch or len(runs) - 1
+        batches = [order[:1]] + [order[lo:lo + batch] for lo in range(1, len(order), batch)]
+        bar = tqdm(total=len(runs) * (T - P), unit="step", disable=not progress,
+                   desc="closed loop (runs x steps)")
+        with bar:
+            for members in batches:
+                done = closed_loop(net, full, [runs[c] for c in members], P, cfg.gqa,
+                                   cfg.seed, bar)
+                for c, (kl, nll) in zip(members, done):
+                    series[c].kl, series[c].nll = kl, nll
+    finally:
+        torch.set_num_threads(threads)
+    facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
+             "text_sha256": hashlib.sha256(cfg.text.read_bytes()).hexdigest(),
+             "token_ids_sha256": hashlib.sha256(ids.tobytes()).hexdigest(),
+             "heads": int(full.queries.shape[1]), "kv_heads": int(full.keys.shape[1]),
+             "layer_weights": weights.tolist(), "token_ids": ids}
+    return series, facts
