@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -42,7 +43,9 @@ def _run_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     p.add_argument("--out", type=Path, help="report folder (default reports/<scenario name>)")
-    p.add_argument("--force", action="store_true", help="replace an existing report folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace a report kvsim wrote for another scenario file (a report of "
+                        "the same file is replaced anyway; other folders never are)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=_positive, metavar="N",
                    help="threads for the policy runs, then processes drawing the figures "
@@ -83,6 +86,7 @@ def _positive(text: str) -> int:
 
 def _validate(argv: list[str]) -> int:
     from kvsim.engine.experiments import count_runs
+    from kvsim.report.figures import check
     from kvsim.scenario.load import load_sweep
 
     p = argparse.ArgumentParser(prog="kvsim validate", description="Check a scenario file.")
@@ -90,6 +94,7 @@ def _validate(argv: list[str]) -> int:
     _add_overrides(p)
     args = p.parse_args(argv)
     variants = load_sweep(args.scenario, _overrides(args))
+    check(variants)
     runs = sum(count_runs(v) for v in variants)
     print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
           f"{len(variants[0].experiments)} experiments, {runs} runs, T = {variants[0].T})")
@@ -116,7 +121,8 @@ def _run(argv: list[str]) -> int:
     args = _run_parser().parse_args(argv)
     variants = load_sweep(args.scenario, _overrides(args))
     out = run(variants, args.out, force=args.force, progress=not args.quiet,
-              workers=args.workers, resume=args.resume)
+              workers=args.workers, resume=args.resume,
+              command=shlex.join(["python", "-m", "kvsim", *argv]))
     print(out)
     return 0
 
