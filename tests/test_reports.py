@@ -297,3 +297,16 @@ def test_cold_cache_shows_a_compile_phase_without_eta(monkeypatch):
         engine._end_compile_phase(bar, "study")
         assert bar.desc == "study" and bar.bar_format is None
         assert bar.n == 4 and bar.initial == 4  # the rate counts only the units after it
+
+
+def test_heads_can_be_named(path):
+    named = SCENARIO.replace("[attention.recency]", '[[attention.head]]\nname = "local"\n'
+                             '[[attention.head]]\nname = "heavy"\n[attention.recency]')
+    path.write_text(named)
+    from kvsim.report.plotting import head_label
+    s = kvsim.load_scenario(path)
+    assert [head_label(s, h) for h in (0, 1)] == ["head 0 (local), KV head 0",
+                                                 "head 1 (heavy), KV head 0"]
+    path.write_text(named.replace('"heavy"', "3"))
+    with pytest.raises(kvsim.ScenarioError, match=r"attention.head\[1\].name: expected a string"):
+        kvsim.load_scenario(path)

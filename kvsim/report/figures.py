@@ -20,7 +20,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
 
 from kvsim.report.plotting import (FIGURES, Curves, Needs, Target, check, draw_lines, figure,
-                                   grid, head_label, legend_outside, policy_colors,
+                                   grid, head_label, policy_colors,
                                    policy_markers, save, select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment, Scenario
@@ -45,15 +45,16 @@ def _seeds_note(scenario: Scenario) -> str:
     return "one seed" if n == 1 else f"lines: mean over {n} seeds; bands: their range"
 
 
-def _title(fig, scenario: Scenario, exp: Experiment, what: str) -> None:
-    fig.suptitle(f"{scenario.name}/{exp.name}: {what}")
+def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
+    return f"{scenario.name}/{exp.name}: {what}"
 
 
 def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
                     reference=None):
     per_head = _per_head(rows, metric)
     heads = sorted(per_head)
-    fig, axes = grid(len(heads), scenario, n_legend=len(exp.policies) + 1)
+    fig, axes, layout = grid(len(heads), scenario,
+                             gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
     curves, bands = Curves(), {}
     for h, ax in zip(heads, axes):
         for policy, per_budget in per_head[h].items():
@@ -81,9 +82,9 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
     if reference:
         handles.append(line)
         labels.append(reference[0])
-    legend_outside(fig, handles, labels)
-    _title(fig, scenario, exp, f"{ylabel} against budget\n"
-           f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}")
+    layout.finish(fig, _title(scenario, exp, f"{ylabel} against budget\n"
+                              f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}"),
+                  handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", scenario)
 
 
@@ -116,7 +117,7 @@ def pareto(scenario, exp, rows, steps, colors, out):
     recall = _per_head(rows, "final_recall")
     compression = _per_head(rows, "compression")
     heads = sorted(recall)
-    fig, axes = grid(len(heads), scenario, panel=(3.6, 2.8), n_legend=len(exp.policies) + 1)
+    fig, axes, layout = grid(len(heads), scenario, panel=(3.6, 2.8))
     curves = Curves()
     full = [p.label for p in exp.policies if p.kind == "full"]  # at compression 0: off the axes
     for h in heads:
@@ -144,9 +145,9 @@ def pareto(scenario, exp, rows, steps, colors, out):
     if full:
         handles.append(Line2D([], [], ls="none"))
         labels.append(f"not drawn: {', '.join(full)} (compression 0, recall 1)")
-    legend_outside(fig, handles, labels)
-    _title(fig, scenario, exp, f"compression against recall\nB = {budgets} of T = "
-           f"{scenario.T}; mean over {plural(len(scenario.seeds), 'seed')}")
+    layout.finish(fig, _title(scenario, exp, f"compression against recall\nB = {budgets} of "
+                              f"T = {scenario.T}; mean over {plural(len(scenario.seeds), 'seed')}"),
+                  handles, labels)
     return save(fig, out, f"{exp.name}_pareto", scenario)
 
 
@@ -164,7 +165,7 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
     t = np.arange(exp.prompt_len, scenario.T)
     window = max(1, t.size // 50) if smooth else 1
     stride = max(1, -(-t.size // MAX_RAW_POINTS))
-    fig, axes = grid(len(panels), scenario, panel=(3.6, 2.5), n_legend=len(exp.policies))
+    fig, axes, layout = grid(len(panels), scenario, panel=(3.6, 2.5))
     curves = Curves()
     units = defaultdict(list)
     for r in rows:
@@ -194,7 +195,6 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
         ax.set(title=f"{head_label(scenario, h)}, B = {b}", xlabel="decode position t",
                ylabel=ylabel)
         ax.grid(True, alpha=0.3)
-    legend_outside(fig, handles, labels)
     how = "per step"
     if smooth:
         how = f"rolling mean over {window} steps (faint: per step" + (
@@ -202,8 +202,9 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         " (time_budgets sets others)" if others else "")
-    _title(fig, scenario, exp, f"{ylabel} over decoding, {shown}\n"
-           f"{how}; mean over {plural(len(scenario.seeds), 'seed')}")
+    layout.finish(fig, _title(scenario, exp, f"{ylabel} over decoding, {shown}\n"
+                              f"{how}; mean over {plural(len(scenario.seeds), 'seed')}"),
+                  handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", scenario)
 
 
@@ -247,7 +248,7 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
     labels = [p.label for p in exp.policies if (p.label, seed, 0) in steps.snapshots]
     if not labels:
         return []
-    fig, axes = grid(len(labels), scenario, panel=(3.4, 2.7), legend=False, max_cols=3)
+    fig, axes, layout = grid(len(labels), scenario, panel=(3.4, 2.7), max_cols=3)
     t = exp.prompt_len + steps.snap_steps
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
     for ax, label in zip(axes, labels):
@@ -260,10 +261,10 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
         ax.set_title(label, color=colors[label])
         ax.set(xlabel="decode step t", ylabel="key position")
-    fig.colorbar(shown, ax=axes, shrink=0.6, label=f"fraction of a {width}-position bin cached"
-                 f"{' (log)' if width > 8 else ''}; white: none")
-    _title(fig, scenario, exp, f"cached positions at B = {exp.focus_budget} (seed {seed}, "
-           f"KV head 0; red line: the current token t)")
+    layout.finish(fig, _title(scenario, exp, f"cached positions at B = {exp.focus_budget}\n"
+                              f"seed {seed}, KV head 0; red line: the current token t"),
+                  colorbar=(shown, f"fraction of a {width}-position bin cached"
+                                   f"{' (log)' if width > 8 else ''}; white: none"))
     return save(fig, out, f"{exp.name}_kept_raster", scenario)
 
 
@@ -273,7 +274,7 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
     if not samples:
         return []
     n = len(samples)
-    fig, axes = grid(n, scenario, panel=(3.4, 2.8), legend=False)
+    fig, axes, layout = grid(n, scenario, panel=(3.4, 2.8))
     cmap = matplotlib.colormaps["magma"].with_extremes(bad="white")
     positive = np.concatenate([s.heatmap[s.heatmap > 0] for s in samples])
     top = float(positive.max()) if positive.size else 1.0
@@ -290,13 +291,13 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
                           extent=(0, bins * sample.bin_width, sample.rows[0], last),
                           interpolation="nearest")
         ax.set(title=head_label(scenario, h), xlabel="key position k", ylabel="query q")
-    fig.colorbar(shown, ax=axes, shrink=0.8, label="p(q, k), max over "
-                 f"{plural(samples[0].bin_width, 'key')} per bin (log)")
-    fig.suptitle(f"{scenario.name}: attention around the end of the prompt (seed "
-                 f"{scenario.seeds[0]}; future keys white)")
+    layout.finish(fig, f"{scenario.name}: attention around the end of the prompt\n"
+                       f"seed {scenario.seeds[0]}; future keys white",
+                  colorbar=(shown, "p(q, k), max over "
+                                   f"{plural(samples[0].bin_width, 'key')} per bin (log)"))
     paths = save(fig, out, "field", scenario)
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), layout="constrained")
+    fig, ax = plt.subplots(figsize=(7.4, 4.0))
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     for h, sample in enumerate(samples):
         ranked = np.sort(sample.colsum)[::-1]
@@ -309,5 +310,6 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
     ax.set(xlabel="key rank", ylabel="column sum (attention the key receives)",
            title=f"{scenario.name}: attention received per key, ranked (seed {scenario.seeds[0]})")
     ax.grid(True, which="both", alpha=0.3)
-    fig.legend(loc="outside right upper", frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, borderaxespad=0)
+    fig.tight_layout()
     return paths + save(fig, out, "column_sums", scenario)

@@ -120,7 +120,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     mass = steps.arrays()["mass"]
     t = np.arange(exp.prompt_len, scenario.T)
     window = max(1, t.size // 50)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     ax = axes[0]
     for label in labels:
         units = [r["unit"] for r in rows if r["policy"] == label and r["budget"] == exp.focus_budget]
@@ -162,4 +162,5 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"{scenario.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
+    fig.tight_layout()
     return save(fig, out, f"{exp.name}_h2o_online_vs_offline", scenario)

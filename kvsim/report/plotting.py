@@ -148,27 +148,65 @@ def head_label(scenario: Scenario, head: int) -> str:
     return name
 
 
+@dataclass
+class Layout:
+    """A grid of panels laid out in inches (matplotlib's constrained layout would cost more
+    than drawing): margins for tick labels, titles, a legend row block and a colorbar."""
+
+    rows: int
+    cols: int
+    panel: tuple[float, float]
+    gap: tuple[float, float]  # inches between panels: y labels, x labels + next title
+    max_width: float
+    grid: object = None
+
+    LEFT, RIGHT, TOP, BOTTOM = 0.75, 0.25, 0.72, 0.55
+    COLORBAR = 1.15
+
+    def finish(self, fig, title: str, handles: list | None = None, labels: list | None = None,
+               colorbar: tuple | None = None) -> None:
+        """Size the figure, then place the title, the legend below the panels (clear of the
+        data) and the colorbar to their right."""
+        right = self.RIGHT + (self.COLORBAR if colorbar else 0)
+        chrome = self.LEFT + right + (self.cols - 1) * self.gap[0]
+        panel_w = min(self.panel[0], (self.max_width - chrome) / self.cols)
+        width = max(7.0, chrome + self.cols * panel_w)  # room for a two-line title
+        panel_w = (width - chrome) / self.cols
+        legend_rows, ncols = 0, 1
+        if labels:
+            longest = max(len(label) for label in labels)
+            ncols = max(1, min(len(labels), 5, int((width - 0.4) / (0.068 * longest + 0.55))))
+            legend_rows = math.ceil(len(labels) / ncols)
+        bottom = self.BOTTOM + (0.12 + 0.2 * legend_rows if legend_rows else 0)
+        height = (self.TOP + bottom + self.rows * self.panel[1]
+                  + (self.rows - 1) * self.gap[1])
+        fig.set_size_inches(width, height)
+        self.grid.update(left=self.LEFT / width, right=1 - right / width,
+                         bottom=bottom / height, top=1 - self.TOP / height,
+                         wspace=self.gap[0] / panel_w, hspace=self.gap[1] / self.panel[1])
+        fig.suptitle(title, y=1 - 0.06 / height, va="top")
+        if labels:
+            fig.legend(handles, labels, loc="lower center", ncols=ncols, frameon=False,
+                       bbox_to_anchor=(0.5, 0.04 / height), borderaxespad=0)
+        if colorbar:
+            mappable, label = colorbar
+            span = 1 - (self.TOP + bottom) / height
+            cax = fig.add_axes((1 - (right - 0.3) / width, bottom / height + 0.15 * span,
+                                0.16 / width, 0.7 * span))
+            fig.colorbar(mappable, cax=cax, label=label)
+
+
 def grid(n: int, scenario: Scenario, panel: tuple[float, float] = (3.4, 2.6),
-         legend: bool = True, max_cols: int = 4, sharey: bool = False, n_legend: int = 8):
-    """A figure of ``n`` panels wrapped in rows, at most page width, with room for a legend
-    of ``n_legend`` entries below; returns (figure, flat list of the ``n`` axes)."""
+         max_cols: int = 4, gap: tuple[float, float] = (0.75, 0.8)):
+    """A figure of ``n`` panels wrapped in rows (at most ``max_cols`` a row, at most page
+    width once :meth:`Layout.finish` sizes it); returns (figure, the ``n`` axes, layout)."""
     rows = max(1, math.ceil(n / max_cols))
     cols = max(1, math.ceil(n / rows))
-    width = max(7.0, panel[0] * cols + 0.3)  # room for a 2-line title
-    height = panel[1] * rows + 0.7 + (0.25 * math.ceil(n_legend / 4) if legend else 0)
-    scale = min(1.0, MAX_WIDTH_PX / scenario.dpi / width)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * scale, height * scale), squeeze=False,
-                             layout="constrained", sharey=sharey)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
-
-
-def legend_outside(fig, handles: list, labels: list) -> None:
-    """One legend for every panel, below them (clear of the data and of the title)."""
-    width = max(len(label) for label in labels)
-    fig.legend(handles, labels, loc="outside lower center", frameon=False,
-               ncols=max(1, min(len(labels), 5 if width < 22 else 3)))
+    layout = Layout(rows, cols, panel, gap, MAX_WIDTH_PX / scenario.dpi)
+    fig = plt.figure()
+    layout.grid = fig.add_gridspec(rows, cols)
+    axes = [fig.add_subplot(layout.grid[i // cols, i % cols]) for i in range(n)]
+    return fig, axes, layout
 
 
 class Curves:
