@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 import threading
@@ -59,7 +60,9 @@ def _run_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     p.add_argument("--out", type=Path, help="report folder (default reports/<scenario name>)")
-    p.add_argument("--force", action="store_true", help="replace an existing report folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace a report kvsim wrote for another scenario file (a report of "
+                        "the same file is replaced anyway; other folders never are)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=_positive, metavar="N",
                    help="threads for the policy runs, then processes drawing the figures "
@@ -115,6 +118,7 @@ def _positive(text: str) -> int:
 
 def _validate(argv: list[str]) -> int:
     from kvsim.engine import cost
+    from kvsim.report.figures import check
     from kvsim.scenario.load import load_sweep
 
     p = _Parser(prog="kvsim validate", description="Check a scenario file "
@@ -125,6 +129,7 @@ def _validate(argv: list[str]) -> int:
     args = p.parse_args(argv)
     _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
+    check(variants)
     estimate = cost.check(variants)
     print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
           f"{len(variants[0].experiments)} experiments, T = {variants[0].T}); "
@@ -153,7 +158,8 @@ def _run(argv: list[str]) -> int:
     _set_max_memory(args)
     variants = load_sweep(args.scenario, _overrides(args))
     out = run(variants, args.out, force=args.force, progress=not args.quiet,
-              workers=args.workers, resume=args.resume, dask=args.dask)
+              workers=args.workers, resume=args.resume, dask=args.dask,
+              command=shlex.join(["python", "-m", "kvsim", *argv]))
     print(out)
     return 0
 

@@ -62,16 +62,27 @@ def test_run_writes_report(scenario, tmp_path, capsys):
     assert not list(tmp_path.glob(".report.*"))
 
 
-def test_existing_report_needs_force(scenario, tmp_path, capsys):
-    out = tmp_path / "report"
+def test_existing_folders(scenario, tmp_path, capsys):
+    out = tmp_path / "mine"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert main([str(scenario), "--out", str(out), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "--force" in err and len(err.strip().splitlines()) == 1
-    assert (out / "keep.txt").exists()
-    assert main([str(scenario), "--out", str(out), "--quiet", "--force"]) == 0
-    assert not (out / "keep.txt").exists() and (out / "results.csv").exists()
+    for force in ([], ["--force"]):  # a folder kvsim did not write is never replaced
+        assert main([str(scenario), "--out", str(out), "--quiet", *force]) == 2
+        err = capsys.readouterr().err
+        assert "never replaces" in err and len(err.strip().splitlines()) == 1
+        assert (out / "keep.txt").exists()
+    report = tmp_path / "report"
+    assert main([str(scenario), "--out", str(report), "--quiet"]) == 0
+    capsys.readouterr()
+    # The README's first command, repeated: a report of the same file is replaced, on stderr.
+    assert main([str(scenario), "--out", str(report), "--quiet"]) == 0
+    assert f"kvsim: replacing {report}, an earlier report of" in capsys.readouterr().err
+    other = tmp_path / "other.toml"
+    other.write_text(SMALL.replace('"small"', '"other"'))
+    assert main([str(other), "--out", str(report), "--quiet"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main([str(other), "--out", str(report), "--quiet", "--force"]) == 0
+    assert json.loads((report / "scenario.json").read_text())["variants"][0]["name"] == "other"
 
 
 def test_validate(scenario, capsys):

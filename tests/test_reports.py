@@ -1,4 +1,4 @@
-"""Reports: overrides, sweeps, parallel = serial, resume after an interruption, report.md."""
+"""Reports: overrides, sweeps, parallel = serial, resume, report.md, figures and statistics."""
 
 import csv
 import re
@@ -10,6 +10,9 @@ import kvsim
 from kvsim.engine import experiments as engine
 from kvsim.cli import main
 from kvsim.errors import KvsimError
+from kvsim.report.figures import FIGURES, Needs
+from kvsim.report.plotting import Curves, draw_lines
+from kvsim.report.stats import Estimate, estimate, rolling_mean, twins
 from kvsim.scenario.overrides import Overrides, parse_budgets, parse_seeds, parse_setting
 
 SCENARIO = """\
@@ -146,18 +149,164 @@ def test_cli_interrupt_exits_130_without_report(path, tmp_path, monkeypatch, cap
     assert "interrupted" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
+def png_width(path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the PNG header's IHDR width
+
+
 def test_report_markdown_and_figures(path, tmp_path):
-    out = kvsim.run(path, tmp_path / "r")
+    out = kvsim.run(path, tmp_path / "r", command="python -m kvsim study.toml")
     text = (out / "report.md").read_text()
-    assert text.startswith("# study")
-    assert "| `h2o` |" in text and "B = 16" in text
-    assert "Online versus offline H2O (budget 16)" in text
+    lines = text.splitlines()
+    assert lines[0] == "# study"
+    # Opens with the ranking, computed from the results.
+    assert lines[2].startswith("On the `field` source, the policies rank by attention mass kept "
+                               "at B = 16 (experiment `decode`, mean over 2 heads and 2 seeds): ")
+    rows = [r for r in read(out) if r["budget"] == "16"]
+    means = {p: np.mean([float(r["mass_mean"]) for r in rows if r["policy"] == p])
+             for p in ("h2o", "h2o_norm", "h2o_offline", "window")}
+    best = max(means, key=means.get)
+    assert lines[2].split(": ", 1)[1].startswith(f"`{best}` {means[best]:.3f}")
+    assert "- command: `python -m kvsim study.toml`" in text and "- kvsim 0.1.0, " in text
+    assert "wall time" in text and "Reading this report" in text
+    # Per head, mean over seeds with an interval; the pooled column is labelled.
+    assert "| policy | head 0, KV head 0 | head 1, KV head 0 | **mean over heads** |" in text
+    assert "per head: mean over 2 seeds ± 95 % Student-t interval" in text
+    assert "{" not in text and "1 query heads" not in text and "[0, 1]" not in text
+    assert "#### Online versus offline H2O (B = 16)" in text
+    assert "divided by the number of queries that saw the key" in text  # h2o_norm ran
+    assert "full-attention scores" not in text  # no accumulate = "full" variant ran
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / image).stat().st_size > 5000, image
-    for stem in ("field", "decode_kept_raster", "decode_h2o_online_vs_offline",
-                 "decode_mass_over_time", "decode_mass_vs_budget", "decode_recall_vs_budget"):
+        assert png_width(out / image) <= 2000, image
+    for stem in ("field", "column_sums", "decode_kept_raster", "decode_h2o_online_vs_offline",
+                 "decode_mass_over_time", "decode_mass_vs_budget", "decode_recall_vs_budget",
+                 "decode_recall_over_time", "decode_pareto"):
         assert (out / f"{stem}.png").exists() and (out / f"{stem}.svg").exists(), stem
+    assert not list(out.glob("*error*"))  # this source has no value vectors
     steps = np.load(out / "steps.npz")
     snaps = steps["decode/snapshots/h2o/seed0/kv0"]
     assert snaps.shape[1] == 16 and (snaps[:, :16] >= 0).all()  # full cache at every snapshot
     assert snaps.shape[0] == steps["decode/snap_steps"].shape[0]
+
+
+def test_result_columns_name_their_policy(path, tmp_path):
+    out = kvsim.run(path, tmp_path / "r", workers=1)
+    rows = read(out)
+    header = list(rows[0])
+    assert "recent_ratio" not in header and "window" not in header
+    assert {"h2o.recent_ratio", "h2o.normalize", "h2o_offline.recent_ratio"} <= set(header)
+    assert not any(c.startswith(("snapkv.", "streaming_llm.")) for c in header)  # not run
+    norm = next(r for r in rows if r["policy"] == "h2o_norm")
+    window = next(r for r in rows if r["policy"] == "window")
+    assert norm["h2o.normalize"] == "True" and norm["h2o_offline.recent_ratio"] == ""
+    assert all(window[c] == "" for c in header if "." in c)
+
+
+def test_one_seed_has_no_interval(path, tmp_path):
+    path.write_text(SCENARIO.replace("seeds = [0, 1]", "seeds = [0]"))
+    text = (kvsim.run(path, tmp_path / "r") / "report.md").read_text()
+    assert "±" not in text and "one seed, so no interval" in text
+
+
+QK = """name = "qk"
+seeds = [0, 1]
+[attention]
+source = "field"
+T = 64
+heads = 2
+kv_heads = 1
+[attention.qk]
+dim = 8
+clusters = 3
+values = true
+[policies.window]
+[policies.streaming_llm]
+sinks = 0
+[policies.tova]
+[[experiment]]
+name = "decode"
+prompt_len = 24
+budgets = [8, 16]
+"""
+
+
+def test_figures_follow_their_declared_needs(tmp_path):
+    path = tmp_path / "qk.toml"
+    path.write_text(QK)
+    out = kvsim.run(path, tmp_path / "r")
+    drawn = {p.stem for p in out.glob("*.png")}
+    assert {"decode_error_vs_budget", "decode_error_over_time", "decode_mass_vs_budget"} <= drawn
+    assert not drawn & {"decode_pareto", "decode_recall_vs_budget", "decode_recall_over_time"}
+    text = (out / "report.md").read_text()
+    assert "Relative output error at B = 16" in text and "can exceed 1" in text
+    for fig in FIGURES.values():
+        assert isinstance(fig.needs, Needs) and fig.draw.__name__ == fig.name
+
+
+def test_requested_figures_are_checked(path, tmp_path):
+    text = SCENARIO.replace('name = "decode"', 'name = "decode"\nfigures = ["heatmap"]')
+    path.write_text(text)
+    with pytest.raises(kvsim.ScenarioError, match=r"experiment\[0\].figures: expected a list of "):
+        kvsim.run(path, tmp_path / "r")
+    path.write_text(SCENARIO.replace("prompt_len = 32", 'prompt_len = 96\nfigures = ["mass_over_time"]'))
+    with pytest.raises(kvsim.ScenarioError, match="'mass_over_time' needs decode steps"):
+        kvsim.run(path, tmp_path / "r")
+    path.write_text(QK.replace('budgets = [8, 16]', 'budgets = [8, 16]\nfigures = ["pareto"]'))
+    assert main(["validate", str(path)]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_identical_curves_are_drawn_as_twins():
+    import matplotlib.pyplot as plt
+    curves = Curves()
+    for panel, shift in ((0, 0.0), (1, 0.3)):
+        curves.add(panel, "window", [1, 2], [0.1 + shift, 0.2])
+        curves.add(panel, "streaming_llm", [1, 2], [0.1 + shift, 0.2])
+        curves.add(panel, "h2o", [1, 2], [0.1 + shift, 0.205 + shift / 10])  # apart in panel 1
+    fig, axes = plt.subplots(1, 2)
+    colors = {"window": "C0", "streaming_llm": "C1", "h2o": "C2"}
+    handles, labels = draw_lines(dict(enumerate(axes)), curves, colors,
+                                 {p: "o" for p in colors})
+    assert labels == ["window", "streaming_llm (= window)", "h2o (≈ window where dashed)"]
+    assert handles[1].get_linestyle() != "-" and handles[0].get_linestyle() == "-"
+    plt.close(fig)
+
+
+def test_stats_intervals_rounding_and_twins():
+    from scipy import stats as scipy_stats
+    values = [0.2, 0.25, 0.31]
+    e = estimate(values)
+    half = scipy_stats.t.ppf(0.975, 2) * np.std(values, ddof=1) / np.sqrt(3)
+    assert e.mean == pytest.approx(np.mean(values)) and e.half_width == pytest.approx(half)
+    assert e.text() == f"{np.mean(values):.2f} ± {half:.2f}"  # half-width 0.14: 2 decimals
+    assert estimate([0.5]).text() == "0.500" and estimate([0.5]).half_width is None
+    assert Estimate(0.27123, 0.0123, 4).text() == "0.271 ± 0.012"
+    found = twins({"a": np.array([0.1, 0.2]), "b": np.array([0.1, 0.2]),
+                   "c": np.array([0.1, 0.205]), "d": np.array([0.5, 0.2])})
+    assert found == {"b": ("a", True), "c": ("a", False)}
+    assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, np.nan]), 2), [1, 2, 4, 5])
+
+
+def test_cold_cache_shows_a_compile_phase_without_eta(monkeypatch):
+    from tqdm import tqdm
+    monkeypatch.setattr(engine, "cache_is_warm", lambda: False)
+    with tqdm(total=10, disable=False, file=open("/dev/null", "w")) as bar:
+        assert engine._compile_phase(bar)
+        assert bar.desc == engine.COMPILING and "remaining" not in bar.bar_format
+        bar.update(4)
+        engine._end_compile_phase(bar, "study")
+        assert bar.desc == "study" and bar.bar_format is None
+        assert bar.n == 4 and bar.initial == 4  # the rate counts only the units after it
+
+
+def test_heads_can_be_named(path):
+    named = SCENARIO.replace("[attention.recency]", '[[attention.head]]\nname = "local"\n'
+                             '[[attention.head]]\nname = "heavy"\n[attention.recency]')
+    path.write_text(named)
+    from kvsim.report.plotting import head_label
+    s = kvsim.load_scenario(path)
+    assert [head_label(s, h) for h in (0, 1)] == ["head 0 (local), KV head 0",
+                                                 "head 1 (heavy), KV head 0"]
+    path.write_text(named.replace('"heavy"', "3"))
+    with pytest.raises(kvsim.ScenarioError, match=r"attention.head\[1\].name: expected a string"):
+        kvsim.load_scenario(path)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.report.writer import result_columns
 
 METRICS = ("mass", "cache_size", "recall", "error")
 
@@ -136,7 +137,8 @@ class Results:
     def to_csv(self, path: str | Path | None = None) -> str | Path:
         """The rows as CSV: a string, or written to ``path`` (returned)."""
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=list(self.rows[0]) if self.rows else [])
+        writer = csv.DictWriter(buffer, fieldnames=result_columns(self.rows) if self.rows else [],
+                                restval="")
         writer.writeheader()
         writer.writerows(self.rows)
         if path is None:

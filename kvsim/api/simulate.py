@@ -12,7 +12,7 @@ import numpy as np
 from kvsim.api import arguments
 from kvsim.api.attention import Attention
 from kvsim.api.results import Results
-from kvsim.engine.experiments import PARAM_COLUMNS, _summary, random_seed
+from kvsim.engine.experiments import _summary, random_seed
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
@@ -308,7 +308,8 @@ class _Run:
                            "policy": config.label, "kind": config.kind, "budget": budget,
                            "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
                            "T": att.T, "prompt_len": P, "steps": att.T - P}
-                    row.update({n: config.params.get(n, "") for n in PARAM_COLUMNS})
+                    row.update({f"{config.kind}.{name}": value  # as in results.csv
+                                for name, value in sorted(config.params.items())})
                     row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g],
                                         trace.kept, truth[h], has_truth, att.T))
                     rows.append(row)

@@ -11,14 +11,12 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.numerics import kernels
-from kvsim.policies import POLICIES
+from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
 from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets
 from kvsim.engine.resume import UnitStore, unit_key
 
-PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
-
-
+COMPILING = "compiling kernels (first run only)"
 SNAPSHOTS = 64  # cache snapshots per run at the focus budget (kept-position rasters)
 HEATMAP_ROWS = 256  # rows of the field heatmap
 HEATMAP_BINS = 512  # key bins of the field heatmap (max over each bin)
@@ -134,6 +132,7 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     bar = bar or tqdm(total=count_runs(scenario), unit="run", disable=not progress,
                       dynamic_ncols=True, desc=scenario.name)
     fields: list[FieldSample] = []
+    compiling = _compile_phase(bar)
     try:
         for seed in scenario.seeds:
             sequence = scenario.field(seed)  # O(T) arrays; the full passes come on demand
@@ -145,6 +144,8 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
                                           steps[exp.name].snap_steps, progress)
                     _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
                                     steps[exp.name], bar, workers, store)
+                if compiling:  # every kernel of the scenario has run once: ETAs from now on
+                    compiling = _end_compile_phase(bar, scenario.name)
             if seed == scenario.seeds[0]:
                 fields = _field_samples(scenario, sequence, passes)
     finally:
@@ -170,6 +171,28 @@ def unit_keys(scenario: Scenario, exp: Experiment, seed: int, kv: int,
                      seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
                      budgets=exp.budgets, focus=exp.focus_budget, snaps=snap_steps.tolist())
             for c in exp.policies]
+
+
+def _compile_phase(bar: tqdm) -> bool:
+    """With a cold kernel cache, label the bar's first units as compilation, without an
+    ETA (extrapolating from compilation would be wrong by orders of magnitude)."""
+    if bar.disable or cache_is_warm() or bar.n:
+        return False
+    bar.set_description_str(COMPILING, refresh=False)
+    bar.bar_format = "{desc}: {n_fmt}/{total_fmt} {unit}s [{elapsed}]"
+    bar.refresh()
+    return True
+
+
+def _end_compile_phase(bar: tqdm, name: str) -> bool:
+    """Back to the normal bar, its rate and ETA measured from here."""
+    done = bar.n
+    bar.bar_format = None
+    bar.set_description_str(name, refresh=False)
+    bar.reset(bar.total)
+    bar.initial = bar.n = bar.last_print_n = done
+    bar.refresh()
+    return False
 
 
 def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSample]:
@@ -227,7 +250,9 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
                        "kind": config.kind, "budget": budget, "budget_spec": spec,
                        "seed": seed, "head": h, "kv_head": kv, "T": scenario.T,
                        "prompt_len": exp.prompt_len, "steps": scenario.T - exp.prompt_len}
-                row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
+                # A parameter's column names its policy: snapkv.window is not window.window.
+                row.update({f"{config.kind}.{name}": value
+                            for name, value in sorted(config.params.items())})
                 row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept,
                                     truth[h], scenario.has_truth, scenario.T))
                 rows.append(row)

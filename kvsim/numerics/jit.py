@@ -40,3 +40,9 @@ the GIL, so Python threads run them in parallel (no parfors, whose compilation i
 jit_inline = njit(inline="always", **_OPTIONS)
 """Decorator for small per-entry functions that must be inlined into their loops (LLVM
 would keep a large one as a call, and a loop with a call does not vectorise)."""
+
+
+def cache_is_warm() -> bool:
+    """Whether compiled kernels of this exact source are already on disk."""
+    folder = numba.config.CACHE_DIR
+    return not folder or any(Path(folder).rglob("*.nbi"))  # unknown without a cache folder

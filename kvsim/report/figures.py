@@ -1,235 +1,315 @@
-"""Report figures, drawn from a run's tidy rows (matplotlib, Agg backend)."""
+"""Report figures, drawn from a run's tidy rows and per-step series (matplotlib, Agg).
+
+Each experiment figure is registered with the data it needs (:class:`Needs`); the writer
+draws the ones a scenario asks for, or every one whose needs the results meet. Statistics
+are per head (never pooled over heads): lines are means over seeds, bands the range over
+seeds.
+"""
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from kvsim.report.plotting import (FIGURES, Curves, Needs, Target, check, draw_lines, figure,
+                                   grid, head_label, policy_colors,
+                                   policy_markers, save, select)
+from kvsim.report.stats import plural, rolling_mean
+from kvsim.scenario.load import Experiment, Scenario
 
-from kvsim.scenario.load import Scenario  # noqa: E402
+__all__ = ["FIGURES", "Needs", "Target", "check", "field_figures", "policy_colors", "select"]
 
-MAX_TIME_PANELS = 4
 RASTER_BINS = 256
+MAX_RAW_POINTS = 4000  # faint per-step series longer than this are drawn every k-th step
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where figures go: a folder and a file-name prefix (for sweep variants)."""
-
-    folder: Path
-    prefix: str = ""
-
-
-def policy_colors(scenario: Scenario) -> dict[str, str]:
-    """One colour per policy label, the same in every figure of the scenario."""
-    labels = list(dict.fromkeys(p.label for e in scenario.experiments for p in e.policies))
-    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
-    return {label: matplotlib.colors.to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
-
-
-def _by_policy_budget(rows: list[dict], metric: str) -> dict[str, dict[int, np.ndarray]]:
-    """metric values over seeds and heads, grouped as {policy: {budget: values}}.
-
-    NaN values (a head without ground truth, a run without decode steps) are left out.
-    """
-    groups: dict = defaultdict(lambda: defaultdict(list))
+def _per_head(rows: list[dict], metric: str) -> dict:
+    """``{head: {policy: {budget: per-seed values}}}``, NaN values left out."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
-        if not np.isnan(r[metric]):
-            groups[r["policy"]][r["budget"]].append(r[metric])
-    return {p: {b: np.array(v, float) for b, v in sorted(d.items())} for p, d in groups.items()}
+        if not math.isnan(r[metric]):
+            out[r["head"]][r["policy"]][r["budget"]].append(r[metric])
+    return out
 
 
-def _save(fig, out: Target, stem: str, scenario: Scenario) -> list[Path]:
-    paths = []
-    for fmt in scenario.formats:
-        path = out.folder / f"{out.prefix}{stem}.{fmt}"
-        fig.savefig(path, dpi=scenario.dpi)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+def _seeds_note(scenario: Scenario) -> str:
+    n = len(scenario.seeds)
+    return "one seed" if n == 1 else f"lines: mean over {n} seeds; bands: their range"
 
 
-MARKERS = "osD^vP*Xh<>"
+def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
+    return f"{scenario.name}/{exp.name}: {what}"
 
 
-def _line_with_band(ax, x, values: list[np.ndarray], color: str, label: str, i: int) -> None:
-    mean = np.array([v.mean() for v in values])
-    # Distinct markers keep overlapping curves (e.g. a policy on the oracle) visible.
-    ax.plot(x, mean, marker=MARKERS[i % len(MARKERS)], ms=5, mfc="none", color=color,
-            label=label)
-    if max(v.size for v in values) > 1:
-        ax.fill_between(x, [v.min() for v in values], [v.max() for v in values],
-                        color=color, alpha=0.2, lw=0)
-
-
-def pareto(scenario, exp, rows, steps, colors, out):
-    """Compression (share of the sequence evicted) against important-token recall."""
-    recall = _by_policy_budget(rows, "final_recall")
-    compression = _by_policy_budget(rows, "compression")
-    fig, ax = plt.subplots(figsize=(6.8, 4.2))
-    for policy, per_budget in recall.items():
-        x = [compression[policy][b].mean() for b in per_budget]
-        y = [v.mean() for v in per_budget.values()]
-        if len(exp.budgets) == 1:
-            ax.scatter(x, y, s=220, color=colors[policy], edgecolor="black", lw=0.8,
-                       zorder=5, label=policy)
-            ax.annotate(policy, (x[0], y[0]), xytext=(8, 6), textcoords="offset points",
-                        fontsize=10)
+def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
+                    reference=None):
+    per_head = _per_head(rows, metric)
+    heads = sorted(per_head)
+    fig, axes, layout = grid(len(heads), scenario,
+                             gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
+    curves, bands = Curves(), {}
+    for h, ax in zip(heads, axes):
+        for policy, per_budget in per_head[h].items():
+            budgets = sorted(per_budget)
+            values = [np.array(per_budget[b]) for b in budgets]
+            curves.add(h, policy, budgets, [v.mean() for v in values])
+            if len(scenario.seeds) > 1:
+                bands[h, policy] = ([v.min() for v in values], [v.max() for v in values])
+    handles, labels = draw_lines(dict(zip(heads, axes)), curves, colors, policy_markers(exp),
+                                 bands, log=log_y)
+    for h, ax in zip(heads, axes):
+        if reference:
+            b = np.array(exp.budgets, float)
+            line, = ax.plot(b, reference[1](b), color="0.45", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(exp.budgets, [str(b) for b in exp.budgets],
+                      rotation=45 if len(exp.budgets) > 5 else 0)
+        ax.minorticks_off()
+        if log_y:
+            ax.set_yscale("log")
         else:
-            ax.plot(x, y, marker="o", color=colors[policy], label=policy)
-    if len(exp.budgets) == 1:
-        base = exp.budgets[0] / scenario.T
-        ax.axhline(base, color="tab:gray", ls="--", label=f"random baseline ({base:.1%})")
-    else:
-        grid = np.linspace(0, 1, 50)
-        ax.plot(grid, 1 - grid, color="tab:gray", ls="--", label="random baseline (kept / T)")
-    ax.axhline(1.0, color="black", ls=":", alpha=0.4, label="oracle")
-    budgets = "/".join(str(b) for b in exp.budgets) if len(exp.budgets) <= 3 else \
-        f"{exp.budgets[0]}..{exp.budgets[-1]}"
-    ax.set(xlabel="compression ratio (fraction of KV evicted)", ylabel="important-token recall",
-           xlim=(0, 1), ylim=(0, 1.05))
-    ax.set_title(f"{scenario.name}/{exp.name}: KV compression Pareto @ budget={budgets}/{scenario.T}",
-                 fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower left", fontsize=9)
-    fig.tight_layout()
-    return _save(fig, out, f"{exp.name}_pareto", scenario)
-
-
-def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem):
-    values = _by_policy_budget(rows, metric)
-    fig, ax = plt.subplots(figsize=(6.8, 4.2))
-    for i, (policy, per_budget) in enumerate(values.items()):
-        _line_with_band(ax, list(per_budget), list(per_budget.values()), colors[policy], policy, i)
-    if metric == "final_recall" and exp.prompt_len == scenario.T:
-        b = np.array(exp.budgets)
-        ax.plot(b, np.minimum(1, b / scenario.T), color="tab:gray", ls="--",
-                label="random expectation (B / T)")
-    ax.set_xscale("log", base=2)
-    ax.set(xlabel="budget (tokens)", ylabel=ylabel, ylim=(0, 1.05))
-    ax.set_title(f"{scenario.name}/{exp.name}: {ylabel} vs budget "
-                 f"(P={exp.prompt_len}, T={scenario.T})", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, out, f"{exp.name}_{stem}", scenario)
-
-
-def recall_vs_budget(scenario, exp, rows, steps, colors, out):
-    """Final important-token recall against budget, band = spread over seeds and heads."""
-    return _against_budget(scenario, exp, rows, colors, out, "final_recall",
-                           "important-token recall", "recall_vs_budget")
-
-
-def mass_vs_budget(scenario, exp, rows, steps, colors, out):
-    """Mean retained attention mass over decode steps against budget."""
-    return _against_budget(scenario, exp, rows, colors, out, "mass_mean",
-                           "mean attention mass kept", "mass_vs_budget")
-
-
-def mass_over_time(scenario, exp, rows, steps, colors, out):
-    """Attention mass kept at each decode step, a panel per budget (mean over seeds, heads)."""
-    budgets = list(exp.budgets)
-    if len(budgets) > MAX_TIME_PANELS:
-        budgets = [budgets[i] for i in np.linspace(0, len(budgets) - 1, MAX_TIME_PANELS).astype(int)]
-    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), sharey=True,
-                             squeeze=False)
-    t = np.arange(exp.prompt_len, scenario.T)
-    for ax, budget in zip(axes[0], budgets):
-        for policy in dict.fromkeys(r["policy"] for r in rows):
-            units = [r["unit"] for r in rows if r["policy"] == policy and r["budget"] == budget]
-            ax.plot(t, steps.arrays()["mass"][units].mean(axis=0), color=colors[policy], lw=1,
-                    label=policy)
-        ax.set(title=f"budget {budget}", xlabel="decode position t")
+            ax.set_ylim(0, 1.03)
+        ax.set(title=head_label(scenario, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
-    axes[0][0].set(ylabel="attention mass kept", ylim=(0, 1.05))
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, fontsize=8, loc="center right")
-    fig.suptitle(f"{scenario.name}/{exp.name}: mass over decoding (P={exp.prompt_len})")
-    fig.tight_layout(rect=(0, 0, 0.86, 1))
-    return _save(fig, out, f"{exp.name}_mass_over_time", scenario)
+    if reference:
+        handles.append(line)
+        labels.append(reference[0])
+    layout.finish(fig, _title(scenario, exp, f"{ylabel} against budget\n"
+                              f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}"),
+                  handles, labels)
+    return save(fig, out, f"{exp.name}_{stem}", scenario)
 
 
-def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> np.ndarray:
-    """(bins, snapshots) share of each position bin held in the cache at each snapshot."""
+@figure(Needs.DECODE | Needs.BUDGETS)
+def mass_vs_budget(scenario, exp, rows, steps, colors, out):
+    """Mean attention mass kept over the decode steps against budget, a panel per head."""
+    return _against_budget(scenario, exp, rows, colors, out, "mass_mean",
+                           "attention mass kept", "mass_vs_budget")
+
+
+@figure(Needs.TRUTH | Needs.BUDGETS)
+def recall_vs_budget(scenario, exp, rows, steps, colors, out):
+    """Final important-token recall against budget, a panel per head with ground truth."""
+    uniform = ("B / T: a uniformly random cache", lambda b: np.minimum(1, b / scenario.T))
+    return _against_budget(scenario, exp, rows, colors, out, "final_recall",
+                           "important-token recall of the final cache", "recall_vs_budget",
+                           reference=uniform)
+
+
+@figure(Needs.DECODE | Needs.VALUES | Needs.BUDGETS)
+def error_vs_budget(scenario, exp, rows, steps, colors, out):
+    """Mean relative output error over the decode steps against budget, a panel per head."""
+    return _against_budget(scenario, exp, rows, colors, out, "error_mean",
+                           "relative output error |o~ - o| / |o|", "error_vs_budget", log_y=True)
+
+
+@figure(Needs.TRUTH)
+def pareto(scenario, exp, rows, steps, colors, out):
+    """Compression (share of the sequence evicted) against final recall, a panel per head."""
+    recall = _per_head(rows, "final_recall")
+    compression = _per_head(rows, "compression")
+    heads = sorted(recall)
+    fig, axes, layout = grid(len(heads), scenario, panel=(3.6, 2.8))
+    curves = Curves()
+    full = [p.label for p in exp.policies if p.kind == "full"]  # at compression 0: off the axes
+    for h in heads:
+        for policy, per_budget in recall[h].items():
+            if policy in full:
+                continue
+            budgets = sorted(per_budget)
+            curves.add(h, policy, [np.mean(compression[h][policy][b]) for b in budgets],
+                       [np.mean(per_budget[b]) for b in budgets])
+    handles, labels = draw_lines(dict(zip(heads, axes)), curves, colors, policy_markers(exp))
+    xs = np.concatenate([x for c in curves.panels.values() for x, _ in c.values()])
+    lo, hi = float(xs.min()), float(xs.max())
+    pad = max(0.01, 0.08 * (hi - lo))
+    grid_x = np.linspace(max(0.0, lo - pad), min(1.0, hi + pad), 50)
+    for h, ax in zip(heads, axes):
+        base, = ax.plot(grid_x, 1 - grid_x, color="0.45", ls=":", lw=1)
+        ax.set_xlim(grid_x[0], grid_x[-1])
+        ax.set_ylim(0, 1.03)
+        ax.set(title=head_label(scenario, h), xlabel="compression (fraction of the T keys evicted)",
+               ylabel="important-token recall")
+        ax.grid(True, alpha=0.3)
+    budgets = ", ".join(map(str, exp.budgets)) if len(exp.budgets) <= 4 else \
+        f"{exp.budgets[0]} to {exp.budgets[-1]}"
+    handles, labels = handles + [base], labels + ["1 - compression: a uniformly random cache"]
+    if full:
+        handles.append(Line2D([], [], ls="none"))
+        labels.append(f"not drawn: {', '.join(full)} (compression 0, recall 1)")
+    layout.finish(fig, _title(scenario, exp, f"compression against recall\nB = {budgets} of "
+                              f"T = {scenario.T}; mean over {plural(len(scenario.seeds), 'seed')}"),
+                  handles, labels)
+    return save(fig, out, f"{exp.name}_pareto", scenario)
+
+
+def _time_panels(exp, rows):
+    """(budget, head) panels of the per-step figures: the experiment's time budgets x heads."""
+    heads = sorted({r["head"] for r in rows})
+    return [(b, h) for b in exp.time_budgets for h in heads]
+
+
+def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
+               smooth=True, heads_with=None):
+    data = steps.arrays()[series]
+    panels = [(b, h) for b, h in _time_panels(exp, rows)
+              if heads_with is None or h in heads_with]
+    t = np.arange(exp.prompt_len, scenario.T)
+    window = max(1, t.size // 50) if smooth else 1
+    stride = max(1, -(-t.size // MAX_RAW_POINTS))
+    fig, axes, layout = grid(len(panels), scenario, panel=(3.6, 2.5))
+    curves = Curves()
+    units = defaultdict(list)
+    for r in rows:
+        units[r["budget"], r["head"], r["policy"]].append(r["unit"])
+    for (b, h), ax in zip(panels, axes):
+        for p in exp.policies:
+            with warnings.catch_warnings():  # all-NaN steps (no important key yet) stay NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean(data[units[b, h, p.label]], axis=0) \
+                    if units[b, h, p.label] else None
+            if mean is None or np.isnan(mean).all():
+                continue
+            if smooth:
+                ax.plot(t[::stride], mean[::stride], color=colors[p.label], lw=0.4, alpha=0.18)
+                mean = rolling_mean(mean, window)
+            curves.add((b, h), p.label, t, mean)
+    handles, labels = draw_lines(dict(zip(panels, axes)), curves, colors, policy_markers(exp),
+                                 marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
+    for (b, h), ax in zip(panels, axes):
+        if log_y:
+            ax.set_yscale("log")
+        else:  # fitted to the curves, so that policies close to one another separate
+            ys = np.concatenate([y for _, y in curves.panels[b, h].values()] or [np.zeros(1)])
+            lo, hi = np.nanmin(ys), np.nanmax(ys)
+            pad = max(0.01, 0.06 * (hi - lo))
+            ax.set_ylim(max(0.0, lo - pad), min(1.0, hi) + pad)
+        ax.set(title=f"{head_label(scenario, h)}, B = {b}", xlabel="decode position t",
+               ylabel=ylabel)
+        ax.grid(True, alpha=0.3)
+    how = "per step"
+    if smooth:
+        how = f"rolling mean over {window} steps (faint: per step" + (
+            f", drawn every {stride} steps)" if stride > 1 else ")")
+    others = [b for b in exp.budgets if b not in exp.time_budgets]
+    shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
+        " (time_budgets sets others)" if others else "")
+    layout.finish(fig, _title(scenario, exp, f"{ylabel} over decoding, {shown}\n"
+                              f"{how}; mean over {plural(len(scenario.seeds), 'seed')}"),
+                  handles, labels)
+    return save(fig, out, f"{exp.name}_{stem}", scenario)
+
+
+@figure(Needs.DECODE)
+def mass_over_time(scenario, exp, rows, steps, colors, out):
+    """Attention mass kept at each decode step, a panel per head (and time budget)."""
+    return _over_time(scenario, exp, rows, steps, colors, out, "mass", "attention mass kept",
+                      "mass_over_time")
+
+
+@figure(Needs.DECODE | Needs.VALUES)
+def error_over_time(scenario, exp, rows, steps, colors, out):
+    """Relative output error at each decode step, a panel per head (and time budget)."""
+    return _over_time(scenario, exp, rows, steps, colors, out, "error",
+                      "relative output error", "error_over_time", log_y=True)
+
+
+@figure(Needs.DECODE | Needs.TRUTH)
+def recall_over_time(scenario, exp, rows, steps, colors, out):
+    """Share of the important tokens arrived so far that the cache holds, per decode step."""
+    heads = {r["head"] for r in rows if not math.isnan(r["final_recall"])}
+    return _over_time(scenario, exp, rows, steps, colors, out, "recall",
+                      "important-token recall", "recall_over_time", smooth=False,
+                      heads_with=heads)
+
+
+def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> tuple[np.ndarray, int]:
+    """(bins, snapshots) fraction of each position bin held in the cache, and the bin width."""
     width = -(-T // bins)
     image = np.zeros((-(-T // width), snapshots.shape[0]))
     for j, cached in enumerate(snapshots):
         cached = cached[cached >= 0]
         np.add.at(image[:, j], cached // width, 1.0)
-    return image / width
+    return image / width, width
 
 
-def _visible(occupancy: np.ndarray) -> np.ndarray:
-    """Grey level of a bin: any cached key shows (0.35), a full bin is black (1)."""
-    return np.where(occupancy > 0, 0.35 + 0.65 * occupancy, 0.0)
-
-
+@figure(Needs.DECODE)
 def kept_raster(scenario, exp, rows, steps, colors, out):
     """Which positions are cached at each decode step: a panel per policy (focus budget)."""
     seed = scenario.seeds[0]
     labels = [p.label for p in exp.policies if (p.label, seed, 0) in steps.snapshots]
     if not labels:
         return []
-    cols = min(3, len(labels))
-    nrows = -(-len(labels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.4 * nrows), squeeze=False,
-                             sharex=True, sharey=True)
+    fig, axes, layout = grid(len(labels), scenario, panel=(3.4, 2.7), max_cols=3)
     t = exp.prompt_len + steps.snap_steps
-    for ax, label in zip(axes.flat, labels):
-        image = _visible(_occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS))
-        ax.imshow(image, origin="lower", aspect="auto", cmap="Greys", vmin=0, vmax=1,
-                  extent=(t[0], t[-1] + 1, 0, scenario.T), interpolation="nearest")
-        ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.6, alpha=0.6)
-        ax.set_title(label, color=colors[label], fontsize=10)
-    for ax in axes.flat[len(labels):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("decode step t")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("key position")
-    fig.suptitle(f"{scenario.name}/{exp.name}: cached positions at budget {exp.focus_budget} "
-                 f"(seed {seed}, KV head 0; grey: some keys of a bin cached, black: all; red: t)",
-                 fontsize=10)
-    fig.tight_layout()
-    return _save(fig, out, f"{exp.name}_kept_raster", scenario)
-
-
-FIGURE_FUNCTIONS = {"pareto": pareto, "recall_vs_budget": recall_vs_budget,
-                    "mass_vs_budget": mass_vs_budget, "mass_over_time": mass_over_time,
-                    "kept_raster": kept_raster}
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    for ax, label in zip(axes, labels):
+        image, width = _occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS)
+        # Log scale from one key per bin to a full bin: a scattered selection stays visible.
+        norm = LogNorm(vmin=1 / width, vmax=1) if width > 8 else Normalize(0, 1)
+        shown = ax.imshow(np.ma.masked_equal(image, 0), origin="lower", aspect="auto", cmap=cmap,
+                          norm=norm, extent=(t[0], t[-1] + 1, 0, image.shape[0] * width),
+                          interpolation="nearest")
+        ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
+        ax.set_title(label, color=colors[label])
+        ax.set(xlabel="decode step t", ylabel="key position")
+    layout.finish(fig, _title(scenario, exp, f"cached positions at B = {exp.focus_budget}\n"
+                              f"seed {seed}, KV head 0; red line: the current token t"),
+                  colorbar=(shown, f"fraction of a {width}-position bin cached"
+                                   f"{' (log)' if width > 8 else ''}; white: none"))
+    return save(fig, out, f"{exp.name}_kept_raster", scenario)
 
 
 def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
-    """Per head: a heatmap of a window of rows and the column-sum distribution (log-log)."""
+    """The attention field of the first seed: a heatmap per head (future masked), and the
+    column sums of every head on log-log axes."""
     if not samples:
         return []
     n = len(samples)
-    fig, axes = plt.subplots(2, n, figsize=(3.8 * n, 6.6), squeeze=False)
+    fig, axes, layout = grid(n, scenario, panel=(3.4, 2.8))
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="white")
+    positive = np.concatenate([s.heatmap[s.heatmap > 0] for s in samples])
+    top = float(positive.max()) if positive.size else 1.0
+    norm = LogNorm(vmin=max(float(np.quantile(positive, 0.01)) if positive.size else 1e-6,
+                            top * 1e-8), vmax=top)
+    for h, (ax, sample) in enumerate(zip(axes, samples)):
+        last = int(sample.rows[-1]) + 1
+        bins = -(-last // sample.bin_width)
+        image = np.array(sample.heatmap[:, :bins], float)
+        starts = np.arange(bins) * sample.bin_width
+        image[starts[None, :] > sample.rows[:, None]] = np.nan  # keys after the query
+        image = np.ma.masked_invalid(np.where(image > 0, np.maximum(image, norm.vmin), np.nan))
+        shown = ax.imshow(image, origin="lower", aspect="auto", cmap=cmap, norm=norm,
+                          extent=(0, bins * sample.bin_width, sample.rows[0], last),
+                          interpolation="nearest")
+        ax.set(title=head_label(scenario, h), xlabel="key position k", ylabel="query q")
+    layout.finish(fig, f"{scenario.name}: attention around the end of the prompt\n"
+                       f"seed {scenario.seeds[0]}; future keys white",
+                  colorbar=(shown, "p(q, k), max over "
+                                   f"{plural(samples[0].bin_width, 'key')} per bin (log)"))
+    paths = save(fig, out, "field", scenario)
+
+    fig, ax = plt.subplots(figsize=(7.4, 4.0))
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     for h, sample in enumerate(samples):
-        ax = axes[0][h]
-        image = np.log10(np.maximum(sample.heatmap, 1e-8))
-        ax.imshow(image, origin="lower", aspect="auto", cmap="magma", vmin=-6, vmax=0,
-                  extent=(0, sample.heatmap.shape[1] * sample.bin_width, sample.rows[0],
-                          sample.rows[-1] + 1), interpolation="nearest")
-        ax.set(title=f"head {h}: log10 p(q, k)", xlabel="key position k", ylabel="query q")
-        ax = axes[1][h]
         ranked = np.sort(sample.colsum)[::-1]
         ranked = ranked[ranked > 0]
-        # The curve at up to ~2,000 log-spaced ranks (first and last included): the same
-        # picture on log-log axes, without drawing T points.
+        # ~2,000 log-spaced ranks (first and last included): the same curve, not T points.
         at = np.unique(np.geomspace(1, max(ranked.size, 1), 2000).round().astype(np.int64))
         at = at[at <= ranked.size]
-        ax.loglog(at, ranked[at - 1], color="tab:blue", lw=1)
-        ax.set(xlabel="key rank", ylabel="column sum (attention received)",
-               title=f"head {h}: column sums")
-        ax.grid(True, which="both", alpha=0.3)
-    fig.suptitle(f"{scenario.name}: the attention field (seed {scenario.seeds[0]})", fontsize=10)
+        ax.loglog(at, ranked[at - 1], color=cmap(h % cmap.N), lw=1.1,
+                  label=head_label(scenario, h))
+    ax.set(xlabel="key rank", ylabel="column sum (attention the key receives)",
+           title=f"{scenario.name}: attention received per key, ranked (seed {scenario.seeds[0]})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, borderaxespad=0)
     fig.tight_layout()
-    return _save(fig, out, "field", scenario)
+    return paths + save(fig, out, "column_sums", scenario)

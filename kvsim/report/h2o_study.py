@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.report.figures import Target, _save, policy_colors
+from kvsim.report.plotting import Target, policy_colors, save
+from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment, Scenario
 
 ONLINE, OFFLINE = "h2o", "h2o_offline"
@@ -27,10 +28,10 @@ class Comparison:
     offline_only_position: float  # mean position of keys only offline H2O keeps
 
 
-def applies(exp: Experiment) -> bool:
+def applies(scenario: Scenario, exp: Experiment) -> bool:
     """Whether the experiment runs both online and offline H2O with decode steps."""
     kinds = {p.kind for p in exp.policies}
-    return ONLINE in kinds and OFFLINE in kinds
+    return ONLINE in kinds and OFFLINE in kinds and exp.prompt_len < scenario.T
 
 
 def _labels(exp: Experiment, kind: str) -> list[str]:
@@ -67,6 +68,50 @@ def compare(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> lis
     return out
 
 
+def _variant(exp: Experiment, label: str) -> str:
+    """What distinguishes one online H2O configuration, in words."""
+    params = next(p.params for p in exp.policies if p.label == label)
+    words = ["full-attention scores" if params.get("accumulate") == "full"
+             else "observed (renormalised) scores"]
+    if params.get("normalize"):
+        words.append("divided by the number of queries that saw the key")
+    return ", ".join(words)
+
+
+def section(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> list[str]:
+    """The report's H2O section: a sentence computed from the results, what each variant
+    that ran does, and a table."""
+    comparisons = compare(scenario, exp, rows, steps)
+    offline = comparisons[0].offline
+    heads, seeds = len({r["head"] for r in rows}), len(scenario.seeds)
+    sentence = (f"At B = {exp.focus_budget}, offline H2O (`{offline}`) keeps "
+                f"{comparisons[0].mass_offline:.3f} of the attention mass (mean over "
+                f"{plural(heads, 'head')} and {plural(seeds, 'seed')}); " + "; ".join(
+                    f"online `{c.online}` keeps {c.mass_online:.3f}"
+                    + ("" if np.isnan(c.final_jaccard) else
+                       f", its final kept set overlapping offline's with a Jaccard index of "
+                       f"{c.final_jaccard:.2f}") for c in comparisons) + ".")
+    lines = [f"#### Online versus offline H2O (B = {exp.focus_budget})", "", sentence, "",
+             f"Offline H2O (`{offline}`) ranks a key by its column sum over the whole attention "
+             "matrix, future queries included, which no deployed system knows. The online "
+             "variants that ran score a key by the attention it has received so far:", ""]
+    lines += [f"- `{c.online}`: {_variant(exp, c.online)}." for c in comparisons]
+    lines += ["", "The overlap panel shows how far each online cache drifts from the offline "
+              "one; the last panel shows which positions each keeps that the other does not.", "",
+              "| online | mass online | mass offline | final Jaccard | mean position only "
+              "online | mean position only offline |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for c in comparisons:
+        lines.append(f"| `{c.online}` | {c.mass_online:.3f} | {c.mass_offline:.3f} | "
+                     f"{c.final_jaccard:.2f} | {_position(c.online_only_position)} | "
+                     f"{_position(c.offline_only_position)} |")
+    return lines + [""]
+
+
+def _position(x: float) -> str:
+    return "none" if np.isnan(x) else f"{x:,.0f}"
+
+
 def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
     """Mass over time, kept-set overlap over time, and where the kept sets differ."""
     colors = policy_colors(scenario)
@@ -74,14 +119,19 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     labels = _labels(exp, ONLINE) + _labels(exp, OFFLINE)
     mass = steps.arrays()["mass"]
     t = np.arange(exp.prompt_len, scenario.T)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.0))
+    window = max(1, t.size // 50)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
     ax = axes[0]
     for label in labels:
         units = [r["unit"] for r in rows if r["policy"] == label and r["budget"] == exp.focus_budget]
-        ax.plot(t, mass[units].mean(axis=0), color=colors[label], lw=1, label=label)
-    ax.set(xlabel="decode position t", ylabel="attention mass kept", ylim=(0, 1.05),
-           title=f"mass at budget {exp.focus_budget}")
-    ax.legend(fontsize=8)
+        series = mass[units].mean(axis=0)
+        ax.plot(t, series, color=colors[label], lw=0.4, alpha=0.18)
+        ax.plot(t, rolling_mean(series, window), color=colors[label], lw=1.3, label=label,
+                ls="--" if label in _labels(exp, OFFLINE) else "-")
+    ax.set(xlabel="decode position t", ylabel="attention mass kept", ylim=(0, 1.03),
+           title=f"mass at B = {exp.focus_budget}, rolling mean over {window} steps\n"
+                 f"(faint: per step; mean over heads and seeds)")
+    ax.legend()
     ax = axes[1]
     snap_t = exp.prompt_len + steps.snap_steps
     for online in _labels(exp, ONLINE):
@@ -89,9 +139,9 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
         if pairs:
             overlap = np.mean([[_jaccard(x, y) for x, y in zip(a, b)] for a, b in pairs], axis=0)
             ax.plot(snap_t, overlap, color=colors[online], label=f"{online} vs {offline}")
-    ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.05),
-           title="how far online H2O drifts from offline")
-    ax.legend(fontsize=8)
+    ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.03),
+           title="how far online H2O drifts from offline\n(mean over KV heads and seeds)")
+    ax.legend()
     ax = axes[2]
     edges = np.linspace(0, scenario.T, AGE_BINS + 1)
     for online in _labels(exp, ONLINE):
@@ -99,19 +149,18 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
         only_on = np.concatenate([np.setdiff1d(a[-1][a[-1] >= 0], b[-1]) for a, b in pairs]
                                  or [np.zeros(0)])
         ax.hist(only_on, bins=edges, histtype="step", color=colors[online], lw=1.2,
-                label=f"held by {online}, not offline")
+                label=f"held by {online}, not {offline}")
     pairs = _pairs(steps, _labels(exp, ONLINE)[0], offline)
     only_off = np.concatenate([np.setdiff1d(b[-1][b[-1] >= 0], a[-1]) for a, b in pairs]
                               or [np.zeros(0)])
     ax.hist(only_off, bins=edges, histtype="stepfilled", color=colors[offline], alpha=0.3,
             label=f"held by {offline}, not {_labels(exp, ONLINE)[0]}")
     ax.axvline(exp.prompt_len, color="black", ls=":", lw=0.8)
-    ax.set(xlabel="key position", ylabel="keys (all seeds and KV heads)",
-           title="where the final kept sets differ")
-    ax.legend(fontsize=7)
+    ax.set(xlabel="key position", ylabel="keys (summed over seeds and KV heads)",
+           title="where the final kept sets differ\n(dotted: end of the prompt)")
+    ax.legend()
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"{scenario.name}/{exp.name}: online vs offline H2O (budget {exp.focus_budget})",
-                 fontsize=10)
+    fig.suptitle(f"{scenario.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
     fig.tight_layout()
-    return _save(fig, out, f"{exp.name}_h2o_online_vs_offline", scenario)
+    return save(fig, out, f"{exp.name}_h2o_online_vs_offline", scenario)

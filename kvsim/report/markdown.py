@@ -1,80 +1,231 @@
-"""``report.md``: what was run, the results table, the figures, the H2O section."""
+"""``report.md``: the ranking, provenance, what was run, per-head tables, figures, studies."""
 
 from __future__ import annotations
 
+import math
+import os
+import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvsim.report import h2o_study
 from kvsim.engine.experiments import ScenarioResults, count_runs
+from kvsim.policies import POLICIES
+from kvsim.report.plotting import head_label
+from kvsim.report.stats import estimate, plural
+from kvsim.report.studies import STUDIES
 from kvsim.scenario.load import Experiment, Scenario
 
-H2O_TEXT = (
-    "Online H2O scores a key by the attention it has *observed* so far, renormalised over "
-    "the cache; offline H2O scores it by the column sum of the whole attention matrix, "
-    "future queries included, which no deployed system knows. `accumulate = \"full\"` adds "
-    "the full attention instead of the renormalised one (isolating renormalisation), and "
-    "`normalize = true` divides a score by the number of queries that saw the key "
-    "(correcting the bias towards old keys, which simply had more queries to collect "
-    "attention from). The overlap panel shows how far the online cache drifts from the "
-    "offline one; the last panel shows which positions each keeps that the other does not.")
+HIDDEN_SOURCE_PARAMS = ("T", "heads", "kv_heads", "gqa", "per_head", "head_names")
+INLINE_HEADS = 2  # more heads than this: the per-budget tables fold under <details>
 
 
-def _fmt(x: float, digits: int = 3) -> str:
-    return "n/a" if x is None or np.isnan(x) else f"{x:.{digits}f}"
+@dataclass
+class Provenance:
+    """What produced a report: command line, commit, date, cores, wall time."""
+
+    command: str
+    workers: int
+    started: float
+    commit: str | None = None
+    wall: float | None = None
+
+    @classmethod
+    def start(cls, command: str | None, workers: int) -> Provenance:
+        return cls(command or "kvsim.run(...) from Python", workers, time.time())
+
+    def finish(self) -> Provenance:
+        self.wall = time.time() - self.started
+        return self
+
+    def lines(self) -> list[str]:
+        from kvsim import __version__  # the package imports this module first
+
+        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started))
+        commit = f"commit `{self.commit}`" if self.commit else "no git checkout"
+        if self.commit and self.commit.endswith("+"):
+            commit += " (+: with uncommitted changes)"
+        return [f"- command: `{self.command}`",
+                f"- kvsim {__version__}, {commit}; {date}; "
+                f"{plural(os.cpu_count() or 1, 'core')}, {plural(self.workers, 'worker')}; "
+                f"wall time {self.wall:.1f} s (simulation and report)"]
 
 
-def _pivot(exp: Experiment, groups: dict, title: str, cell) -> list[str]:
-    """A policy x budget table of one metric; ``cell(rows)`` formats a group of rows."""
-    lines = [f"**{title}**", "", "| policy | " + " | ".join(f"B = {b}" for b in exp.budgets) + " |",
-             "| --- |" + " --- |" * len(exp.budgets)]
-    for p in exp.policies:
-        lines.append(f"| `{p.label}` | " + " | ".join(cell(groups[p.label, b])
-                                                   for b in exp.budgets) + " |")
-    return lines + [""]
-
-
-def _mean_of(key: str):
-    def cell(rows: list[dict]) -> str:
-        vals = [r[key] for r in rows if not np.isnan(r[key])]
-        return _fmt(float(np.mean(vals))) if vals else "n/a"
-    return cell
-
-
-def _table(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list[str]:
-    groups: dict = defaultdict(list)
+def _groups(rows: list[dict], metric: str) -> dict:
+    """``{(policy, budget, head): {seed: value}}`` of one metric, NaN left out."""
+    out: dict = defaultdict(dict)
     for r in rows:
-        groups[r["policy"], r["budget"]].append(r)
-    spread = "over seeds and heads"
-    lines = []
-    if exp.prompt_len < scenario.T:
-        def mass(rs):
-            m = np.array([r["mass_mean"] for r in rs])
-            return f"{m.mean():.3f} ± {m.std():.3f}"
-        lines += _pivot(exp, groups, f"Attention mass kept, mean over decode steps (± sd {spread})",
-                        mass)
-        lines += _pivot(exp, groups, "Minimum mass at any decode step",
-                        lambda rs: _fmt(min(r["mass_min"] for r in rs)))
-    if scenario.has_truth:
-        lines += _pivot(exp, groups, f"Important-token recall of the final cache (mean {spread})",
-                        _mean_of("final_recall"))
+        if not math.isnan(r[metric]):
+            out[r["policy"], r["budget"], r["head"]][r["seed"]] = r[metric]
+    return out
+
+
+def _over_heads(groups: dict, policy: str, budget: int, heads: list[int]):
+    """Estimate of the mean over heads: per seed the heads' mean, then over seeds."""
+    per_seed: dict = defaultdict(list)
+    for h in heads:
+        for seed, v in groups.get((policy, budget, h), {}).items():
+            per_seed[seed].append(v)
+    return estimate([np.mean(v) for v in per_seed.values() if len(v) == len(heads)])
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
+            *("| " + " | ".join(row) + " |" for row in body), ""]
+
+
+def _metric_tables(scenario: Scenario, exp: Experiment, rows: list[dict], metric: str,
+                   what: str) -> list[str]:
+    """At the focus budget a policy x head table (with the mean over heads), then per head a
+    policy x budget table."""
+    groups = _groups(rows, metric)
+    heads = sorted({h for (_, _, h) in groups})
+    if not heads:
+        return []
+    labels = [p.label for p in exp.policies]
+    seeds = len(scenario.seeds)
+    how = (f"mean over {seeds} seeds ± 95 % Student-t interval" if seeds > 1
+           else "one seed, so no interval")
+    focus = exp.focus_budget
+    header = ["policy", *(head_label(scenario, h) for h in heads)]
+    if len(heads) > 1:
+        header.append("**mean over heads**")
+    body = []
+    for label in labels:
+        cells = [estimate(groups.get((label, focus, h), {}).values()).text() for h in heads]
+        if len(heads) > 1:
+            cells.append(_over_heads(groups, label, focus, heads).text())
+        body.append([f"`{label}`", *cells])
+    lines = [f"**{what} at B = {focus}, per head: {how}**", "", *_table(header, body)]
+    if len(exp.budgets) > 1:
+        per_head = []
+        for h in heads:
+            per_head += [f"*{what}, {head_label(scenario, h)}*", "", *_table(
+                ["policy", *(f"B = {b}" for b in exp.budgets)],
+                [[f"`{label}`", *(estimate(groups.get((label, b, h), {}).values()).text()
+                                  for b in exp.budgets)] for label in labels])]
+        if len(heads) > INLINE_HEADS:
+            lines += ["<details><summary>" + f"{what} at every budget, per head</summary>", "",
+                      *per_head, "</details>", ""]
+        else:
+            lines += per_head
+    return lines
+
+
+def _minimum_mass(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list[str]:
     heads = sorted({r["head"] for r in rows})
-    if exp.prompt_len < scenario.T and len(heads) > 1:
-        focus = [r for r in rows if r["budget"] == exp.focus_budget]
-        lines += [f"**Mass by head at budget {exp.focus_budget} (mean over seeds)**", "",
-                  "| policy | " + " | ".join(f"head {h}" for h in heads) + " |",
-                  "| --- |" + " --- |" * len(heads)]
-        for p in exp.policies:
-            lines.append(f"| `{p.label}` | " + " | ".join(
-                _fmt(float(np.mean([r["mass_mean"] for r in focus
-                                    if r["policy"] == p.label and r["head"] == h])))
-                for h in heads) + " |")
-        lines.append("")
-    if any(not np.isnan(r["error_mean"]) for r in rows):
-        lines += _pivot(exp, groups, "Relative output error |o~ - o| / |o|, mean over decode steps",
-                        _mean_of("error_mean"))
+    low: dict = {}
+    for r in rows:
+        if r["budget"] == exp.focus_budget and not math.isnan(r["mass_min"]):
+            key = r["policy"], r["head"]
+            low[key] = min(low.get(key, math.inf), r["mass_min"])
+    body = [[f"`{p.label}`", *(f"{low[p.label, h]:.3f}" if (p.label, h) in low else "n/a"
+                               for h in heads)] for p in exp.policies]
+    return [f"**Lowest attention mass at any decode step, B = {exp.focus_budget} (over every "
+            f"seed)**", "", *_table(["policy", *(head_label(scenario, h) for h in heads)], body)]
+
+
+def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
+    """One sentence: the policies ranked by mean mass kept at the focus budget (or by final
+    recall when no experiment decodes)."""
+    source = f"On the `{scenario.source}` source" + (
+        f" ({scenario.variant_label})" if scenario.variant else "")
+    for metric, what in (("mass_mean", "attention mass kept"), ("final_recall", "final recall")):
+        for exp in scenario.experiments:
+            rows = [r for r in res.rows if r["experiment"] == exp.name
+                    and r["budget"] == exp.focus_budget and not math.isnan(r[metric])]
+            if not rows:
+                continue
+            means = {p.label: float(np.mean([r[metric] for r in rows if r["policy"] == p.label]))
+                     for p in exp.policies}
+            order = sorted(means, key=lambda label: -means[label])
+            text = f"`{order[0]}` {means[order[0]]:.3f}"
+            for a, b in zip(order, order[1:]):
+                text += (" = " if f"{means[a]:.3f}" == f"{means[b]:.3f}" else " > ") + \
+                    f"`{b}` {means[b]:.3f}"
+            heads = len({r["head"] for r in rows})
+            return (f"{source}, the policies rank by {what} at B = {exp.focus_budget} "
+                    f"(experiment `{exp.name}`, mean over {plural(heads, 'head')} and "
+                    f"{plural(len(scenario.seeds), 'seed')}): {text}.")
+    return f"{source}, no experiment has decode steps or ground truth to rank the policies by."
+
+
+def _reading(variants: list[Scenario], results: list[ScenarioResults]) -> list[str]:
+    rows = [r for res in results for r in res.rows]
+    has = {m: any(not math.isnan(r[m]) for r in rows)
+           for m in ("mass_mean", "final_recall", "error_mean")}
+    seeds = len(variants[0].seeds)
+    text = ["**Reading this report.**"]
+    if has["mass_mean"]:
+        text.append("*Attention mass kept* is the share of each decode query's full attention "
+                    "that falls on cached keys (1: nothing lost), averaged over the decode steps.")
+    if has["final_recall"]:
+        text.append("*Important-token recall* is the share of the scenario's planted important "
+                    "tokens still cached after the last step.")
+        if any(p.kind == "oracle" for v in variants for e in v.experiments for p in e.policies):
+            text.append("The `oracle` keeps at each step the B keys the current query attends to "
+                        "most: the best cache for that query's mass, not for recall. Its final "
+                        "cache serves the last query only, so its final recall is low whenever "
+                        "the planted tokens are not what the last query attends to.")
+    if has["error_mean"]:
+        text.append("*Relative output error* |o~ - o| / |o| compares the attention output of the "
+                    "cache (attention renormalised over the kept keys) with the full output o. "
+                    "It can exceed 1: the renormalised weights of a cache that holds little of "
+                    "the mass can point far from o, and o itself is short when the value vectors "
+                    "cancel out.")
+    text.append(f"Tables are per head: means over {plural(seeds, 'seed')}"
+                + (" with a 95 % Student-t interval (± half-width), rounded to the interval's "
+                   "second significant digit" if seeds > 1 else ", without an interval")
+                + "; a column pooling heads is labelled *mean over heads*."
+                + (" Figure bands show the range over seeds." if seeds > 1 else "")
+                + " A curve drawn dashed, with hollow markers, cannot be told from another in "
+                  "that panel: the legend says `(= other)` where it equals it, `(≈ other)` "
+                  "where it stays within 0.01 of it.")
+    return [" ".join(text), ""]
+
+
+def _policy_text(exp: Experiment) -> str:
+    out = []
+    for p in exp.policies:
+        spec = POLICIES[p.kind].params if p.kind in POLICIES else {}
+        changed = [f"{k} = {_value(v)}" for k, v in p.params.items()
+                   if k in spec and v != spec[k].default]
+        extra = ", ".join(([p.kind] if p.kind != p.label else []) + changed)
+        out.append(f"`{p.label}`" + (f" ({extra})" if extra else ""))
+    return ", ".join(out)
+
+
+def _value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def _what_was_run(scenario: Scenario) -> list[str]:
+    params = [f"{k} {_value(v)}" for k, v in scenario.attention.items()
+              if k not in HIDDEN_SOURCE_PARAMS and v not in ([], "", None)]
+    grouped = "" if scenario.kv_heads == scenario.heads else \
+        f" (each KV head's query heads combine scores by their {scenario.gqa})"
+    lines = [f"- attention: the `{scenario.source}` source"
+             + (f" ({', '.join(params)})" if params else "")
+             + f"; T = {scenario.T:,} tokens, {plural(scenario.heads, 'query head')}, "
+               f"{plural(scenario.kv_heads, 'KV head')}{grouped}",
+             f"- seeds {', '.join(map(str, scenario.seeds))} "
+             f"({plural(len(scenario.seeds), 'seed')}); {plural(count_runs(scenario), 'run')}"]
+    for h, comps in enumerate(scenario.attention.get("per_head", [])):
+        names = [n for n in comps if n != "boost" and comps[n]] + ["boost"] * len(comps["boost"])
+        lines.append(f"  - {head_label(scenario, h)}: {', '.join(names) or 'no components'}")
+    for exp in scenario.experiments:
+        steps = scenario.T - exp.prompt_len
+        lines.append(f"- experiment `{exp.name}`: prompt of {plural(exp.prompt_len, 'token')}, "
+                     f"{plural(steps, 'decode step')}, budgets "
+                     f"{', '.join(map(str, exp.budgets))}"
+                     + (f" (focus {exp.focus_budget})" if len(exp.budgets) > 1 else "")
+                     + f"; {_policy_text(exp)}")
     return lines
 
 
@@ -83,53 +234,47 @@ def _images(paths: list[Path], folder: Path) -> list[str]:
             if p.suffix == ".png"]
 
 
-def _what_was_run(scenario: Scenario) -> list[str]:
-    attn = {k: v for k, v in scenario.attention.items() if k != "per_head"}
-    lines = [f"- attention: `{scenario.source}` {attn}, T = {scenario.T}, "
-             f"{scenario.heads} query heads, {scenario.kv_heads} KV heads (gqa {scenario.gqa})",
-             f"- seeds: {list(scenario.seeds)}; {count_runs(scenario)} runs"]
-    if "per_head" in scenario.attention:
-        for h, comps in enumerate(scenario.attention["per_head"]):
-            names = [n for n in comps if n != "boost"] + (["boost"] * len(comps["boost"]))
-            lines.append(f"  - head {h}: {', '.join(names) or 'no components'}")
-    for exp in scenario.experiments:
-        policies = ", ".join(f"`{p.label}`" + (f" ({p.kind})" if p.kind != p.label else "")
-                             for p in exp.policies)
-        lines.append(f"- experiment `{exp.name}`: prompt {exp.prompt_len}, "
-                     f"{scenario.T - exp.prompt_len} decode steps, budgets {list(exp.budgets)}; "
-                     f"{policies}")
+def _experiment(scenario: Scenario, exp: Experiment, rows: list[dict], steps, folder: Path,
+                figures: dict, key: tuple, notes: list[str]) -> list[str]:
+    lines = [f"### Experiment `{exp.name}`", ""]
+    decodes = exp.prompt_len < scenario.T
+    if decodes:
+        lines += _metric_tables(scenario, exp, rows, "mass_mean", "Attention mass kept")
+        lines += _minimum_mass(scenario, exp, rows)
+    if scenario.has_truth:
+        lines += _metric_tables(scenario, exp, rows, "final_recall",
+                                "Important-token recall of the final cache")
+    lines += _metric_tables(scenario, exp, rows, "error_mean", "Relative output error")
+    lines += _images(figures.get(key, []), folder) + [""]
+    lines += [f"*{n}*" for n in notes] + ([""] if notes else [])
+    for study in STUDIES:
+        if study.applies(scenario, exp):
+            lines += study.section(scenario, exp, rows, steps)
+            lines += _images(figures.get((*key, study.name), []), folder) + [""]
     return lines
 
 
 def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
-          figures: dict) -> Path:
-    """Write ``report.md``; ``figures[(variant index, key)]`` lists the figure files."""
+          figures: dict, notes: dict, provenance: Provenance) -> Path:
+    """Write ``report.md``; ``figures[(variant index, key)]`` lists the figure files and
+    ``notes[(variant index, experiment)]`` the figures not drawn, with why."""
     first = variants[0]
     lines = [f"# {first.name}", ""]
+    rankings = [_ranking(v, r) for v, r in zip(variants, results)]
+    lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:
         lines += [first.description, ""]
-    lines += ["Generated by `python -m kvsim` (kvsim); numbers in `results.csv`, per-step "
-              "series in `steps.npz`, the resolved scenario in `scenario.json`.", ""]
+    lines += [*provenance.lines(), "- files: numbers in `results.csv`, per-step series in "
+              "`steps.npz`, the resolved scenario in `scenario.json`", ""]
+    lines += _reading(variants, results)
     for i, (scenario, res) in enumerate(zip(variants, results)):
         title = f"## Variant {i}: {scenario.variant_label}" if scenario.variant else "## Run"
         lines += [title, "", *_what_was_run(scenario), ""]
         lines += _images(figures.get((i, "field"), []), folder) + [""]
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
-            lines += [f"### Experiment `{exp.name}`", "", *_table(scenario, exp, rows)]
-            lines += _images(figures.get((i, exp.name), []), folder) + [""]
-            if h2o_study.applies(exp) and exp.prompt_len < scenario.T:
-                lines += [f"#### Online versus offline H2O (budget {exp.focus_budget})", "",
-                          H2O_TEXT, ""]
-                lines += ["| online | offline | mass online | mass offline | final Jaccard | "
-                          "mean position only online | only offline |",
-                          "| --- | --- | --- | --- | --- | --- | --- |"]
-                for c in h2o_study.compare(scenario, exp, rows, res.steps[exp.name]):
-                    lines.append(f"| `{c.online}` | `{c.offline}` | {_fmt(c.mass_online)} | "
-                                 f"{_fmt(c.mass_offline)} | {_fmt(c.final_jaccard)} | "
-                                 f"{_fmt(c.online_only_position, 0)} | "
-                                 f"{_fmt(c.offline_only_position, 0)} |")
-                lines += [""] + _images(figures.get((i, exp.name, "h2o"), []), folder) + [""]
+            lines += _experiment(scenario, exp, rows, res.steps[exp.name], folder, figures,
+                                 (i, exp.name), notes.get((i, exp.name), []))
     path = folder / "report.md"
     path.write_text("\n".join(lines).rstrip() + "\n")
     return path

@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import subprocess
+import sys
 import zipfile
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
@@ -17,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.report import figures, h2o_study, markdown
+from kvsim.report import figures, markdown
+from kvsim.report.studies import STUDIES
 from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
 from kvsim.engine.experiments import ScenarioResults, simulate_scenario
@@ -33,13 +36,41 @@ def default_out(scenario: Scenario) -> Path:
     return Path("reports") / scenario.name
 
 
-def check_out(out: Path, force: bool) -> None:
-    """Refuse to replace an existing report unless ``force``."""
-    if out.exists() and not force:
-        raise KvsimError(f"{out}: expected a new output folder, got an existing one "
-                         f"(use --force to replace it)")
-    if out.exists() and not out.is_dir():
+def _written_for(out: Path) -> Path | None:
+    """The scenario file of the kvsim report in ``out``, or None if kvsim did not write it
+    (kvsim's ``scenario.json`` names the kvsim version and the scenario file)."""
+    try:
+        meta = json.loads((out / "scenario.json").read_text())
+        if "kvsim" not in meta["versions"]:
+            return None
+        return (Path.cwd() / meta["variants"][0]["path"]).resolve()
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str | None:
+    """Whether ``out`` may receive the report; returns a note for stderr when it replaces one.
+
+    A folder kvsim did not write is never replaced (an empty one is filled); a report kvsim
+    wrote for the same scenario file is replaced; a report of another scenario needs ``force``.
+    """
+    if not out.exists():
+        return None
+    if not out.is_dir():
         raise KvsimError(f"{out}: expected a folder, got a file")
+    if not any(out.iterdir()):
+        return None
+    source = _written_for(out)
+    if source is None:
+        raise KvsimError(f"{out}: expected a new folder or a report kvsim wrote, got a folder "
+                         f"without kvsim's scenario.json (kvsim never replaces it; choose "
+                         f"another --out)")
+    if scenario is not None and source == scenario.path.resolve():
+        return f"kvsim: replacing {out}, an earlier report of {scenario.path}"
+    if not force:
+        raise KvsimError(f"{out}: expected a new output folder, got a report of {source} "
+                         f"(use --force to replace it)")
+    return f"kvsim: replacing {out}, a report of {source} (--force)"
 
 
 def _versions() -> dict:
@@ -51,11 +82,26 @@ def _versions() -> dict:
             "matplotlib": matplotlib.__version__, "python": platform.python_version()}
 
 
+def _git_commit() -> str | None:
+    """The commit of kvsim's checkout, ``+`` marking uncommitted changes; None outside git."""
+    root = Path(__file__).resolve().parent.parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=5, check=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--", "kvsim")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+" if dirty else "")
+
+
 def _scenario_json(scenario: Scenario) -> dict:
     data = dataclasses.asdict(scenario)
     # Relative to the working directory when below it: reports do not record the machine.
     cwd = Path.cwd().resolve()
-    path = scenario.path
+    path = scenario.path.resolve()
     data["path"] = str(path.relative_to(cwd)) if path.is_relative_to(cwd) else str(path)
     return data
 
@@ -72,11 +118,21 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
-def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 workers: int, progress: bool = False) -> None:
+def result_columns(rows: list[dict]) -> list[str]:
+    """Every row's columns: the identifying ones (up to ``steps``), the policy parameters
+    (``kind.name``, sorted), then the summaries."""
+    seen = list(dict.fromkeys(k for r in rows for k in r))
+    params = sorted(k for k in seen if "." in k)
+    rest = [k for k in seen if "." not in k]
+    cut = rest.index("steps") + 1
+    return rest[:cut] + params + rest[cut:]
+
+
+def _write_results(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
+                   provenance: markdown.Provenance) -> None:
     rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=result_columns(rows), restval="")
         writer.writeheader()
         writer.writerows(rows)
     arrays = {}
@@ -88,9 +144,15 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
             for (label, seed, kv), snaps in steps.snapshots.items():
                 arrays[f"{prefix}{exp}/snapshots/{label}/seed{seed}/kv{kv}"] = snaps
     _savez_fast(folder / "steps.npz", arrays)
-    meta = {"variants": [_scenario_json(v) for v in variants], "versions": _versions()}
+    meta = {"variants": [_scenario_json(v) for v in variants], "versions": _versions(),
+            "command": provenance.command, "commit": provenance.commit}
     (folder / "scenario.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    jobs = []  # (key in the report, drawing function, its arguments), in report order
+
+
+def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]):
+    """Figure jobs ``(key in the report, drawing function, arguments)`` in report order, and
+    notes on requested figures the results cannot support, by key."""
+    jobs, notes = [], {}
     for i, (scenario, res) in enumerate(zip(variants, results)):
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
         jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
@@ -98,15 +160,24 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
             steps = res.steps[exp.name]
-            jobs += [((i, exp.name), figures.FIGURE_FUNCTIONS[name],
-                      (scenario, exp, rows, steps, colors, target)) for name in exp.figures]
-            if h2o_study.applies(exp) and exp.prompt_len < scenario.T:
-                jobs.append(((i, exp.name, "h2o"), h2o_study.figures,
-                             (scenario, exp, rows, steps, target)))
+            chosen, notes[i, exp.name] = figures.select(scenario, exp, rows)
+            jobs += [((i, exp.name), fig.draw, (scenario, exp, rows, steps, colors, target))
+                     for fig in chosen]
+            for study in STUDIES:
+                if study.applies(scenario, exp):
+                    jobs.append(((i, exp.name, study.name), study.draw,
+                                 (scenario, exp, rows, steps, target)))
+    return jobs, notes
+
+
+def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
+                 workers: int, provenance: markdown.Provenance, progress: bool = False) -> None:
+    _write_results(folder, variants, results, provenance)
+    jobs, notes = _jobs(folder, variants, results)
     drawn: dict = {}
     for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers, progress)):
         drawn.setdefault(key, []).extend(paths)
-    markdown.write(folder, variants, results, drawn)
+    markdown.write(folder, variants, results, drawn, notes, provenance.finish())
 
 
 _JOBS: list = []  # the figure jobs, inherited by forked drawing processes
@@ -137,38 +208,45 @@ def _draw_all(jobs: list, workers: int, progress: bool = False) -> list[list[Pat
 
 
 def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],
-                 force: bool, workers: int = 1, progress: bool = False) -> Path:
+                 force: bool, workers: int = 1,
+                 provenance: markdown.Provenance | None = None, progress: bool = False) -> Path:
     """Write the report into a temporary folder, then move it to ``out`` in one rename.
 
-    Figures are drawn on ``workers`` processes (``progress``: a bar on stderr).
+    Figures are drawn on ``workers`` processes (``progress``: a bar on stderr). ``out`` is
+    replaced only as :func:`check_out` allows; a replacement is announced on stderr.
     """
-    check_out(out, force)
+    note = check_out(out, force, variants[0])
+    provenance = provenance or markdown.Provenance.start(None, workers)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = sibling(out, f".tmp-{os.getpid()}")
     old = sibling(out, f".old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write_files(tmp, variants, results, workers, progress)
+        _write_files(tmp, variants, results, workers, provenance, progress)
         if out.exists():
             out.rename(old)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+    if note:
+        print(note, file=sys.stderr)
     return out
 
 
 def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None = None, *,
         force: bool = False, progress: bool = False, workers: int | None = None,
-        resume: bool = False, overrides: Overrides | None = None, dask: str | None = None) -> Path:
+        resume: bool = False, overrides: Overrides | None = None, dask: str | None = None,
+        command: str | None = None) -> Path:
     """Run every experiment of a scenario (every variant of its sweep) and write the report.
 
     Parameters
     ----------
     scenario : a :class:`Scenario`, a list of sweep variants, or a scenario file's path.
     out : report folder (default ``reports/<scenario name>``).
-    force : replace an existing report folder.
+    force : replace a report kvsim wrote for another scenario file (a report of the same
+        file is replaced anyway, a folder kvsim did not write never is).
     progress : show a progress bar on stderr.
     workers : threads running policies, then processes drawing figures, in parallel
         (default: every core).
@@ -181,6 +259,7 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     same folder is refused, and leftovers of killed runs are cleaned (or, with
     ``resume``, their finished units reused). A run whose estimated peak memory exceeds
     the limit is refused before any work (:mod:`kvsim.engine.cost`).
+    command : the command line to record in the report (default: the Python call).
 
     Returns
     -------
@@ -192,12 +271,16 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         variants = scenario
     else:
         variants = load_sweep(scenario, overrides)
+    figures.check(variants)
     out = Path(out) if out is not None else default_out(variants[0])
-    check_out(out, force)
+    check_out(out, force, variants[0])
     cost = check_cost(variants, workers)
+    workers = workers or os.cpu_count() or 1
+    provenance = markdown.Provenance.start(command, workers)
+    provenance.commit = _git_commit()
     with connect(dask) if dask else nullcontext() as client, ReportLock(out):
         clean_leftovers(out, keep_units=resume)
-        check_out(out, force)
+        check_out(out, force, variants[0])
         store = UnitStore(sibling(out, ".units"), resume)
         with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
                   desc=variants[0].name) as bar:
@@ -206,6 +289,6 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
             else:
                 results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
                                              progress=progress) for v in variants]
-        write_report(out, variants, results, force, workers or os.cpu_count() or 1, progress)
+        write_report(out, variants, results, force, workers, provenance, progress)
         shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

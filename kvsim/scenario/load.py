@@ -21,12 +21,12 @@ from kvsim.params import INT64_MAX, Param
 from kvsim.policies import POLICIES
 from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, resolve_params
 
-FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster")
 FORMATS = ("png", "svg", "pdf")
 
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
-EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget")
+EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget",
+                   "time_budgets")
 OUTPUT_KEYS = ("formats", "dpi")
 
 
@@ -48,8 +48,9 @@ class Experiment:
     budgets: tuple[int, ...]
     budget_specs: tuple[int | float, ...]  # as written: tokens, or fractions of the prompt
     policies: tuple[PolicyConfig, ...]
-    figures: tuple[str, ...]
+    figures: tuple[str, ...] | None  # figure names; None: every figure the data supports
     focus_budget: int  # the budget whose caches are recorded (rasters, overlaps)
+    time_budgets: tuple[int, ...]  # budgets the per-step figures show (default: the focus)
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tu
     return budgets, specs
 
 
-def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
+def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
                      configs: dict[str, PolicyConfig], defined: list, names: set,
                      source: tuple[str, frozenset]) -> Experiment | None:
     where = f"experiment[{index}]"
@@ -238,28 +239,26 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
             chk.add(f"{where}.policies[{i}]", f"policy {label!r}: {policy.name} needs {missing}, "
                                               f"which the {source[0]!r} attention source does not have")
         chosen.append(config)
-    decodes = prompt_len < T
-    default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
-                       and (decodes or not f.startswith(("mass", "kept")))]
-    figures = table.get("figures", default_figures)
-    if not isinstance(figures, list) or any(f not in FIGURES for f in figures):
-        chk.add(f"{where}.figures", f"expected a list of {', '.join(FIGURES)}, got {figures!r}")
-        figures = []
-    for f in figures:
-        if f.startswith(("mass", "kept")) and not decodes:
-            chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs decode "
-                                        f"steps (prompt_len < {T})")
-        if ("recall" in f or f == "pareto") and not has_truth:
-            chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs ground-truth "
-                                        f"important tokens, which this attention source lacks")
+    # Figure names and what each needs are the report's to check (kvsim.report.plotting).
+    figures = table.get("figures")
+    if figures is not None and (not isinstance(figures, list)
+                                or not all(isinstance(f, str) for f in figures)):
+        chk.add(f"{where}.figures", f"expected a list of figure names, got {figures!r}")
     focus = table.get("focus_budget", budgets[len(budgets) // 2] if budgets else 0)
     if budgets and focus not in budgets:
         chk.add(f"{where}.focus_budget", f"expected one of the resolved budgets "
                                          f"{budgets}, got {focus!r}")
+    over_time = table.get("time_budgets", [focus])
+    if over_time == "all":
+        over_time = list(budgets)
+    if not isinstance(over_time, list) or not over_time or any(b not in budgets for b in over_time):
+        chk.add(f"{where}.time_budgets", f"expected \"all\" or a non-empty list of the resolved "
+                                         f"budgets {budgets}, got {over_time!r}")
     if len(chk.problems) > before:
         return None
     return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
-                      tuple(figures), focus)
+                      None if figures is None else tuple(figures), focus,
+                      tuple(sorted(set(over_time))))
 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
@@ -322,9 +321,14 @@ def _read_field(chk: _Checker, table: dict) -> dict:
 
     shared = components({k: v for k, v in table.items() if k in (*COMPONENTS, "boost")},
                         "attention.")
-    per_head = []
+    per_head, names = [], []
     for h in range(heads):
-        own = components(overrides[h], f"attention.head[{h}].") if h < len(overrides) else {}
+        raw = dict(overrides[h]) if h < len(overrides) else {}
+        name = raw.pop("name", "")
+        if not isinstance(name, str):
+            chk.add(f"attention.head[{h}].name", f"expected a string, got {name!r}")
+        names.append(str(name))
+        own = components(raw, f"attention.head[{h}].") if raw else {}
         merged = {}
         for name in COMPONENTS:
             if name in shared or name in own:
@@ -352,6 +356,8 @@ def _read_field(chk: _Checker, table: dict) -> dict:
             chk.add("attention.head", f"expected the heads of KV head {kv} to share qk clusters, "
                                       f"spread and values (they share keys), got {len(keyed)} variants")
     params["per_head"] = per_head
+    if any(names):
+        params["head_names"] = names  # labels of the report's per-head tables and panels
     return params
 
 
@@ -480,8 +486,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, has_truth, configs, defined, names,
-                                       provides)
+                exp = _read_experiment(chk, table, i, T, configs, defined, names, provides)
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:

@@ -1,0 +1,285 @@
+"""What every report figure shares: the figure registry (each figure declares the data it
+needs), page-width sizing, policy colours and markers, head grids, and twin curves."""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from kvsim.errors import ScenarioError  # noqa: E402
+from kvsim.report.stats import twins  # noqa: E402
+from kvsim.scenario.load import Experiment, Scenario  # noqa: E402
+
+MAX_WIDTH_PX = 2000  # page width: a figure is never wider
+MARKERS = "osD^vP*Xh<>p"
+TWIN_STYLE = (0, (4, 3))  # dashes of a curve drawn over its identical twin
+
+plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9,
+                     "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8,
+                     "figure.titlesize": 10})
+
+
+class Needs(enum.Flag):
+    """Data a figure needs from an experiment."""
+
+    NOTHING = 0
+    DECODE = enum.auto()   # decode steps (mass and every per-step series)
+    TRUTH = enum.auto()    # ground-truth important tokens
+    VALUES = enum.auto()   # value vectors (output error)
+    BUDGETS = enum.auto()  # more than one budget
+
+    def describe(self) -> str:
+        return {Needs.DECODE: "decode steps (prompt_len < T)",
+                Needs.TRUTH: "ground-truth important tokens, which this attention source lacks",
+                Needs.VALUES: "value vectors, which this attention source lacks",
+                Needs.BUDGETS: "more than one budget"}[self]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where figures go: a folder and a file-name prefix (for sweep variants)."""
+
+    folder: Path
+    prefix: str = ""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A registered experiment figure: its name (the file stem and the scenario's
+    ``figures`` entry), what it needs, and the function that draws it."""
+
+    name: str
+    needs: Needs
+    draw: Callable[..., list[Path]]
+
+
+FIGURES: dict[str, Figure] = {}
+
+
+def figure(needs: Needs) -> Callable:
+    """Register a drawing function ``f(scenario, exp, rows, steps, colors, out)`` under its name."""
+    def register(draw):
+        FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw)
+        return draw
+    return register
+
+
+def available(scenario: Scenario, exp: Experiment, rows: list[dict] | None = None) -> Needs:
+    """What ``exp`` provides; VALUES is known from the results (``rows``) only."""
+    have = Needs.NOTHING
+    if exp.prompt_len < scenario.T:
+        have |= Needs.DECODE
+    if scenario.has_truth:
+        have |= Needs.TRUTH
+    if len(exp.budgets) > 1:
+        have |= Needs.BUDGETS
+    if rows is None or any(not math.isnan(r["error_mean"]) for r in rows):
+        have |= Needs.VALUES
+    return have
+
+
+def missing(fig: Figure, have: Needs) -> list[Needs]:
+    return [n for n in Needs if n and n in fig.needs and n not in have]
+
+
+def check(variants: list[Scenario]) -> None:
+    """Raise :class:`ScenarioError` for a requested figure that is unknown or lacks its data."""
+    problems = []
+    for scenario in variants[:1]:  # variants share their experiments' figure lists
+        for i, exp in enumerate(scenario.experiments):
+            where = f"experiment[{i}].figures"
+            unknown = [f for f in exp.figures or () if f not in FIGURES]
+            if unknown:
+                problems.append((str(scenario.path), where, f"expected a list of "
+                                 f"{', '.join(FIGURES)}, got {list(exp.figures)!r}"))
+                continue
+            have = available(scenario, exp)
+            for name in exp.figures or ():
+                for need in missing(FIGURES[name], have):
+                    problems.append((str(scenario.path), where, f"expected figures with data: "
+                                     f"{name!r} needs {need.describe()}"))
+    if problems:
+        raise ScenarioError(problems)
+
+
+def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[Figure], list[str]]:
+    """The figures to draw (the requested ones, or every one whose needs are met) and, for a
+    requested figure the results cannot support, why it is not drawn."""
+    have = available(scenario, exp, rows)
+    if exp.figures is None:
+        return [f for f in FIGURES.values() if not missing(f, have)], []
+    chosen, notes = [], []
+    for name in exp.figures:
+        lacking = missing(FIGURES[name], have)
+        if lacking:
+            notes.append(f"`{name}` is not drawn: it needs {lacking[0].describe()}.")
+        else:
+            chosen.append(FIGURES[name])
+    return chosen, notes
+
+
+def policy_colors(scenario: Scenario) -> dict[str, str]:
+    """One colour per policy label, the same in every figure of the scenario."""
+    labels = list(dict.fromkeys(p.label for e in scenario.experiments for p in e.policies))
+    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    return {label: matplotlib.colors.to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
+
+
+def policy_markers(exp: Experiment) -> dict[str, str]:
+    return {p.label: MARKERS[i % len(MARKERS)] for i, p in enumerate(exp.policies)}
+
+
+def head_label(scenario: Scenario, head: int) -> str:
+    names = scenario.attention.get("head_names") or []
+    name = f"head {head}" + (f" ({names[head]})" if head < len(names) and names[head] else "")
+    if scenario.kv_heads < scenario.heads:
+        name += f", KV head {head // (scenario.heads // scenario.kv_heads)}"
+    return name
+
+
+@dataclass
+class Layout:
+    """A grid of panels laid out in inches (matplotlib's constrained layout would cost more
+    than drawing): margins for tick labels, titles, a legend row block and a colorbar."""
+
+    rows: int
+    cols: int
+    panel: tuple[float, float]
+    gap: tuple[float, float]  # inches between panels: y labels, x labels + next title
+    max_width: float
+    grid: object = None
+
+    LEFT, RIGHT, TOP, BOTTOM = 0.75, 0.25, 0.72, 0.55
+    COLORBAR = 1.15
+
+    def finish(self, fig, title: str, handles: list | None = None, labels: list | None = None,
+               colorbar: tuple | None = None) -> None:
+        """Size the figure, then place the title, the legend below the panels (clear of the
+        data) and the colorbar to their right."""
+        right = self.RIGHT + (self.COLORBAR if colorbar else 0)
+        chrome = self.LEFT + right + (self.cols - 1) * self.gap[0]
+        panel_w = min(self.panel[0], (self.max_width - chrome) / self.cols)
+        width = max(7.0, chrome + self.cols * panel_w)  # room for a two-line title
+        panel_w = (width - chrome) / self.cols
+        legend_rows, ncols = 0, 1
+        if labels:
+            longest = max(len(label) for label in labels)
+            ncols = max(1, min(len(labels), 5, int((width - 0.4) / (0.068 * longest + 0.55))))
+            legend_rows = math.ceil(len(labels) / ncols)
+        bottom = self.BOTTOM + (0.12 + 0.2 * legend_rows if legend_rows else 0)
+        height = (self.TOP + bottom + self.rows * self.panel[1]
+                  + (self.rows - 1) * self.gap[1])
+        fig.set_size_inches(width, height)
+        self.grid.update(left=self.LEFT / width, right=1 - right / width,
+                         bottom=bottom / height, top=1 - self.TOP / height,
+                         wspace=self.gap[0] / panel_w, hspace=self.gap[1] / self.panel[1])
+        fig.suptitle(title, y=1 - 0.06 / height, va="top")
+        if labels:
+            fig.legend(handles, labels, loc="lower center", ncols=ncols, frameon=False,
+                       bbox_to_anchor=(0.5, 0.04 / height), borderaxespad=0)
+        if colorbar:
+            mappable, label = colorbar
+            span = 1 - (self.TOP + bottom) / height
+            cax = fig.add_axes((1 - (right - 0.3) / width, bottom / height + 0.15 * span,
+                                0.16 / width, 0.7 * span))
+            fig.colorbar(mappable, cax=cax, label=label)
+
+
+def grid(n: int, scenario: Scenario, panel: tuple[float, float] = (3.4, 2.6),
+         max_cols: int = 4, gap: tuple[float, float] = (0.75, 0.8)):
+    """A figure of ``n`` panels wrapped in rows (at most ``max_cols`` a row, at most page
+    width once :meth:`Layout.finish` sizes it); returns (figure, the ``n`` axes, layout)."""
+    rows = max(1, math.ceil(n / max_cols))
+    cols = max(1, math.ceil(n / rows))
+    layout = Layout(rows, cols, panel, gap, MAX_WIDTH_PX / scenario.dpi)
+    fig = plt.figure()
+    layout.grid = fig.add_gridspec(rows, cols)
+    axes = [fig.add_subplot(layout.grid[i // cols, i % cols]) for i in range(n)]
+    return fig, axes, layout
+
+
+class Curves:
+    """Curves of one figure: ``panels[panel][policy] = (x, y)``; finds twins in each panel."""
+
+    def __init__(self):
+        self.panels: dict = defaultdict(dict)
+
+    def add(self, panel, policy: str, x, y) -> None:
+        self.panels[panel][policy] = (np.asarray(x, float), np.asarray(y, float))
+
+    def order(self) -> list[str]:
+        return list(dict.fromkeys(p for curves in self.panels.values() for p in curves))
+
+    def twins(self, log: bool = False) -> dict:
+        """``{panel: {policy: (earlier policy, exactly equal)}}``: curves that cannot be told
+        apart in that panel (compared as log10 on a log axis)."""
+        return {panel: twins({p: np.log10(np.maximum(y, 1e-300)) if log else y
+                              for p, (x, y) in curves.items()})
+                for panel, curves in self.panels.items()}
+
+
+def _twin_label(policy: str, per_panel: list, panels: int) -> str:
+    """``h2o (= window)`` when equal in every panel, ``(≈ window)`` when within the
+    tolerance in every panel, ``(≈ window where dashed)`` when only in some."""
+    if not per_panel:
+        return policy
+    others = list(dict.fromkeys(q for q, _ in per_panel))
+    if len(per_panel) == panels and len(others) == 1:
+        return f"{policy} ({'=' if all(e for _, e in per_panel) else '≈'} {others[0]})"
+    return f"{policy} (≈ {', '.join(others)} where dashed)"
+
+
+def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: dict | None = None,
+               marker_every: int | None = None, lw: float = 1.3,
+               log: bool = False) -> tuple[list, list]:
+    """Draw ``curves`` on ``axes[panel]``. In a panel where a curve cannot be told from an
+    earlier one it is dashed, with a larger hollow marker, on top; returns the legend's
+    (handles, labels), which say which curve equals which."""
+    twin = curves.twins(log)
+    found: dict[str, list] = defaultdict(list)
+    present: dict[str, int] = defaultdict(int)
+    for panel, per_policy in curves.panels.items():
+        ax = axes[panel]
+        for policy, (x, y) in per_policy.items():
+            present[policy] += 1
+            is_twin = policy in twin[panel]
+            if is_twin:
+                found[policy].append(twin[panel][policy])
+            ax.plot(x, y, color=colors[policy], marker=markers[policy], lw=lw,
+                    ms=7 if is_twin else 4.5, mfc="none" if is_twin else colors[policy],
+                    ls=TWIN_STYLE if is_twin else "-", zorder=3 if is_twin else 2,
+                    markevery=marker_every)
+            if bands and (panel, policy) in bands:
+                lo, hi = bands[panel, policy]
+                ax.fill_between(x, lo, hi, color=colors[policy], alpha=0.15, lw=0)
+    handles, labels = [], []
+    for policy in curves.order():
+        everywhere = len(found[policy]) == present[policy]
+        handles.append(Line2D([], [], color=colors[policy], marker=markers[policy],
+                              ms=7 if everywhere else 4.5,
+                              mfc="none" if everywhere else colors[policy],
+                              ls=TWIN_STYLE if everywhere else "-"))
+        labels.append(_twin_label(policy, found[policy], present[policy]))
+    return handles, labels
+
+
+def save(fig, out: Target, stem: str, scenario: Scenario) -> list[Path]:
+    paths = []
+    for fmt in scenario.formats:
+        path = out.folder / f"{out.prefix}{stem}.{fmt}"
+        fig.savefig(path, dpi=scenario.dpi)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
