@@ -13,25 +13,21 @@ import numpy as np
 from kvsim.engine.experiments import ExperimentSteps
 from kvsim.errors import KvsimError
 from kvsim.report import figures
+from kvsim.report.plotting import available, missing
 from kvsim.scenario.load import FORMATS, Experiment, PolicyConfig, Scenario
 
 
 def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, ...],
          dpi: int) -> list[Path]:
     """Draw ``figure`` of ``experiment`` into ``out``; returns the files written."""
-    if figure not in figures.FIGURE_FUNCTIONS:
-        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURE_FUNCTIONS)}, "
-                         f"got {figure!r}")
+    if figure not in figures.FIGURES:
+        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURES)}, got {figure!r}")
     if not formats or any(f not in FORMATS for f in formats):
         raise KvsimError(f"formats: expected some of {', '.join(FORMATS)}, got {formats!r}")
     rows, arrays, (snap_steps, snapshots), focus = results.part(experiment)
     first = rows[0]
     has_truth = any(not np.isnan(r["final_recall"]) for r in rows)
-    if figure in ("pareto", "recall_vs_budget") and not has_truth:
-        raise KvsimError(f"figure: {figure!r} needs ground-truth important positions")
-    if figure in ("mass_over_time", "kept_raster") and first["steps"] == 0:
-        raise KvsimError(f"figure: {figure!r} needs decode steps (prompt_len < T)")
-    if figure == "kept_raster" and not snapshots:
+    if figure == "kept_raster" and first["steps"] > 0 and not snapshots:
         raise KvsimError("figure: 'kept_raster' needs recorded caches: pass record=('kept',) "
                          "to kvsim.simulate")
     budgets = tuple(sorted({r["budget"] for r in rows}))
@@ -39,7 +35,7 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
     kinds = {r["policy"]: r["kind"] for r in rows}
     exp = Experiment(experiment, first["prompt_len"], budgets, budgets,
                      tuple(PolicyConfig(label, kinds[label], {}) for label in labels),
-                     (figure,), focus)
+                     (figure,), focus, (focus,))
     seeds = tuple(dict.fromkeys(r["seed"] for r in rows))
     heads = max(r["head"] for r in rows) + 1
     scenario = Scenario(out / results.name, results.name, "", seeds, "api", {}, first["T"],
@@ -49,7 +45,9 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
     steps = ExperimentSteps(list(arrays["mass"]), list(arrays["cache_size"]),
                             list(arrays["recall"]), list(arrays["error"]),
                             [np.zeros(0, np.int64)] * units, snap_steps, snapshots)
+    lacking = missing(figures.FIGURES[figure], available(scenario, exp, rows))
+    if lacking:
+        raise KvsimError(f"figure: {figure!r} needs {lacking[0].describe()}")
     out.mkdir(parents=True, exist_ok=True)
-    return figures.FIGURE_FUNCTIONS[figure](scenario, exp, rows, steps,
-                                            figures.policy_colors(scenario),
-                                            figures.Target(out))
+    return figures.FIGURES[figure].draw(scenario, exp, rows, steps,
+                                        figures.policy_colors(scenario), figures.Target(out))
