@@ -111,8 +111,7 @@ def rows(field: FieldData, what: str = "probs", whole_row: bool = True) -> np.nd
 
 
 def dense_twins(field: FieldData) -> tuple[FieldData, FieldData]:
-    """The same attention as a dense field, two ways (vectors kept: for the output error and
-    the policies that read them).
+    """The same attention as a dense field, two ways (values kept for the output error).
 
     The first is ``field._replace(probs=P)``; the second is built from scratch with
     :func:`dense_field`, so the dense path has no component arrays to fall back on.
@@ -127,8 +126,7 @@ def dense_twins(field: FieldData) -> tuple[FieldData, FieldData]:
     assert np.array_equal(P, rows(field, whole_row=False))
     bare = dense_field(P, field.keys.shape[0])
     return (field._replace(probs=P),
-            bare._replace(values=field.values, value_heads=field.value_heads, keys=field.keys,
-                          queries=field.queries, qk_scale=field.qk_scale))
+            bare._replace(values=field.values, value_heads=field.value_heads))
 
 
 def same_trace(a, b) -> bool:
