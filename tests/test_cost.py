@@ -25,6 +25,7 @@ def test_estimate_counts_runs_and_logits(tmp_path):
     variants = _variants(tmp_path)
     estimate = cost.estimate(variants, workers=1)
     assert estimate.runs == sum(count_runs(v) for v in variants)
+    assert estimate.units == 4 * 2 * 1  # policies x seeds x KV heads
     # Two seeds x two heads x one prompt length x T (T + 1) / 2, plus the decode steps.
     full = 2 * 2 * 48 * 49 / 2
     decode = 2 * 4 * 24 * (8 + 12) * 2
@@ -54,7 +55,7 @@ def test_validate_prints_the_cost_in_one_line(tmp_path):
     status, out, err = cli(["validate", tmp_path / "s.toml"])
     assert status == 0 and err == ""
     (line,) = out.strip().splitlines()
-    assert "ok (1 field variant(s)" in line and "cost: 32 runs, " in line
+    assert "ok (1 field variant(s)" in line and "cost: 8 units (32 runs), " in line
     assert "logit evaluations, peak memory about" in line
 
 
