@@ -76,3 +76,11 @@ def test_long_full_pass_shows_rows_and_gives_the_same_numbers(monkeypatch, capsy
     assert "full pass, head 0" in capsys.readouterr().err
     for a, b in zip(quiet, shown):
         np.testing.assert_array_equal(a, b)
+
+
+def test_max_memory_lasts_for_one_command(tmp_path):
+    from kvsim import resources
+
+    _variants(tmp_path)
+    assert cli(["validate", tmp_path / "s.toml", "--max-memory", "1K"])[0] == 2
+    assert resources._limit is None  # the next run, in this process, has the machine's
