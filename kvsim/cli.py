@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.resources import parse_size, set_memory_limit
+from kvsim.resources import memory_limit_of, parse_size
 from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
                                       parse_setting)
 
@@ -84,8 +84,9 @@ def _add_max_memory(p: argparse.ArgumentParser) -> None:
                         "(default: the machine's available memory)")
 
 
-def _set_max_memory(args: argparse.Namespace) -> None:
-    set_memory_limit(parse_size(args.max_memory) if args.max_memory is not None else None)
+def _max_memory(args: argparse.Namespace):
+    """The ``--max-memory`` limit, for the duration of the command."""
+    return memory_limit_of(parse_size(args.max_memory) if args.max_memory is not None else None)
 
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
@@ -127,10 +128,10 @@ def _validate(argv: list[str]) -> int:
     _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
-    _set_max_memory(args)
-    variants = load_sweep(args.scenario, _overrides(args))
-    check(variants)
-    estimate = cost.check(variants)
+    with _max_memory(args):
+        variants = load_sweep(args.scenario, _overrides(args))
+        check(variants)
+        estimate = cost.check(variants)
     print(f"{args.scenario}: ok ({len(variants)} field variant(s), "
           f"{len(variants[0].experiments)} experiments, T = {variants[0].T}); "
           f"{estimate.text()}")
@@ -155,11 +156,11 @@ def _run(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
-    _set_max_memory(args)
-    variants = load_sweep(args.scenario, _overrides(args))
-    out = run(variants, args.out, force=args.force, progress=not args.quiet,
-              workers=args.workers, resume=args.resume, dask=args.dask,
-              command=shlex.join(["python", "-m", "kvsim", *argv]))
+    with _max_memory(args):
+        variants = load_sweep(args.scenario, _overrides(args))
+        out = run(variants, args.out, force=args.force, progress=not args.quiet,
+                  workers=args.workers, resume=args.resume, dask=args.dask,
+                  command=shlex.join(["python", "-m", "kvsim", *argv]))
     print(out)
     return 0
 

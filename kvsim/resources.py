@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from contextlib import contextmanager
 
 from kvsim.errors import KvsimError
 
@@ -36,6 +37,18 @@ def set_memory_limit(nbytes: int | None) -> None:
     """Set the memory limit (None: the machine's available memory)."""
     global _limit
     _limit = nbytes
+
+
+@contextmanager
+def memory_limit_of(nbytes: int | None):
+    """Within the block, the memory limit is ``nbytes`` (None: unchanged)."""
+    previous = _limit
+    if nbytes is not None:
+        set_memory_limit(nbytes)
+    try:
+        yield
+    finally:
+        set_memory_limit(previous)
 
 
 def parse_size(text: str) -> int:

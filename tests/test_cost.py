@@ -25,6 +25,7 @@ def test_estimate_counts_runs_and_logits(tmp_path):
     variants = _variants(tmp_path)
     estimate = cost.estimate(variants, workers=1)
     assert estimate.runs == sum(count_runs(v) for v in variants)
+    assert estimate.units == 4 * 2 * 1  # policies x seeds x KV heads
     # Two seeds x two heads x one prompt length x T (T + 1) / 2, plus the decode steps.
     full = 2 * 2 * 48 * 49 / 2
     decode = 2 * 4 * 24 * (8 + 12) * 2
@@ -54,7 +55,7 @@ def test_validate_prints_the_cost_in_one_line(tmp_path):
     status, out, err = cli(["validate", tmp_path / "s.toml"])
     assert status == 0 and err == ""
     (line,) = out.strip().splitlines()
-    assert "ok (1 field variant(s)" in line and "cost: 32 runs, " in line
+    assert "ok (1 field variant(s)" in line and "cost: 8 units (32 runs), " in line
     assert "logit evaluations, peak memory about" in line
 
 
@@ -75,3 +76,11 @@ def test_long_full_pass_shows_rows_and_gives_the_same_numbers(monkeypatch, capsy
     assert "full pass, head 0" in capsys.readouterr().err
     for a, b in zip(quiet, shown):
         np.testing.assert_array_equal(a, b)
+
+
+def test_max_memory_lasts_for_one_command(tmp_path):
+    from kvsim import resources
+
+    _variants(tmp_path)
+    assert cli(["validate", tmp_path / "s.toml", "--max-memory", "1K"])[0] == 2
+    assert resources._limit is None  # the next run, in this process, has the machine's

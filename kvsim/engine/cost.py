@@ -104,17 +104,19 @@ def _logits(z: _Size) -> float:
 
 @dataclass(frozen=True)
 class Cost:
-    """What a run will do: runs (policy x budget x seed x head), logit evaluations (full
+    """What a run will do: units (policy x seed x KV head, each at every budget: what
+    ``--resume`` stores), runs (policy x budget x seed x head), logit evaluations (full
     passes and decode steps) and the estimated peak memory in bytes."""
 
+    units: int
     runs: int
     logits: float
     peak_bytes: float
     driver: str  # the scenario key that drives the peak memory
 
     def text(self) -> str:
-        return (f"cost: {self.runs} runs, {self.logits:.3g} logit evaluations, peak memory "
-                f"about {size_text(self.peak_bytes)}")
+        return (f"cost: {self.units} units ({self.runs} runs), {self.logits:.3g} logit "
+                f"evaluations, peak memory about {size_text(self.peak_bytes)}")
 
 
 def _driver(variants: list[Scenario], sizes: list[_Size], workers: int) -> str:
@@ -143,7 +145,8 @@ def estimate(variants: list[Scenario], workers: int | None = None) -> Cost:
     workers = workers or os.cpu_count() or 1
     sizes = [_size(v) for v in variants]
     runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.heads for z in sizes)
-    return Cost(runs, sum(_logits(z) for z in sizes), _peak(sizes, workers),
+    units = sum(sum(p for _, _, p in z.experiments) * z.seeds * z.kv_heads for z in sizes)
+    return Cost(units, runs, sum(_logits(z) for z in sizes), _peak(sizes, workers),
                 _driver(variants, sizes, workers))
 
 
@@ -154,6 +157,6 @@ def check(variants: list[Scenario], workers: int | None = None) -> Cost:
     try:
         check_memory(cost.peak_bytes, cost.driver, "the run")
     except KvsimError as exc:
-        raise ScenarioError([(str(variants[0].path), exc.key, f"{exc.message}; {cost.runs} "
-                              f"runs, {cost.logits:.3g} logit evaluations")]) from None
+        raise ScenarioError([(str(variants[0].path), exc.key, f"{exc.message}; {cost.units} "
+                              f"units, {cost.logits:.3g} logit evaluations")]) from None
     return cost

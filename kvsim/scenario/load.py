@@ -102,8 +102,9 @@ class _Checker:
     def unknown_keys(self, table: dict, allowed, prefix: str) -> None:
         for key in table:
             if key not in allowed:
-                self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; "
-                                           f"expected one of {', '.join(allowed)}")
+                expected = f"expected one of {', '.join(allowed)}" if allowed \
+                    else "expected no keys here"
+                self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; {expected}")
 
     def table(self, doc: dict, key: str, path: str) -> dict | None:
         """``doc[key]`` ({} if absent), or None (a problem added) if it is not a table."""
