@@ -31,7 +31,7 @@ commands:
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
-  kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet]
+  kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
                         run each policy and budget inside a real model and report how well
                         the open-loop mass predicts its KL and NLL (needs the capture extra)
 
@@ -219,8 +219,12 @@ def _closed_loop(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
     p.add_argument("--force", action="store_true", help="replace an existing report folder")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="processes decoding the batches of runs (default 1; results do not "
+                        "depend on it)")
     args = p.parse_args(argv)
-    print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet))
+    print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet,
+                             workers=args.workers))
     return 0
 
 

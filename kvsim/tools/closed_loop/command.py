@@ -13,8 +13,9 @@ from kvsim.tools.closed_loop.run import run
 
 
 def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool = False,
-                       progress: bool = True) -> Path:
-    """Run a closed-loop file and write its report (default ``reports/<name>/``).
+                       progress: bool = True, workers: int = 1) -> Path:
+    """Run a closed-loop file and write its report (default ``reports/<name>/``), its
+    closed-loop batches on ``workers`` forked processes (the numbers do not depend on it).
 
     The wall time written in the report covers everything up to the report files:
     loading the model, the full run, the open loop and every closed-loop run.
@@ -24,7 +25,8 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     out = Path("reports") / cfg.name if out is None else Path(out)
     check_out(out, force)
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
-    series, facts = run(cfg, net, tokenizer, progress)
+    series, facts = run(cfg, net, tokenizer, progress, workers)
+    facts["workers"] = workers
     facts["run_seconds"] = facts["wall_seconds"]
     facts["wall_seconds"] = time.perf_counter() - start
     return write_report(cfg, series, facts, out)

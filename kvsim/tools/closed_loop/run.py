@@ -10,7 +10,10 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from queue import Empty
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,8 +81,9 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
 
 
 def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
-                prompt_len: int, gqa: str, seed: int, bar=None) -> list[tuple]:
-    """(kl, nll) per decode step for each run, all decoded together (one forward per step)."""
+                prompt_len: int, gqa: str, seed: int, tick=None) -> list[tuple]:
+    """(kl, nll) per decode step for each run, all decoded together (one forward per step);
+    ``tick(n)`` is called after each step with the number of runs."""
     T = full.T
     keys, values = stores(full, len(runs), prompt_len)
     steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed)
@@ -92,13 +96,89 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
         target = int(full.token_ids[t + 1]) if t + 1 < T else None
         kl[:, s], nll[:, s] = metrics.kl_nll(metrics.log_softmax(full.logits[t]), logits,
                                              target)
-        if bar is not None:
-            bar.update(len(runs))
+        if tick is not None:
+            tick(len(runs))
     return [(kl[c], nll[c]) for c in range(len(runs))]
 
 
-def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True) -> tuple[list[Series], dict]:
-    """Every policy and budget of ``cfg`` in the closed and the open loop.
+_FORKED: dict = {}  # what forked workers inherit: the model, the full run, the settings
+
+
+def _worker_init(queue) -> None:
+    _FORKED["queue"] = queue
+
+
+def _worker(members: list[int]) -> list[tuple]:
+    net, full, runs, P, gqa, seed = _FORKED["job"]
+    return closed_loop(net, full, [runs[c] for c in members], P, gqa, seed,
+                       _FORKED["queue"].put)
+
+
+def _open_worker(i: int) -> dict:
+    full, cfg = _FORKED["open"]
+    pc = cfg.policies[i]
+    return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa)
+
+
+def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: bool) -> list:
+    """The simulator's open loop of every policy of ``cfg`` (on ``workers`` processes)."""
+    bar = tqdm(total=len(cfg.policies), desc="open loop (policies)", disable=not progress)
+    with bar:
+        if workers <= 1:
+            return [bar.update() or open_loop(full, cfg.prompt_len, pc.kind, pc.params,
+                                              list(cfg.budgets), cfg.gqa)
+                    for pc in cfg.policies]
+        _FORKED["open"] = (full, cfg)
+        try:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+                futures = [pool.submit(_open_worker, i) for i in range(len(cfg.policies))]
+                for fut in as_completed(futures):
+                    bar.update()
+                return [fut.result() for fut in futures]
+        finally:
+            _FORKED.clear()
+
+
+def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: int, gqa: str,
+                   seed: int, workers: int, bar) -> dict[int, tuple]:
+    """(kl, nll) of every run, batch by batch, on ``workers`` forked processes.
+
+    A run's numbers depend on its batch (one forward pass per step for the whole batch),
+    never on which process decodes it: results do not depend on ``workers``.
+    """
+    done: dict[int, tuple] = {}
+    if workers <= 1 or len(batches) == 1:
+        for members in batches:
+            for c, res in zip(members, closed_loop(net, full, [runs[c] for c in members], P,
+                                                   gqa, seed, bar.update)):
+                done[c] = res
+        return done
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    _FORKED["job"] = (net, full, runs, P, gqa, seed)
+    try:
+        with ProcessPoolExecutor(min(workers, len(batches)), mp_context=ctx,
+                                 initializer=_worker_init, initargs=(queue,)) as pool:
+            futures = {pool.submit(_worker, members): members for members in batches}
+            pending = set(futures)
+            while pending:
+                try:
+                    bar.update(queue.get(timeout=0.2))
+                except Empty:
+                    pass
+                for fut in [f for f in pending if f.done()]:
+                    pending.discard(fut)
+                    for c, res in zip(futures[fut], fut.result()):
+                        done[c] = res
+    finally:
+        _FORKED.clear()
+    return done
+
+
+def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
+        workers: int = 1) -> tuple[list[Series], dict]:
+    """Every policy and budget of ``cfg`` in the closed and the open loop (the closed-loop
+    batches on ``workers`` forked processes).
 
     Returns the per-run series (the full-cache reference first) and facts for the report.
     """
@@ -117,8 +197,7 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True) -> tuple[l
         series = [Series(FULL, FULL, T, None, None, whole.mean(axis=(0, 1)),
                          metrics.open_metrics(whole, 0.0 * whole, weights))]
         runs: list[tuple[PolicyConfig | None, int]] = [(None, T)]
-        for pc in cfg.policies:
-            ol = open_loop(full, P, pc.kind, pc.params, list(cfg.budgets), cfg.gqa)
+        for pc, ol in zip(cfg.policies, open_loops(full, cfg, workers, progress)):
             for b in cfg.budgets:
                 series.append(Series(pc.label, pc.kind, b, None, None,
                                      ol[b].mass.mean(axis=(0, 1)),
@@ -129,14 +208,11 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True) -> tuple[l
         order = [0] + sorted(range(1, len(runs)), key=lambda c: runs[c][1])
         batch = cfg.batch or len(runs) - 1
         batches = [order[:1]] + [order[lo:lo + batch] for lo in range(1, len(order), batch)]
-        bar = tqdm(total=len(runs) * (T - P), unit="step", disable=not progress,
-                   desc="closed loop (runs x steps)")
-        with bar:
-            for members in batches:
-                done = closed_loop(net, full, [runs[c] for c in members], P, cfg.gqa,
-                                   cfg.seed, bar)
-                for c, (kl, nll) in zip(members, done):
-                    series[c].kl, series[c].nll = kl, nll
+        with tqdm(total=len(runs) * (T - P), unit="step", disable=not progress,
+                  desc="closed loop (runs x steps)") as bar:
+            done = decode_batches(net, full, runs, batches, P, cfg.gqa, cfg.seed, workers, bar)
+        for c, (kl, nll) in done.items():
+            series[c].kl, series[c].nll = kl, nll
     finally:
         torch.set_num_threads(threads)
     facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
