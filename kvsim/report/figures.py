@@ -45,13 +45,25 @@ def _seeds_note(scenario: Scenario) -> str:
     return "one seed" if n == 1 else f"lines: mean over {n} seeds; bands: their range"
 
 
+def _rounding_only(exp: Experiment) -> list[str]:
+    """Policies whose output error is rounding (``full`` keeps every key): on a log axis they
+    would stretch it over 16 decades, so error figures name them instead of drawing them."""
+    return [p.label for p in exp.policies if p.kind == "full"]
+
+
+def _not_drawn(handles: list, labels: list, skipped: list[str]) -> None:
+    if skipped:
+        handles.append(Line2D([], [], ls="none"))
+        labels.append(f"not drawn: {', '.join(skipped)} (error at rounding level, ~1e-16)")
+
+
 def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
     return f"{scenario.name}/{exp.name}: {what}"
 
 
 def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
-                    reference=None):
-    per_head = _per_head(rows, metric)
+                    reference=None, skip=()):
+    per_head = _per_head([r for r in rows if r["policy"] not in skip], metric)
     heads = sorted(per_head)
     fig, axes, layout = grid(len(heads), scenario,
                              gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
@@ -82,6 +94,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
     if reference:
         handles.append(line)
         labels.append(reference[0])
+    _not_drawn(handles, labels, list(skip))
     layout.finish(fig, _title(scenario, exp, f"{ylabel} against budget\n"
                               f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}"),
                   handles, labels)
@@ -108,7 +121,8 @@ def recall_vs_budget(scenario, exp, rows, steps, colors, out):
 def error_vs_budget(scenario, exp, rows, steps, colors, out):
     """Mean relative output error over the decode steps against budget, a panel per head."""
     return _against_budget(scenario, exp, rows, colors, out, "error_mean",
-                           "relative output error |o~ - o| / |o|", "error_vs_budget", log_y=True)
+                           "relative output error |o~ - o| / |o|", "error_vs_budget", log_y=True,
+                           skip=_rounding_only(exp))
 
 
 @figure(Needs.TRUTH)
@@ -158,7 +172,7 @@ def _time_panels(exp, rows):
 
 
 def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
-               smooth=True, heads_with=None):
+               smooth=True, heads_with=None, skip=()):
     data = steps.arrays()[series]
     panels = [(b, h) for b, h in _time_panels(exp, rows)
               if heads_with is None or h in heads_with]
@@ -172,6 +186,8 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
         units[r["budget"], r["head"], r["policy"]].append(r["unit"])
     for (b, h), ax in zip(panels, axes):
         for p in exp.policies:
+            if p.label in skip:
+                continue
             with warnings.catch_warnings():  # all-NaN steps (no important key yet) stay NaN
                 warnings.simplefilter("ignore", RuntimeWarning)
                 mean = np.nanmean(data[units[b, h, p.label]], axis=0) \
@@ -184,6 +200,7 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
             curves.add((b, h), p.label, t, mean)
     handles, labels = draw_lines(dict(zip(panels, axes)), curves, colors, policy_markers(exp),
                                  marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
+    _not_drawn(handles, labels, list(skip))
     for (b, h), ax in zip(panels, axes):
         if log_y:
             ax.set_yscale("log")
@@ -219,7 +236,8 @@ def mass_over_time(scenario, exp, rows, steps, colors, out):
 def error_over_time(scenario, exp, rows, steps, colors, out):
     """Relative output error at each decode step, a panel per head (and time budget)."""
     return _over_time(scenario, exp, rows, steps, colors, out, "error",
-                      "relative output error", "error_over_time", log_y=True)
+                      "relative output error", "error_over_time", log_y=True,
+                      skip=_rounding_only(exp))
 
 
 @figure(Needs.DECODE | Needs.TRUTH)
