@@ -2,10 +2,10 @@
 threads against ``LocalCluster(1)`` and ``LocalCluster(2)``, and the Dask overhead per unit.
 
 The scenario runs once untimed (compiling its kernels); each cluster is started, and
-its workers' Numba caches loaded (one run of a small scenario), before anything is timed; the start-up is reported on its own. The overhead
-per unit comes from a scenario of near-empty units (T = 64): its time on the cluster
-minus its time on one local thread, divided by its units. Every cluster run is checked
-to give the local rows.
+its workers' Numba caches loaded (one run of a small scenario), before anything is
+timed; the start-up is reported on its own. The overhead per unit comes from a scenario
+of near-empty units (T = 64): its time on the cluster minus its time on one local
+thread, divided by its units. Every cluster run is checked to give the local rows.
 """
 
 from __future__ import annotations
