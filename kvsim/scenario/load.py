@@ -400,8 +400,8 @@ def _trace_files(doc: dict, variant: dict, path: Path) -> list[tuple[dict, dict]
     if not isinstance(pattern, str) or not re.search(r"[*?[]", pattern):
         return [(doc, variant)]
     base = path.parent
-    files = sorted(Path(f).relative_to(base).as_posix()
-                   for f in glob.glob(str(base / pattern)) if Path(f).is_file())
+    files = sorted(Path(f).as_posix() for f in glob.glob(pattern, root_dir=base)
+                   if (base / f).is_file())
     if not files:
         raise ScenarioError([(str(path), "attention.path", f"expected at least one trace file "
                               f"matching {pattern!r} (relative to the scenario file), got none")])
