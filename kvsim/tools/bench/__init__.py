@@ -32,7 +32,7 @@ from kvsim.policies import POLICIES
 from kvsim.api import Attention, simulate
 from kvsim.policies.run import field_provides, make_group, resolve_params
 
-SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "long_context.toml"
+SCENARIO = Path(__file__).resolve().parents[3] / "scenarios" / "long_context.toml"
 
 
 def _timed(fn, repeats: int = 3) -> float:
