@@ -18,10 +18,16 @@ DEFAULTS = {
     "streaming_llm": {"sinks": 4},
     "h2o": {"recent_ratio": 0.5, "normalize": False, "accumulate": "observed"},
     "h2o_offline": {"recent_ratio": 0.5},
-    "snapkv": {"window": 32, "kernel": 7, "pooling": "max", "protect_window": True},
+    "snapkv": {"window": 32, "kernel": 7, "pooling": "max", "protect_window": True,
+               "refresh": 0},
     "tova": {},
     "random": {},
     "oracle": {},
+    "knorm": {"recent_ratio": 0.0},
+    "keydiff": {"recent_ratio": 0.0},
+    "scissorhands": {"recent_ratio": 0.5, "history": 32},
+    "caote": {},
+    "quest": {"page_size": 16},
 }
 
 
@@ -306,6 +312,8 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)} for {policy}")
     prm = {**DEFAULTS[policy], **params}
+    if policy in NEEDS and (policy != "snapkv" or prm["refresh"] > 0):
+        return _from_run(attention, policy, budget, prompt_len, important, params)
     p = normalise_rows(attention)
     _near_ties.clear()
     T = p.shape[0]
@@ -331,7 +339,8 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
             raise ValueError("budget too small for the observation window")
         if not prm["protect_window"] and P < T:
             raise ValueError("protect_window=False needs prompt_len == T")
-        prefill, steps = policy_snapkv(p, P, T, B, prm["window"], prm["kernel"], prm["pooling"], prm["protect_window"])
+        prefill, steps = policy_snapkv(p, P, T, B, prm["window"], prm["kernel"], prm["pooling"],
+                                       prm["protect_window"])
     elif policy == "tova":
         prefill, steps = policy_tova(p, P, T, B)
     elif policy == "random":
@@ -362,20 +371,24 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
     )
 
 
+def _from_run(attention, policy, budget, prompt_len, important, params):
+    """reference_simulate's result for a section-6 policy, through reference_run."""
+    imp = None if important is None else sorted(set(int(i) for i in np.asarray(important).ravel()))
+    run = reference_run(dense_source(attention), policy, budget, prompt_len, important=imp,
+                        **params)
+    final = None
+    if imp is not None:
+        final = len(set(run.kept.tolist()) & set(imp)) / len(imp) if imp else float("nan")
+    return RefResult(run.mass[0], run.cache_size, run.recall, run.kept, final, run.near_tie)
+
+
 # ================================================================ sources with vectors, GQA
 # The policies of DESIGN.md section 6 (and the GQA combination) on a *source*: the G query
 # heads sharing one KV head, with their full causal attention and, where the source has
 # them, the query/key/value vectors. Everything below is plain Python over float64.
 
-NEW_DEFAULTS = {
-    "knorm": {"recent_ratio": 0.0},
-    "keydiff": {"recent_ratio": 0.0},
-    "scissorhands": {"recent_ratio": 0.5, "history": 32},
-    "caote": {},
-    "snapkv": {**DEFAULTS["snapkv"], "refresh": 0},
-    "quest": {"page_size": 16},
-}
-# What each policy reads besides the attention rows.
+# The policies of section 6 (and snapkv, with refresh), run on sources by reference_run;
+# what each reads besides the attention rows.
 NEEDS = {"knorm": ("keys",), "keydiff": ("keys",), "scissorhands": (), "caote": ("values",),
          "snapkv": (), "quest": ("queries", "keys")}
 
@@ -700,8 +713,8 @@ def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, *
     """Run a section-6 policy (or, on one query head, any policy above) on a source;
     ``important``: optional ground-truth positions, for recall."""
     P, B, T = int(prompt_len), int(budget), src.T
-    if policy in NEW_DEFAULTS:
-        prm = {**NEW_DEFAULTS[policy], **params}
+    if policy in NEEDS:
+        prm = {**DEFAULTS[policy], **params}
         for need in NEEDS[policy]:
             if getattr(src, need) is None:
                 raise ValueError(f"{policy} needs {need}; the source has none")
@@ -710,7 +723,7 @@ def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, *
         if policy == "snapkv" and not prm["protect_window"] and P < T:
             raise ValueError("protect_window=False needs prompt_len == T")
     _near_ties.clear()
-    if policy in NEW_DEFAULTS:
+    if policy in NEEDS:
         rule = {"knorm": policy_knorm, "keydiff": policy_keydiff, "caote": policy_caote,
                 "scissorhands": policy_scissorhands, "snapkv": policy_snapkv_refresh,
                 "quest": policy_quest}[policy]
@@ -730,8 +743,8 @@ def _single_head_caches(p, policy, B, P, params):
     T = p.shape[0]
     seed = prm.pop("seed", 0)
     rules = {"full": policy_full, "window": policy_window, "streaming_llm": policy_streaming_llm,
-             "h2o": policy_h2o, "h2o_offline": policy_h2o_offline, "snapkv": policy_snapkv,
-             "tova": policy_tova, "oracle": policy_oracle}
+             "h2o": policy_h2o, "h2o_offline": policy_h2o_offline, "tova": policy_tova,
+             "oracle": policy_oracle}
     if policy == "random":
         return policy_random(p, P, T, B, seed)[1]
     return rules[policy](p, P, T, B, *prm.values())[1]

@@ -29,7 +29,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.policies.run import check_run, make_group, resolve_params, run_policy
+from kvsim.policies.run import check_run, field_provides, make_group, resolve_params, run_policy
 
 # ---------------------------------------------------------------------------------------
 # Helpers
@@ -197,7 +197,12 @@ strength = 4.0
 strength = 6.0
 """
 
-POLICY_PARAMS = {"snapkv": {"window": 4}}
+POLICY_PARAMS = {"snapkv": {"window": 4}, "quest": {"page_size": 4}}
+
+
+def runnable(field: FieldData, kv: int) -> dict:
+    """The registered policies whose needs (key, value, query vectors) ``field`` meets."""
+    return {name: p for name, p in POLICIES.items() if p.needs <= field_provides(field, kv)}
 
 
 def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -> int:
@@ -218,12 +223,15 @@ def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -
                 for b in bs:
                     for name in ("prompt_colsum", "decode_colsum", "full_output"):
                         assert np.array_equal(getattr(a, name), getattr(b, name)), (h, P, name)
-            for name, policy in POLICIES.items():
+            for name, policy in runnable(field, kv).items():
                 params = resolve_params(policy, POLICY_PARAMS.get(name, {}))
+                twins_with_needs = [gd for gd in gds
+                                    if policy.needs <= field_provides(gd.field, kv)]
+                assert twins_with_needs  # the first twin keeps every vector of the field
                 for B in budgets:
                     check_run(policy, B, T, P, params)
                     tc = run_policy(policy, gc, B, params)
-                    for gd in gds:
+                    for gd in twins_with_needs:
                         td = run_policy(policy, gd, B, params)
                         assert same_trace(tc, td), f"{name} kv={kv} P={P} B={B}"
                     assert tc.mass.shape == (field.group, T - P)
@@ -240,7 +248,7 @@ def test_component_field_matches_dense_twin_exactly(body):
     field, truth, _ = build_field(body, T=40, seed=1, boosts=NEEDLES if BOOSTS in body else ())
     n = check_equivalence(field, truth, GQA_MODES["mean"], prompt_lens=(0, 17, 40),
                           budgets=(5, 11))
-    assert n == len(POLICIES) * 3 * 2
+    assert n == len(runnable(field, 0)) * 3 * 2
 
 
 @pytest.mark.parametrize("gqa", ["mean", "max", "sum"])
@@ -250,7 +258,7 @@ def test_gqa_field_matches_dense_twin_exactly(gqa):
     assert scenario.gqa == gqa
     n = check_equivalence(field, truth, scenario.gqa_mode, prompt_lens=(0, 13, 32),
                           budgets=(5, 12))
-    assert n == 2 * len(POLICIES) * 3 * 2
+    assert n == sum(len(runnable(field, kv)) for kv in range(2)) * 3 * 2
 
 
 @pytest.mark.quick
@@ -260,13 +268,12 @@ def test_tiny_field_matches_dense_twin_exactly():
             "[attention.heavy_hitters]\npositions = [4, 9]\n"
             "[[attention.boost]]\nkeys = [2, 3]\nqueries = [8, 12]\n")
     field, truth, _ = build_field(body, T=12, seed=0)
-    twin = dense_twins(field)[1]
+    with_vectors, twin = dense_twins(field)  # the twin has no vectors: for attention only
     important = truth
     for P in (0, 7, 12):
         gc = make_group(field, 0, P, important, {})
-        gd = make_group(twin, 0, P, important, {})
-        for name in ("h2o", "snapkv", "tova", "oracle"):
-            policy = POLICIES[name]
+        for name, policy in runnable(field, 0).items():
+            gd = make_group(with_vectors if policy.needs else twin, 0, P, important, {})
             params = resolve_params(policy, POLICY_PARAMS.get(name, {}))
             assert same_trace(run_policy(policy, gc, 6, params),
                               run_policy(policy, gd, 6, params)), (name, P)

@@ -1,12 +1,17 @@
-"""What a policy declares: what it needs from its source, checked before anything runs."""
+"""What a policy declares (what it needs from its source, checked before anything runs),
+and the README's example policy, run as written."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
+from matrices import make_attention
+from test_stepping import T as T_STEP
+from test_stepping import check_stepper, qkv_field
 
 import kvsim
 from kvsim.cli import main
@@ -65,3 +70,63 @@ def test_needs_are_declared_from_a_known_set():
     with pytest.raises(ValueError, match="not in"):
         dataclasses.replace(POLICIES["window"], needs=frozenset({"gradients"}))
     assert all(p.needs <= {"keys", "values", "queries"} for p in POLICIES.values())
+
+
+# ---------------------------------------------------------------------------------------
+# The README's "Adding a policy" example, run as written
+
+
+def readme_example(tmp_path: Path):
+    """The README's example policy module, imported from a file (so that Numba caches it)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### Adding a policy", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.splitlines()) <= 60
+    path = tmp_path / "decayed_example.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("decayed_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def decayed_reference(A: np.ndarray, P: int, B: int, decay: float) -> list[list[int]]:
+    """The example's rule in plain Python: the cached positions after each admission."""
+    score = {k: A[:P, k].sum() for k in range(P)}
+    cache = sorted(range(P), key=lambda k: (-score[k], k))[:B]
+    caches = []
+    for t in range(P, A.shape[0]):
+        if len(cache) == B:
+            cache.remove(min(cache, key=lambda k: (score[k], -k)))  # lowest; ties: newest
+        cache.append(t)
+        score[t] = 0.0
+        caches.append(sorted(cache))
+        m = sum(A[t, k] for k in cache)
+        for k in cache:
+            score[k] = decay * score[k] + (A[t, k] / m if m > 0 else 0.0)
+    return caches
+
+
+def test_the_readme_example_policy_runs_and_matches_its_reference(monkeypatch, tmp_path):
+    module = readme_example(tmp_path)
+    monkeypatch.setitem(POLICIES, "decayed", module.POLICY)
+    compared = 0
+    for seed in range(6):
+        T = 20
+        # sums exact in any order (no rounding ties), and exact ties to break
+        A = make_attention(T, ("quantised", "onehot", "sparse_ties")[seed % 3], seed)
+        for P, B, decay in [(0, 3, 0.9), (7, 4, 0.5), (12, 12, 0.9), (T, 5, 0.9), (9, 1, 0.0)]:
+            ref = decayed_reference(A, P, B, decay)
+            got = kvsim.simulate(A, "decayed", B, P, decay=decay)
+            mass = [A[t, c].sum() for t, c in zip(range(P, T), ref)]
+            assert np.allclose(got.mass, mass, rtol=0, atol=1e-12), (seed, P, B)
+            final = ref[-1] if ref else sorted(np.argsort(-A[:P, :P].sum(0), kind="stable")[:B])
+            assert got.kept.tolist() == final, (seed, P, B)
+            compared += 1
+    assert compared == 30
+    # ... and one step at a time, on GQA groups too
+    for heads, gqa in [(2, "mean"), (4, "max")]:
+        field = qkv_field(heads, 2, seed=heads)
+        for P, B in [(0, 1), (11, 4), (T_STEP, 6)]:
+            for kv in range(2):
+                check_stepper("decayed", {"decay": 0.9}, field, kv, P, B, gqa)

@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from matrices import RECIPES, make_attention
 
 import kvsim
+from kvsim.policies import POLICIES
+from kvsim.policies.run import resolve_params
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -45,7 +47,20 @@ def budgeted_runs(draw, B, P, T):
     if P == T:
         runs.append(("snapkv", {"window": draw(st.integers(1, 8)), "protect_window": False,
                                 "pooling": draw(st.sampled_from(["max", "avg", "none"]))}))
-    return runs
+    listed = {name for name, _ in runs}
+    return runs + [(name, {}) for name in valid_defaults(B, P, T, budgeted=True)
+                   if name not in listed]
+
+
+def valid_defaults(B, P, T, budgeted=False):
+    """Registered policies that run with their defaults at this budget on a dense matrix."""
+    names = []
+    for name, policy in POLICIES.items():
+        params = resolve_params(policy, {})
+        if (policy.budgeted or not budgeted) and not policy.needs \
+                and B >= policy.min_budget(params) and policy.check(T, P, params) is None:
+            names.append(name)
+    return names
 
 
 @SETTINGS
@@ -105,7 +120,7 @@ def test_deterministic(case, data):
 @given(case=sequences())
 def test_no_important_means_no_recall(case):
     A, T, P, B, _, _ = case
-    for policy in ("full", "window", "tova", "oracle"):
+    for policy in valid_defaults(B, P, T):
         r = kvsim.simulate(A, policy, B, P)
         assert r.recall is None and r.final_recall is None
 

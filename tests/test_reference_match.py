@@ -16,11 +16,14 @@ import warnings
 import numpy as np
 import pytest
 from matrices import RECIPES, make_attention
-from reference import reference_simulate
+from reference import DEFAULTS, reference_simulate
 
 import kvsim
+from kvsim.policies import POLICIES
+from kvsim.policies.run import resolve_params
 
-# (policy, params, prompt must equal T). Each variant is exercised on every case family.
+# (policy, params). Each variant is exercised on every case family; every registered policy
+# runs with its defaults too (appended below), so a new policy is tested by registering it.
 VARIANTS = [
     ("full", {}),
     ("window", {}),
@@ -49,6 +52,8 @@ VARIANTS = [
     ("random", {}),
     ("oracle", {}),
 ]
+VARIANTS += [(name, {}) for name, policy in POLICIES.items()
+             if (name, {}) not in VARIANTS and not policy.needs]  # dense matrices: attention only
 # protect_window=False is only valid with no decode steps (prompt_len == T).
 PREFILL_ONLY_VARIANTS = [
     ("snapkv", {"window": 32, "kernel": 7, "pooling": "none", "protect_window": False}),
@@ -65,11 +70,13 @@ def variant_id(v):
 
 def min_budget(policy, params):
     """Smallest valid budget: one above the policy's fixed parts."""
-    if policy == "streaming_llm":
-        return params.get("sinks", 4) + 1
-    if policy == "snapkv" and params.get("protect_window", True):
-        return params.get("window", 32) + 1
-    return 1
+    spec = POLICIES[policy]
+    return spec.min_budget(resolve_params(spec, params))
+
+
+def test_every_registered_policy_has_a_reference_with_its_defaults():
+    for name, policy in POLICIES.items():
+        assert DEFAULTS.get(name) == resolve_params(policy, {}), name
 
 
 def run_both(attention, policy, params, budget, prompt_len, important=None, seed=0):

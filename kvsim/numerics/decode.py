@@ -81,12 +81,12 @@ def observed_outputs(values, cache, n, obs, mass, outputs):
 
 
 @jit_inline
-def record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out_mass, out_recall,
-           out_error):
+def record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs, out_mass,
+           out_recall, out_error):
     """Metrics of step ``step`` from the full attention ``obs[g, :n]`` of each head over the
     cache: mass (into ``mass`` too), recall (``hits[g]`` of the ``n_important[g]`` important
-    keys are cached) and, with values, the output error (``outputs`` gets ``o~``)."""
-    f = ctx.field
+    keys are cached) and, with values (T, dv), the output error against ``full_output``
+    (``outputs`` gets ``o~``)."""
     dv = outputs.shape[1]
     for g in range(obs.shape[0]):
         m = lane_sum(obs[g], n)
@@ -94,13 +94,13 @@ def record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out_mass,
         out_mass[g, step] = m
         out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
     if dv > 0:
-        observed_outputs(f.values[ctx.heads[0] // f.group], cache, n, obs, mass, outputs)
+        observed_outputs(values, cache, n, obs, mass, outputs)
         for g in range(obs.shape[0]):
             diff = 0.0
             norm = 0.0
             for i in range(dv):
-                diff += (outputs[g, i] - ctx.full_output[g, step, i]) ** 2
-                norm += ctx.full_output[g, step, i] ** 2
+                diff += (outputs[g, i] - full_output[g, step, i]) ** 2
+                norm += full_output[g, step, i] ** 2
             out_error[g, step] = np.sqrt(diff / norm) if norm > 0.0 else 0.0
 
 
@@ -151,27 +151,32 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     the full attention of each query head over the cache, record the metrics and the
     snapshot, ``observe``. Returns the final number of cached keys.
     """
-    f = ctx.field
+    # Every array out of the bundles once, before the loop (not once per step).
+    f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
+                                              ctx.prompt_len)
+    important, full_output = ctx.important, ctx.full_output
+    out_mass, cache_size, out_recall, out_error = out.mass, out.cache_size, out.recall, out.error
+    snap_steps, snapshots = out.snap_steps, out.snapshots
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
-    G = ctx.heads.shape[0]
-    important = ctx.important
+    G = heads.shape[0]
     obs = np.empty((G, budget))
     mass = np.empty(G)
-    outputs = np.empty((G, ctx.full_output.shape[2]))
-    n_important = count_important(important, ctx.prompt_len)
+    outputs = np.empty((G, full_output.shape[2]))
+    n_important = count_important(important, prompt_len)
     hits = np.empty(G, np.int64)
     cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
     work = np.empty(budget)
-    kv = ctx.heads[0] // f.group
+    kv = heads[0] // f.group
+    values = f.values[kv]
     d = f.keys.shape[1]
     cached = np.empty((d, budget))  # the cached keys' vectors, by dimension (q.k fields)
     for j in range(n):
         for i in range(d):
             cached[i, j] = f.keys[kv, i, cache[j]]
     snap = 0
-    for t in range(ctx.prompt_len, T):
-        step = t - ctx.prompt_len
+    for t in range(prompt_len, T):
+        step = t - prompt_len
         slot = admit(state, cache, n, t)
         if slot < n:
             for g in range(G):
@@ -184,11 +189,11 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
         for g in range(G):
             n_important[g] += important[g, t]
             hits[g] += important[g, t]
-        out.cache_size[step] = n
+        cache_size[step] = n
         for g in range(G):
-            probs_at(f, ctx.row_max, ctx.row_sum, ctx.heads[g], t, cache, n, obs[g], work, cached)
-        record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out.mass, out.recall,
-               out.error)
-        snap = snapshot(cache, n, step, out.snap_steps, out.snapshots, snap)
+            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
+        record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+               out_mass, out_recall, out_error)
+        snap = snapshot(cache, n, step, snap_steps, snapshots, snap)
         observe(state, cache, n, obs, mass, outputs)
     return n

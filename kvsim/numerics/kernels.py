@@ -230,6 +230,7 @@ def oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error
     obs = np.empty((G, T))
     mass = np.empty(G)
     outputs = np.empty((G, ctx.full_output.shape[2]))
+    values = f.values[heads[0] // f.group]
     kept = np.zeros(budgets.shape[0], np.int64)
     n_important = count_important(important, prompt_len)
     snap = 0
@@ -269,8 +270,8 @@ def oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error
                     obs[g, j] = rows[g, cache[j]]
             out_size[i, step] = n
             cached_important(important, cache, n, hits)
-            record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out_mass[i],
-                   out_recall[i], out_error[i])
+            record(values, ctx.full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+                   out_mass[i], out_recall[i], out_error[i])
             advanced = snapshot(cache, n, step, snap_steps, snapshots[i], snap)
             if t == T - 1:
                 copy_kept(cache, n, out_kept[i])

@@ -79,7 +79,9 @@ def decode(ctx, n_pages, page_size, gqa, out, kept):
     f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
     T = f.key_bias.shape[1]
     G = heads.shape[0]
-    lo, hi = page_bounds(f.keys[heads[0] // f.group], page_size)
+    kv = heads[0] // f.group
+    lo, hi = page_bounds(f.keys[kv], page_size)
+    values = f.values[kv]
     budget = n_pages * page_size
     bound = np.empty((G, lo.shape[0]))
     combined = np.empty(lo.shape[0])
@@ -103,8 +105,8 @@ def decode(ctx, n_pages, page_size, gqa, out, kept):
             probs_at(f, ctx.row_max, ctx.row_sum, heads[g], t, cache, n, obs[g], work, no_cache)
         out.cache_size[step] = n
         cached_important(important, cache, n, hits)
-        record(ctx, cache, n, hits, n_important, step, obs, mass, outputs, out.mass, out.recall,
-               out.error)
+        record(values, ctx.full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+               out.mass, out.recall, out.error)
         snap = snapshot(cache, n, step, out.snap_steps, out.snapshots, snap)
     for j in range(n):
         kept[j] = cache[j]

@@ -30,7 +30,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import row_sums
 from kvsim.policies import POLICIES
 from kvsim.api import simulate
-from kvsim.policies.run import make_group, resolve_params
+from kvsim.policies.run import field_provides, make_group, resolve_params
 
 SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "long_context.toml"
 
@@ -83,6 +83,8 @@ def policy_rates(budgets, prompt_len: int, steps: int) -> dict:
     out = {}
     for name, policy in POLICIES.items():
         if name == "full":  # its trace is read off the full pass: no kernel of its own
+            continue
+        if policy.needs - field_provides(field, 0):  # vectors this field does not have
             continue
         params = resolve_params(policy, {})
         for budget in budgets:
