@@ -62,7 +62,9 @@ class Source:
 
     ``describe(params, base)`` checks the parameters against the data and gives
     ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`;
-    ``build(params, seed, base)`` returns a :class:`Field`.
+    ``build(params, seed, base)`` returns a :class:`Field`, of the layer
+    ``params["layer"]`` where the source has several; ``layers(params, base)`` lists the
+    layers run jointly (after ``describe``).
     """
 
     name: str
@@ -71,6 +73,7 @@ class Source:
     required: tuple[str, ...]
     describe: Callable[[dict, Path], tuple[int, int, int, bool]]
     build: Callable[[dict, int, Path], Field]
+    layers: Callable[[dict, Path], tuple[int, ...]] = lambda params, base: (0,)
 
 
 def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
@@ -166,11 +169,14 @@ FIELD_PARAMS = {
                       check=lambda v: v >= 0, expect="an integer >= 1"),
     "gqa": Param(str, "mean", "how a group's query heads combine scores",
                  choices=("mean", "max", "sum")),
+    "layers": Param(int, 1, "layers run jointly, each with its own random draws",
+                    check=lambda v: v >= 1, expect="an integer >= 1"),
 }
 
 
 def _field_build(params: dict, seed: int, base: Path) -> Field:
-    data, truth = components.build(params["per_head"], params["T"], params["kv_heads"], seed)
+    data, truth = components.build(params["per_head"], params["T"], params["kv_heads"], seed,
+                                   params.get("layer", 0))
     return Field(data, truth)
 
 
@@ -187,15 +193,27 @@ def _field_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 FIELD = Source(
     "field", "a composed field: sinks, recency, heavy hitters, boosts, noise, query/key "
     "vectors; logits evaluated on the fly (O(T) memory)",
-    FIELD_PARAMS, (), _field_describe, _field_build)
+    FIELD_PARAMS, (), _field_describe, _field_build,
+    lambda params, base: tuple(range(params["layers"])))
 
 TRACE = Source(
     "trace", "recorded post-RoPE queries, keys and values of a real model (.npz); logits "
     "q . k / sqrt(d) on the fly",
     {
         "path": Param(str, "", "trace file, relative to the scenario file"),
+        "model": Param(str, "", "instead of path: a model (SmolLM2-135M-Instruct or a model "
+                                "folder) whose capture on text is cached on first use"),
+        "text": Param(str, "", "text file the model reads, relative to the scenario file"),
+        "tokens": Param(int, 0, "tokens of the text captured", check=lambda v: v >= 0,
+                        expect="an integer >= 1"),
+        "gguf_file": Param(str, "", "GGUF weights inside a model folder"),
         "layer": Param(int, -1, "model layer index (default: the first recorded)",
                        check=lambda v: v >= -1, expect="an integer >= 0"),
+        "layers": Param(object, [], "model layers run jointly: a list, or \"all\"",
+                        check=lambda v: v == "all" or (isinstance(v, list) and all(
+                            isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                            for x in v) and len(set(v)) == len(v)),
+                        expect='a list of distinct layer indices or "all"'),
         "kv_head_ids": Param(list, [], "KV heads to replay, with their query heads (default all)",
                              check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
                                                  for x in v),
@@ -203,7 +221,7 @@ TRACE = Source(
         "T": Param(int, 0, "tokens replayed from the start (default: all recorded)",
                    check=lambda v: v >= 0, expect="an integer >= 1"),
         "gqa": FIELD_PARAMS["gqa"],
-    }, ("path",), trace.describe, lambda params, seed, base: Field(trace.build(params, seed,
-                                                                               base), None))
+    }, (), trace.describe, lambda params, seed, base: Field(trace.build(params, seed, base), None),
+    trace.selected_layers)
 
 SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD, TRACE)}

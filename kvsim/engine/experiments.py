@@ -13,7 +13,8 @@ from tqdm import tqdm
 from kvsim.numerics import kernels
 from kvsim.policies import POLICIES
 from kvsim.scenario.load import Experiment, Scenario
-from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets
+from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets, run_capped
+from kvsim.engine.allocation import layer_caps
 from kvsim.engine.resume import UnitStore, unit_key
 
 PARAM_COLUMNS = tuple(sorted({name for p in POLICIES.values() for name in p.params}))
@@ -78,9 +79,11 @@ class ScenarioResults:
     fields: list[FieldSample] = field(default_factory=list)
 
 
-def random_seed(seed: int, head: int) -> int:
-    """Seed of the ``random`` policy for (scenario seed, head): independent streams."""
-    return int(np.random.SeedSequence([seed, head]).generate_state(1, np.uint64)[0])
+def random_seed(seed: int, head: int, layer: int = 0) -> int:
+    """Seed of the ``random`` policy for (scenario seed, head, layer's place in the run):
+    independent streams; the first layer's are those of a one-layer run."""
+    key = [seed, head] + ([layer] if layer else [])
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
 def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.ndarray,
@@ -105,9 +108,9 @@ def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.n
 
 
 def count_runs(scenario: Scenario) -> int:
-    """Number of (experiment, policy, budget, seed, head) runs in ``scenario``."""
+    """Number of (experiment, policy, budget, seed, layer, head) runs in ``scenario``."""
     return sum(len(e.policies) * len(e.budgets) for e in scenario.experiments) \
-        * len(scenario.seeds) * scenario.heads
+        * len(scenario.seeds) * len(scenario.layers) * scenario.heads
 
 
 def _snap_steps(exp: Experiment, T: int) -> np.ndarray:
@@ -132,20 +135,29 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     bar = bar or tqdm(total=count_runs(scenario), unit="run", disable=not progress,
                       dynamic_ncols=True, desc=scenario.name)
     fields: list[FieldSample] = []
+    single = len(scenario.layers) == 1
     try:
         for seed in scenario.seeds:
-            sequence = scenario.field(seed)  # O(T) arrays; the full passes come on demand
-            passes: dict = {}
-            for kv in range(scenario.kv_heads):
-                for exp in scenario.experiments:
-                    def group_for(exp=exp, kv=kv):
-                        return make_group(sequence.data, kv, exp.prompt_len, sequence.mask,
-                                          passes, scenario.gqa_mode, random_seed(seed, kv),
-                                          exp.focus_budget, steps[exp.name].snap_steps)
-                    _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
-                                    steps[exp.name], bar, workers, store)
-            if seed == scenario.seeds[0]:
-                fields = _field_samples(scenario, sequence, passes)
+            for place, layer in enumerate(scenario.layers):
+                # O(T) arrays; the full passes come on demand
+                sequence = scenario.field(seed, None if single else layer)
+                passes: dict = {}
+
+                def group_for(exp, kv, place=place):
+                    # Cache rasters record the first layer only.
+                    return make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
+                                      scenario.gqa_mode, random_seed(seed, kv, place),
+                                      exp.focus_budget if place == 0 else -1,
+                                      steps[exp.name].snap_steps)
+                caps = {exp.name: layer_caps(scenario, exp, group_for, place)
+                        for exp in scenario.experiments}
+                for kv in range(scenario.kv_heads):
+                    for exp in scenario.experiments:
+                        _run_experiment(scenario, exp, lambda exp=exp, kv=kv: group_for(exp, kv),
+                                        sequence.mask, seed, kv, rows, steps[exp.name], bar,
+                                        workers, store, layer, caps[exp.name])
+                if seed == scenario.seeds[0] and place == 0:
+                    fields = _field_samples(scenario, sequence, passes)
     finally:
         if own_bar:
             bar.close()
@@ -176,13 +188,17 @@ def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSamp
 
 def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.ndarray,
                     seed: int, kv: int, rows: list[dict], steps: ExperimentSteps, bar: tqdm,
-                    workers: int, store: UnitStore | None) -> None:
+                    workers: int, store: UnitStore | None, layer: int,
+                    caps: np.ndarray) -> None:
+    """Every policy of ``exp`` on KV head ``kv`` of one layer; ``caps[i, j, kv]`` is the
+    cap of policy ``i`` at budget ``j``."""
     heads_per_kv = scenario.heads // scenario.kv_heads
     keys = [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
                      heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
                      seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
-                     budgets=exp.budgets, focus=exp.focus_budget, snaps=steps.snap_steps.tolist())
-            for c in exp.policies]
+                     budgets=exp.budgets, focus=exp.focus_budget, snaps=steps.snap_steps.tolist(),
+                     layer=layer, caps=caps[i, :, kv].tolist())
+            for i, c in enumerate(exp.policies)]
     stored = [store.load(k) if store else None for k in keys]
     group = group_for() if any(s is None for s in stored) else None
 
@@ -191,8 +207,13 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
             traces = stored[i]
         else:
             config = exp.policies[i]
-            traces = run_budgets(get_policy(config.kind), group, list(exp.budgets),
-                                 config.params)
+            policy = get_policy(config.kind)
+            if exp.allocation == "uniform" or not policy.budgeted:
+                traces = run_budgets(policy, group, list(exp.budgets), config.params)
+            else:
+                traces = [run_capped(policy, group, int(cap), budget, config.params,
+                                     budget == exp.focus_budget)
+                          for budget, cap in zip(exp.budgets, caps[i, :, kv])]
             if store:
                 store.save(keys[i], traces)
         bar.update(heads_per_kv * len(traces))
@@ -201,15 +222,16 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(run, range(len(exp.policies))))  # in policy order
     heads = range(kv * heads_per_kv, (kv + 1) * heads_per_kv)
-    for config, traces in zip(exp.policies, results):
-        for budget, spec, trace in zip(exp.budgets, exp.budget_specs, traces):
+    for i, (config, traces) in enumerate(zip(exp.policies, results)):
+        for j, (budget, spec, trace) in enumerate(zip(exp.budgets, exp.budget_specs, traces)):
             if budget == exp.focus_budget and trace.snapshots.size:
                 steps.snapshots[config.label, seed, kv] = trace.snapshots
             for g, h in enumerate(heads):
                 row = {"variant": scenario.variant_label, "experiment": exp.name,
                        "unit": len(steps.mass), "policy": config.label,
                        "kind": config.kind, "budget": budget, "budget_spec": spec,
-                       "seed": seed, "head": h, "kv_head": kv, "T": scenario.T,
+                       "allocation": exp.allocation, "b_h": int(caps[i, j, kv]),
+                       "seed": seed, "layer": layer, "head": h, "kv_head": kv, "T": scenario.T,
                        "prompt_len": exp.prompt_len, "steps": scenario.T - exp.prompt_len}
                 row.update({name: config.params.get(name, "") for name in PARAM_COLUMNS})
                 row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept,

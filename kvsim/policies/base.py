@@ -130,6 +130,14 @@ class Policy:
     ..."`` or None; ``run(group, budget, params)`` returns a :class:`Trace`;
     ``run_budgets(group, budgets, params)``, where given, returns one per budget from
     work shared across budgets.
+
+    For budget allocation (:mod:`kvsim.engine.allocation`): ``fixed(budget, prompt_len,
+    params)`` counts the fixed parts at a budget (sinks, window, recent tokens);
+    ``prefill_score(group, budget, params)``, for policies with a prefill score, gives the
+    scores of the selectable prompt keys (positions ``0 .. n-1``) at that budget;
+    ``run_capped(group, cap, budget, params)`` runs with capacity ``cap`` and the fixed
+    parts of ``budget`` (default: ``run`` at ``cap``, for fixed parts that do not depend
+    on the budget).
     """
 
     name: str
@@ -140,12 +148,21 @@ class Policy:
     check: Callable[[int, int, dict], str | None] = lambda T, prompt_len, params: None
     budgeted: bool = True
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
+    fixed: Callable[[int, int, dict], int] = lambda budget, prompt_len, params: 0
+    prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None
+    run_capped: Callable[[Group, int, int, dict], Trace] | None = None
 
     def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
         """One trace per budget (shared work where the policy supports it)."""
         if self.run_budgets is not None:
             return self.run_budgets(group, budgets, params)
         return [self.run(group, b, params) for b in budgets]
+
+    def run_cap(self, group: Group, cap: int, budget: int, params: dict) -> Trace:
+        """One trace with at most ``cap`` cached keys and the fixed parts of ``budget``."""
+        if self.run_capped is not None:
+            return self.run_capped(group, cap, budget, params)
+        return self.run(group, cap, params)
 
 
 def new_trace(group: Group) -> Trace:

@@ -33,11 +33,17 @@ def _prefill(group: Group, budget: int, recent: int, ranking: np.ndarray) -> np.
     return np.concatenate((heavy, np.arange(P - recent, P)))
 
 
-def _run_online(group: Group, budget: int, params: dict) -> Trace:
-    P, recent = group.prompt_len, recent_count(budget, params)
+def _online_ranking(group: Group, params: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt scores, queries that saw each key, the ranking score) of the prompt keys."""
+    P = group.prompt_len
     score = group.prompt_scores()[:P]
     seen = (P - np.arange(P)).astype(np.float64)
-    ranking = score / seen if params["normalize"] else score
+    return score, seen, score / seen if params["normalize"] else score
+
+
+def _run_online(group: Group, budget: int, params: dict, recent: int | None = None) -> Trace:
+    recent = recent_count(budget, params) if recent is None else recent
+    score, seen, ranking = _online_ranking(group, params)
     kept = _prefill(group, budget, recent, ranking)
     update = (kernels.UPDATE_ADD_OBSERVED if params["accumulate"] == "observed"
               else kernels.UPDATE_ADD_FULL)
@@ -46,15 +52,33 @@ def _run_online(group: Group, budget: int, params: dict) -> Trace:
                       normalize=params["normalize"], update_rule=update)
 
 
-def _run_offline(group: Group, budget: int, params: dict) -> Trace:
-    recent = recent_count(budget, params)
+def _run_offline(group: Group, budget: int, params: dict, recent: int | None = None) -> Trace:
+    recent = recent_count(budget, params) if recent is None else recent
     score = group.global_scores()
     kept = _prefill(group, budget, recent, score)
     return run_decode(group, budget, kept, score=score[kept], static_score=score,
                       evict_rule=kernels.EVICT_LOWEST, recent=recent)
 
 
+# Budget allocation: the recent tokens are the fixed part, the older prompt keys selectable.
+def _fixed(budget: int, prompt_len: int, params: dict) -> int:
+    return recent_count(budget, params)
+
+
+def _online_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
+    return _online_ranking(group, params)[2][:group.prompt_len - recent_count(budget, params)]
+
+
+def _offline_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
+    return group.global_scores()[:group.prompt_len - recent_count(budget, params)]
+
+
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
-                ONLINE_PARAMS, _run_online)
+                ONLINE_PARAMS, _run_online, fixed=_fixed, prefill_score=_online_prefill_score,
+                run_capped=lambda group, cap, budget, params: _run_online(
+                    group, cap, params, recent_count(budget, params)))
 OFFLINE = Policy("h2o_offline", "recent newest + heavy hitters by global column sums "
-                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO}, _run_offline)
+                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO}, _run_offline, fixed=_fixed,
+                 prefill_score=_offline_prefill_score,
+                 run_capped=lambda group, cap, budget, params: _run_offline(
+                     group, cap, params, recent_count(budget, params)))

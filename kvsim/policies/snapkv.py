@@ -43,17 +43,25 @@ def pool(votes, kernel, mode):
     return out
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
+def _pooled_votes(group: Group, params: dict) -> np.ndarray:
+    """Pooled votes of the candidates: the prefix keys, or every prompt key."""
     P = group.prompt_len
     w = min(params["window"], P)
     votes = group.row_scores(P - w, P)
-    mode = POOLING.index(params["pooling"])
+    n = P - w if params["protect_window"] else P
+    return pool(votes[:n], params["kernel"], POOLING.index(params["pooling"]))
+
+
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    P = group.prompt_len
+    w = min(params["window"], P)
+    pooled = _pooled_votes(group, params)
     if not params["protect_window"]:
-        kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
+        kept = kernels.top_ranked(pooled, 0, P, budget)
         return run_decode(group, budget, kept)
     prefix = P - w
     n_pinned = min(prefix, budget - w)
-    pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
+    pinned = kernels.top_ranked(pooled, 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
     return run_decode(group, budget, kept, evict_rule=kernels.EVICT_RING,
                       ring=(n_pinned, prefix, budget - n_pinned))
@@ -68,4 +76,7 @@ def _check(T: int, prompt_len: int, params: dict) -> str | None:
 
 POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt queries + ring",
                 PARAMS, _run, check=_check,
-                min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1)
+                min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1,
+                fixed=lambda budget, prompt_len, params: (
+                    min(params["window"], prompt_len) if params["protect_window"] else 0),
+                prefill_score=lambda group, budget, params: _pooled_votes(group, params))

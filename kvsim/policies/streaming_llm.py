@@ -21,4 +21,5 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
 
 
 POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS, _run,
-                min_budget=lambda params: params["sinks"] + 1)
+                min_budget=lambda params: params["sinks"] + 1,
+                fixed=lambda budget, prompt_len, params: params["sinks"])

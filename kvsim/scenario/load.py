@@ -19,12 +19,23 @@ from kvsim.params import Param
 from kvsim.policies import POLICIES
 from kvsim.policies.run import budget_problem, did_you_mean, get_policy, resolve_params
 
-FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster")
+FIGURES = ("pareto", "recall_vs_budget", "mass_vs_budget", "mass_over_time", "kept_raster",
+           "allocation")
 FORMATS = ("png", "svg", "pdf")
 
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
-EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget")
+EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget",
+                   "allocation", "floor_share", "beta")
+ALLOCATIONS = ("uniform", "ada", "pyramid")  # the rules: kvsim.engine.allocation
+ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.allocation)
+    "allocation": Param(str, "uniform", "how the budget is shared across KV heads and layers",
+                        choices=ALLOCATIONS),
+    "floor_share": Param(float, 0.2, "ada: share of its selectable slots a head keeps for "
+                         "itself", check=lambda v: 0.0 < v <= 1.0, expect="a number in (0, 1]"),
+    "beta": Param(float, 20.0, "pyramid: the last layer keeps fixed + (B - fixed) / beta",
+                  check=lambda v: v >= 1.0, expect="a number >= 1"),
+}
 OUTPUT_KEYS = ("formats", "dpi")
 
 
@@ -48,6 +59,9 @@ class Experiment:
     policies: tuple[PolicyConfig, ...]
     figures: tuple[str, ...]
     focus_budget: int  # the budget whose caches are recorded (rasters, overlaps)
+    allocation: str = "uniform"  # budget allocation across KV heads and layers
+    floor_share: float = 0.2  # ada
+    beta: float = 20.0  # pyramid
 
 
 @dataclass(frozen=True)
@@ -69,6 +83,7 @@ class Scenario:
     formats: tuple[str, ...]
     dpi: int
     variant: dict = field(default_factory=dict)  # sweep values that define this field variant
+    layers: tuple[int, ...] = (0,)  # the source's layers, run jointly (a trace: model indices)
 
     @property
     def variant_label(self) -> str:
@@ -80,9 +95,10 @@ class Scenario:
         """The ``gqa`` combination as a kernel constant."""
         return GQA_MODES[self.gqa]
 
-    def field(self, seed: int) -> Field:
-        """Build the attention of sequence ``seed``."""
-        return SOURCES[self.source].build(self.attention, seed, self.path.parent)
+    def field(self, seed: int, layer: int | None = None) -> Field:
+        """Build the attention of sequence ``seed`` (at ``layer``, one of :attr:`layers`)."""
+        params = self.attention if layer is None else {**self.attention, "layer": layer}
+        return SOURCES[self.source].build(params, seed, self.path.parent)
 
 
 class _Checker:
@@ -179,8 +195,41 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int) -> tuple[list
     return budgets, specs
 
 
+def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt_len: int,
+                     budgets: list[int], chosen: list[PolicyConfig]) -> dict:
+    """Checked ``allocation``, ``floor_share`` and ``beta`` of an experiment."""
+    given = {k: v for k, v in table.items() if k in ALLOCATION_PARAMS}
+    values = chk.params(given, ALLOCATION_PARAMS, where + ".")
+    rule = values.get("allocation", "uniform")
+    for key, owner in (("floor_share", "ada"), ("beta", "pyramid")):
+        if key in given and rule != owner:
+            chk.add(f"{where}.{key}", f"expected only with allocation = {owner!r}, "
+                                      f"got allocation = {rule!r}")
+    if rule == "pyramid" and layers < 2:
+        chk.add(f"{where}.allocation", f"expected a source with several layers run jointly "
+                                       f"for 'pyramid' (attention.layers), got {layers}")
+    for config in chosen if rule == "ada" and "floor_share" in values else ():
+        policy = get_policy(config.kind)
+        if not policy.budgeted:
+            continue
+        if policy.prefill_score is None:
+            scored = ", ".join(n for n, p in POLICIES.items() if p.prefill_score is not None)
+            chk.add(f"{where}.allocation", f"expected policies with a prefill score for 'ada' "
+                                           f"({scored}), got {config.label!r} ({config.kind})")
+            continue
+        for j, budget in enumerate(budgets):
+            slots = budget - policy.fixed(budget, prompt_len, config.params)
+            if budget_problem(policy, budget, config.params) is None \
+                    and int(values["floor_share"] * slots) < 1:
+                chk.add(f"{where}.floor_share", f"expected floor_share * (B - fixed) >= 1 so "
+                        f"that every head keeps a selectable key (policy {config.label!r}, "
+                        f"B = {budget}: {values['floor_share']:g} * {slots} < 1)")
+    return values
+
+
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: bool,
-                     configs: dict[str, PolicyConfig], names: set) -> Experiment | None:
+                     configs: dict[str, PolicyConfig], names: set,
+                     layers: int = 1) -> Experiment | None:
     where = f"experiment[{index}]"
     chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
     before = len(chk.problems)
@@ -216,15 +265,17 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
             key, _, message = problem.partition(": ")
             chk.add(f"policies.{label}.{key}", f"{message} in experiment {name!r}")
         chosen.append(config)
+    allocation = _read_allocation(chk, table, where, layers, prompt_len, budgets, chosen)
     decodes = prompt_len < T
     default_figures = [f for f in FIGURES if (has_truth or "recall" not in f and f != "pareto")
-                       and (decodes or not f.startswith(("mass", "kept")))]
+                       and (decodes or not f.startswith(("mass", "kept", "allocation")))
+                       and (f != "allocation" or allocation.get("allocation") != "uniform")]
     figures = table.get("figures", default_figures)
     if not isinstance(figures, list) or any(f not in FIGURES for f in figures):
         chk.add(f"{where}.figures", f"expected a list of {', '.join(FIGURES)}, got {figures!r}")
         figures = []
     for f in figures:
-        if f.startswith(("mass", "kept")) and not decodes:
+        if f.startswith(("mass", "kept", "allocation")) and not decodes:
             chk.add(f"{where}.figures", f"expected figures with data: {f!r} needs decode "
                                         f"steps (prompt_len < {T})")
         if ("recall" in f or f == "pareto") and not has_truth:
@@ -237,7 +288,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int, has_truth: 
     if len(chk.problems) > before:
         return None
     return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
-                      tuple(figures), focus)
+                      tuple(figures), focus, **allocation)
 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
@@ -391,7 +442,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
 
     attention = chk.table(doc, "attention", "attention")
     source_name = attention.get("source")
-    T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
+    T, heads, kv_heads, has_truth, attn_params, layers = 0, 1, 1, False, {}, (0,)
     if source_name not in SOURCES:
         chk.add("attention.source", f"expected one of {', '.join(SOURCES)}"
                                     f"{did_you_mean(str(source_name), SOURCES)}, got {source_name!r}")
@@ -409,6 +460,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         if len(chk.problems) == before:
             try:
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
+                layers = source.layers(attn_params, path.parent)
             except KvsimError as exc:
                 key, _, message = str(exc).partition(": ")
                 chk.add(f"attention.{key}", message)
@@ -431,12 +483,13 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, has_truth, configs, names)
+                exp = _read_experiment(chk, table, i, T, has_truth, configs, names, len(layers))
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
                     T, heads, kv_heads, attn_params.get("gqa", "mean"),
-                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}))
+                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}),
+                    tuple(layers))
 
