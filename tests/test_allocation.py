@@ -300,3 +300,38 @@ def test_on_demand_trace_without_the_extra_names_it(tmp_path, monkeypatch):
     assert main(["validate", str(tmp_path / "s.toml")]) == 2
     with pytest.raises(KvsimError, match=r'pip install -e "\.\[capture\]"'):
         load_scenario(tmp_path / "s.toml")
+
+
+def test_report_opens_with_the_comparison_and_draws_the_allocation_figure(tmp_path):
+    import csv
+
+    import kvsim
+    from kvsim.report.figures import allocation_grids
+    body = ('[attention]\nsource = "field"\nT = 96\nheads = 4\nkv_heads = 2\nlayers = 3\n'
+            "[attention.recency]\n[attention.noise]\n[attention.heavy_hitters]\ncount = 6\n"
+            "[policies.tova]\n[policies.h2o]\n[output]\nformats = [\"png\"]\n")
+    for name, extra in (("uniform", ""), ("ada", 'allocation = "ada"'),
+                        ("pyramid", 'allocation = "pyramid"\nbeta = 2')):
+        body += f'[[experiment]]\nname = "{name}"\nprompt_len = 64\nbudgets = [12, 20]\n{extra}\n'
+    (tmp_path / "s.toml").write_text(body)
+    out = kvsim.run(tmp_path / "s.toml", tmp_path / "r", workers=1)
+    lines = (out / "report.md").read_text().splitlines()
+    assert lines[2].startswith("At equal memory") and "AdaKV keeps more than uniform in" in lines[2]
+    assert "PyramidKV keeps more than uniform in" in lines[2]
+    assert {"ada_allocation.png", "pyramid_allocation.png"} <= {p.name for p in out.iterdir()}
+    assert "uniform_allocation.png" not in {p.name for p in out.iterdir()}  # not by default
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {"allocation", "b_h", "layer"} <= set(rows[0])
+    ada = [dict(r, b_h=int(r["b_h"]), budget=int(r["budget"]), layer=int(r["layer"]),
+                kv_head=int(r["kv_head"]), mass_mean=float(r["mass_mean"]))
+           for r in rows if r["experiment"] == "ada"]
+    layers, kvs, caps, mass = allocation_grids(ada, "tova", 12)
+    assert layers == [0, 1, 2] and kvs == [0, 1]
+    for layer in layers:
+        assert caps[layer].sum() == 2 * 12  # a layer's caps hold its total
+        for kv in kvs:
+            cell = [r for r in ada if r["policy"] == "tova" and r["budget"] == 12
+                    and r["layer"] == layer and r["kv_head"] == kv]
+            assert caps[layer, kv] == cell[0]["b_h"]
+            assert mass[layer, kv] == np.mean([r["mass_mean"] for r in cell])

@@ -88,7 +88,8 @@ def selected_layers(params: dict, base: Path) -> tuple[int, ...]:
     key = "layers" if params["layers"] else "layer"
     for layer in chosen:
         if layer not in recorded:
-            raise KvsimError(f"{key}: expected recorded layers {recorded}, got {layer}")
+            raise KvsimError(f"{key}: expected one of the recorded layers {recorded}, "
+                             f"got {layer}")
     return tuple(chosen)
 
 
