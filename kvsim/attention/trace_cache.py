@@ -3,8 +3,8 @@
 On first use the trace is captured (every layer, float32 vectors, with
 :mod:`kvsim.tools.capture`) into the user's cache folder, ``$XDG_CACHE_HOME/kvsim/traces``
 (default ``~/.cache``), under a hash of the model, the text's content, the token count and
-the capture version; later uses read the cached file. The capture is imported only here, on a cache miss: it needs the
-``capture`` extra (torch, transformers), which replaying a cached trace does not.
+the capture version; later uses read the cached file. Capturing needs the ``capture`` extra
+(torch, transformers); replaying a cached trace does not.
 """
 
 from __future__ import annotations
@@ -63,9 +63,12 @@ def resolve(params: dict, base: Path) -> Path:
     except OSError as exc:
         raise KvsimError(f"text: expected a readable text file ({exc})") from None
     folder, gguf, model_id = _model_files(params["model"], params["gguf_file"], base)
-    from kvsim.tools import capture  # upward import on purpose: only a cache miss needs it
+    # An upward import, on purpose: the capture code and its version live with `kvsim
+    # capture`; it imports torch only when it runs, on a cache miss.
+    from kvsim.tools import capture
 
-    path = cache_folder() / f"{cache_key(model_id, raw, params['tokens'], capture.CAPTURE_VERSION)}.npz"
+    key = cache_key(model_id, raw, params["tokens"], capture.CAPTURE_VERSION)
+    path = cache_folder() / f"{key}.npz"
     if path.is_file():
         return path
     print(f"kvsim: capturing every layer of {params['model']} on {text.name} "
