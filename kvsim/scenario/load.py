@@ -217,7 +217,7 @@ def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt
             chk.add(f"{where}.allocation", f"expected policies with a prefill score for 'ada' "
                                            f"({scored}), got {config.label!r} ({config.kind})")
             continue
-        for j, budget in enumerate(budgets):
+        for budget in budgets:
             slots = budget - policy.fixed(budget, prompt_len, config.params)
             if budget_problem(policy, budget, config.params) is None \
                     and int(values["floor_share"] * slots) < 1:
