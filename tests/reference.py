@@ -22,6 +22,7 @@ DEFAULTS = {
     "tova": {},
     "random": {},
     "oracle": {},
+    "scissorhands": {"recent_ratio": 0.5, "history": 32},  # on one head: policy_scissorhands
 }
 
 
@@ -338,6 +339,9 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
         prefill, steps = policy_tova(p, P, T, B)
     elif policy == "random":
         prefill, steps = policy_random(p, P, T, B, seed)
+    elif policy == "scissorhands":
+        prefill, steps = policy_scissorhands(dense_source(p), P, T, B, "mean",
+                                             prm["recent_ratio"], prm["history"])
     else:
         prefill, steps = policy_oracle(p, P, T, B)
 
