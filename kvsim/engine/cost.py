@@ -105,8 +105,8 @@ def _logits(z: _Size) -> float:
 
 @dataclass(frozen=True)
 class Cost:
-    """What a run will do: runs (policy x budget x seed x head), logit evaluations (full
-    passes and decode steps) and the estimated peak memory in bytes."""
+    """What a run will do: runs (policy x budget x seed x layer x head), logit evaluations
+    (full passes and decode steps) and the estimated peak memory in bytes."""
 
     runs: int
     logits: float
@@ -143,7 +143,8 @@ def estimate(variants: list[Scenario], workers: int | None = None) -> Cost:
     """The :class:`Cost` of running every variant of a sweep on ``workers`` threads."""
     workers = workers or os.cpu_count() or 1
     sizes = [_size(v) for v in variants]
-    runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.heads for z in sizes)
+    runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.layers * z.heads
+               for z in sizes)
     return Cost(runs, sum(_logits(z) for z in sizes), _peak(sizes, workers),
                 _driver(variants, sizes, workers))
 

@@ -38,15 +38,15 @@ class Needs(enum.Flag):
     TRUTH = enum.auto()    # ground-truth important tokens
     VALUES = enum.auto()   # value vectors (output error)
     BUDGETS = enum.auto()  # more than one budget
-    ALLOCATION = enum.auto()  # per-head caps other than B (allocation "ada" or "pyramid")
+    ALLOCATION = enum.auto()  # a layer x KV head grid: allocated caps, or several layers
 
     def describe(self) -> str:
         return {Needs.DECODE: "decode steps (prompt_len < T)",
                 Needs.TRUTH: "ground-truth important tokens, which this attention source lacks",
                 Needs.VALUES: "value vectors, which this attention source lacks",
                 Needs.BUDGETS: "more than one budget",
-                Needs.ALLOCATION: "an allocation other than 'uniform' (\"ada\" or \"pyramid\")"
-                }[self]
+                Needs.ALLOCATION: "allocation \"ada\" or \"pyramid\", or several layers run "
+                                  "jointly (attention.layers)"}[self]
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def available(scenario: Scenario, exp: Experiment, rows: list[dict] | None = Non
         have |= Needs.TRUTH
     if len(exp.budgets) > 1:
         have |= Needs.BUDGETS
-    if exp.allocation != "uniform":
+    if exp.allocation != "uniform" or len(scenario.layers) > 1:
         have |= Needs.ALLOCATION
     if rows is None or any(not math.isnan(r["error_mean"]) for r in rows):
         have |= Needs.VALUES

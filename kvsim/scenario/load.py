@@ -300,7 +300,8 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
     over_time = table.get("time_budgets", [focus])
     if over_time == "all":
         over_time = list(budgets)
-    if not isinstance(over_time, list) or not over_time or any(b not in budgets for b in over_time):
+    if budgets and (not isinstance(over_time, list) or not over_time
+                    or any(b not in budgets for b in over_time)):
         chk.add(f"{where}.time_budgets", f"expected \"all\" or a non-empty list of the resolved "
                                          f"budgets {budgets}, got {over_time!r}")
     if len(chk.problems) > before:
