@@ -284,7 +284,7 @@ def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, l
     return layers, kvs, caps, mass
 
 
-@figure(Needs.DECODE | Needs.ALLOCATION)
+@figure(Needs.DECODE | Needs.ALLOCATION, by_default=lambda exp: exp.allocation != "uniform")
 def allocation(scenario, exp, rows, steps, colors, out):
     """Per policy at the focus budget: each KV head's cap b_h (layer x KV head), beside the
     attention mass it keeps."""

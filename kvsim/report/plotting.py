@@ -60,20 +60,23 @@ class Target:
 @dataclass(frozen=True)
 class Figure:
     """A registered experiment figure: its name (the file stem and the scenario's
-    ``figures`` entry), what it needs, and the function that draws it."""
+    ``figures`` entry), what it needs, the function that draws it, and whether an
+    experiment that names no figures gets it (``by_default(exp)``, given its needs)."""
 
     name: str
     needs: Needs
     draw: Callable[..., list[Path]]
+    by_default: Callable[[Experiment], bool] = lambda exp: True
 
 
 FIGURES: dict[str, Figure] = {}
 
 
-def figure(needs: Needs) -> Callable:
+def figure(needs: Needs, by_default: Callable[[Experiment], bool] = lambda exp: True
+           ) -> Callable:
     """Register a drawing function ``f(scenario, exp, rows, steps, colors, out)`` under its name."""
     def register(draw):
-        FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw)
+        FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw, by_default)
         return draw
     return register
 
@@ -123,7 +126,7 @@ def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[
     requested figure the results cannot support, why it is not drawn."""
     have = available(scenario, exp, rows)
     if exp.figures is None:
-        return [f for f in FIGURES.values() if not missing(f, have)], []
+        return [f for f in FIGURES.values() if not missing(f, have) and f.by_default(exp)], []
     chosen, notes = [], []
     for name in exp.figures:
         lacking = missing(FIGURES[name], have)
