@@ -19,8 +19,8 @@ from kvsim.scenario.load import FORMATS, Experiment, PolicyConfig, Scenario
 def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, ...],
          dpi: int) -> list[Path]:
     """Draw ``figure`` of ``experiment`` into ``out``; returns the files written."""
-    if figure not in figures.FIGURE_FUNCTIONS:
-        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURE_FUNCTIONS)}, "
+    if figure not in figures.FIGURES:
+        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURES)}, "
                          f"got {figure!r}")
     if not formats or any(f not in FORMATS for f in formats):
         raise KvsimError(f"formats: expected some of {', '.join(FORMATS)}, got {formats!r}")
@@ -31,6 +31,9 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
         raise KvsimError(f"figure: {figure!r} needs ground-truth important positions")
     if figure in ("mass_over_time", "kept_raster") and first["steps"] == 0:
         raise KvsimError(f"figure: {figure!r} needs decode steps (prompt_len < T)")
+    if figure == "allocation":
+        raise KvsimError("figure: 'allocation' needs per-head caps from a scenario run "
+                         "(allocation = \"ada\" or \"pyramid\"); simulate runs budget B")
     if figure == "kept_raster" and not snapshots:
         raise KvsimError("figure: 'kept_raster' needs recorded caches: pass record=('kept',) "
                          "to kvsim.simulate")
@@ -39,7 +42,7 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
     kinds = {r["policy"]: r["kind"] for r in rows}
     exp = Experiment(experiment, first["prompt_len"], budgets, budgets,
                      tuple(PolicyConfig(label, kinds[label], {}) for label in labels),
-                     (figure,), focus)
+                     (figure,), focus, (focus,))
     seeds = tuple(dict.fromkeys(r["seed"] for r in rows))
     heads = max(r["head"] for r in rows) + 1
     scenario = Scenario(out / results.name, results.name, "", seeds, "api", {}, first["T"],
@@ -50,6 +53,5 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
                             list(arrays["recall"]), list(arrays["error"]),
                             [np.zeros(0, np.int64)] * units, snap_steps, snapshots)
     out.mkdir(parents=True, exist_ok=True)
-    return figures.FIGURE_FUNCTIONS[figure](scenario, exp, rows, steps,
-                                            figures.policy_colors(scenario),
-                                            figures.Target(out))
+    return figures.FIGURES[figure].draw(scenario, exp, rows, steps,
+                                        figures.policy_colors(scenario), figures.Target(out))
