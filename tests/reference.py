@@ -152,9 +152,10 @@ def _recent_count(recent_ratio, B):
     return int(math.floor(recent_ratio * B))
 
 
-def policy_h2o(p, P, T, B, recent_ratio, normalize, accumulate):
-    """Online H2O: accumulated (optionally age-normalised) attention scores."""
-    r = _recent_count(recent_ratio, B)
+def policy_h2o(p, P, T, B, recent_ratio, normalize, accumulate, recent=None):
+    """Online H2O: accumulated (optionally age-normalised) attention scores. ``recent``
+    overrides the recent count (a budget-allocation cap keeps the fixed part of its mean B)."""
+    r = _recent_count(recent_ratio, B) if recent is None else recent
     acc = {k: s for k, s in enumerate(prompt_colsum(p, P))}
     seen = {k: P - k for k in range(P)}
 
@@ -189,9 +190,10 @@ def policy_h2o(p, P, T, B, recent_ratio, normalize, accumulate):
     return prefill, steps
 
 
-def policy_h2o_offline(p, P, T, B, recent_ratio):
-    """Clairvoyant H2O: static scores = column sums over all T queries."""
-    r = _recent_count(recent_ratio, B)
+def policy_h2o_offline(p, P, T, B, recent_ratio, recent=None):
+    """Clairvoyant H2O: static scores = column sums over all T queries (``recent`` as for
+    :func:`policy_h2o`)."""
+    r = _recent_count(recent_ratio, B) if recent is None else recent
     score = [sum_seq(p[k:T, k]) for k in range(T)]
     if P > B:
         cache = top_k(range(P - r), score, B - r) + list(range(P - r, P))
@@ -345,6 +347,9 @@ def reference_simulate(attention, policy, budget, prompt_len, important=None, se
         prefill, steps = policy_tova(p, P, T, B)
     elif policy == "random":
         prefill, steps = policy_random(p, P, T, B, seed)
+    elif policy == "scissorhands":
+        prefill, steps = policy_scissorhands(dense_source(p), P, T, B, "mean",
+                                             prm["recent_ratio"], prm["history"])
     else:
         prefill, steps = policy_oracle(p, P, T, B)
 

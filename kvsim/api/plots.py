@@ -21,12 +21,16 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
          dpi: int) -> list[Path]:
     """Draw ``figure`` of ``experiment`` into ``out``; returns the files written."""
     if figure not in figures.FIGURES:
-        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURES)}, got {figure!r}")
+        raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURES)}, "
+                         f"got {figure!r}")
     if not formats or any(f not in FORMATS for f in formats):
         raise KvsimError(f"formats: expected some of {', '.join(FORMATS)}, got {formats!r}")
     rows, arrays, (snap_steps, snapshots), focus = results.part(experiment)
     first = rows[0]
     has_truth = any(not np.isnan(r["final_recall"]) for r in rows)
+    if figure == "allocation":
+        raise KvsimError("figure: 'allocation' needs per-head caps from a scenario run "
+                         "(allocation = \"ada\" or \"pyramid\"); simulate runs budget B")
     if figure == "kept_raster" and first["steps"] > 0 and not snapshots:
         raise KvsimError("figure: 'kept_raster' needs recorded caches: pass record=('kept',) "
                          "to kvsim.simulate")

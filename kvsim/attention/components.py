@@ -84,12 +84,20 @@ BOOST: dict[str, Param] = {
 }
 
 
-def _seed(seed: int, index: int, tag: str) -> np.random.Generator:
-    """Generator for (scenario seed, head or KV head, component): independent streams."""
-    return np.random.default_rng([seed, index, int.from_bytes(tag.encode(), "little")])
+def _layer_key(layer: int) -> list[int]:
+    """The layer's part of a draw's key: none for layer 0, so that a one-layer field draws
+    exactly what it drew before fields had layers."""
+    return [layer] if layer else []
 
 
-def _heavy_hitters(p: dict, T: int, seed: int, kv: int) -> tuple[np.ndarray, np.ndarray]:
+def _seed(seed: int, index: int, tag: str, layer: int = 0) -> np.random.Generator:
+    """Generator for (scenario seed, head or KV head, component, layer): independent streams."""
+    return np.random.default_rng([seed, index, int.from_bytes(tag.encode(), "little"),
+                                  *_layer_key(layer)])
+
+
+def _heavy_hitters(p: dict, T: int, seed: int, kv: int,
+                   layer: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(positions, strengths); drawn per KV head, so heads of a group share their keys."""
     if p["positions"]:
         positions = np.array(sorted(set(p["positions"])), np.int64)
@@ -97,30 +105,32 @@ def _heavy_hitters(p: dict, T: int, seed: int, kv: int) -> tuple[np.ndarray, np.
         hi = T if p["hi"] is None else min(p["hi"], T)
         lo = min(p["lo"], hi)
         n = p["count"] or int(round(p["fraction"] * (hi - lo)))
-        rng = _seed(seed, kv, "heavy_hitters")
+        rng = _seed(seed, kv, "heavy_hitters", layer)
         positions = np.sort(rng.choice(np.arange(lo, hi), size=min(n, hi - lo), replace=False))
-    rank = _seed(seed, kv, "heavy_rank").permutation(positions.size) + 1
+    rank = _seed(seed, kv, "heavy_rank", layer).permutation(positions.size) + 1
     return positions, p["strength"] * rank.astype(np.float64) ** -p["exponent"]
 
 
-def _qk(p: dict, T: int, seed: int, h: int, kv: int):
+def _qk(p: dict, T: int, seed: int, h: int, kv: int, layer: int = 0):
     """(queries, keys, values) float32: clustered keys, queries mixing cluster directions."""
     d = p["dim"]
-    rng = _seed(seed, kv, "qk_keys")
+    rng = _seed(seed, kv, "qk_keys", layer)
     centres = rng.standard_normal((p["clusters"], d))
     labels = rng.integers(0, p["clusters"], size=T)
     keys = centres[labels] + p["spread"] * rng.standard_normal((T, d))
     values = rng.standard_normal((T, d)) if p["values"] else np.zeros((T, 0))
-    rng = _seed(seed, h, "qk_queries")
+    rng = _seed(seed, h, "qk_queries", layer)
     picks = rng.integers(0, p["clusters"], size=(T, p["focus"]))
     queries = centres[picks].mean(axis=1) + p["spread"] * rng.standard_normal((T, d))
     return queries.astype(np.float32), keys.astype(np.float32), values.astype(np.float32)
 
 
-def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldData, np.ndarray | None]:
+def build(heads: list[dict], T: int, kv_heads: int, seed: int,
+          layer: int = 0) -> tuple[FieldData, np.ndarray | None]:
     """The field of one sequence and its (H, T) ground-truth mask (None if nothing is planted).
 
-    ``heads[h]`` maps component names to their checked parameters (``boost``: a list).
+    ``heads[h]`` maps component names to their checked parameters (``boost``: a list);
+    ``layer`` enters every random draw (layer 0 draws what a field without layers draws).
     """
     H = len(heads)
     group = H // kv_heads
@@ -145,7 +155,7 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldDat
             f["distance"][h] = -r["alpha"] * np.log1p(distance) if r["kind"] == "power" \
                 else -distance / r["tau"]
         if "heavy_hitters" in comp:
-            positions, strengths = _heavy_hitters(comp["heavy_hitters"], T, seed, kv)
+            positions, strengths = _heavy_hitters(comp["heavy_hitters"], T, seed, kv, layer)
             f["key_bias"][h, positions] += strengths
             if comp["heavy_hitters"]["important"] and positions.size:
                 truth[h, positions] = planted = True
@@ -162,9 +172,10 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int) -> tuple[FieldDat
         if "noise" in comp:
             f["noise_kind"][h] = NOISE_KINDS[comp["noise"]["kind"]]
             f["noise_scale"][h] = comp["noise"]["scale"]
-            f["noise_key"][h] = np.random.SeedSequence([seed, h]).generate_state(1, np.uint64)[0]
+            f["noise_key"][h] = np.random.SeedSequence(
+                [seed, h, *_layer_key(layer)]).generate_state(1, np.uint64)[0]
         if "qk" in comp:
-            q, k, v = _qk(comp["qk"], T, seed, h, kv)
+            q, k, v = _qk(comp["qk"], T, seed, h, kv, layer)
             f["queries"][h] = q
             f["keys"][kv] = k.T
             if dv and v.shape[1]:

@@ -61,8 +61,10 @@ class Source:
 
     ``describe(params, base)`` checks the parameters against the data and gives
     ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`;
-    ``build(params, seed, base)`` returns a :class:`Field`; ``provides(params)`` names
-    what it has besides attention (of "keys", "values", "queries": a policy's ``needs``).
+    ``build(params, seed, base)`` returns a :class:`Field`, of the layer
+    ``params["layer"]`` where the source has several; ``provides(params)`` names what it
+    has besides attention (of "keys", "values", "queries": a policy's ``needs``);
+    ``layers(params, base)`` lists the layers run jointly (after ``describe``).
     """
 
     name: str
@@ -72,6 +74,7 @@ class Source:
     describe: Callable[[dict, Path], tuple[int, int, int, bool]]
     build: Callable[[dict, int, Path], Field]
     provides: Callable[[dict], frozenset] = lambda params: frozenset()
+    layers: Callable[[dict, Path], tuple[int, ...]] = lambda params, base: (0,)
 
 
 def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
@@ -165,11 +168,14 @@ FIELD_PARAMS = {
                       high=65536),
     "gqa": Param(str, "mean", "how a group's query heads combine scores",
                  choices=("mean", "max", "sum")),
+    "layers": Param(int, 1, "layers run jointly, each with its own random draws", low=1,
+                    high=65536),
 }
 
 
 def _field_build(params: dict, seed: int, base: Path) -> Field:
-    data, truth = components.build(params["per_head"], params["T"], params["kv_heads"], seed)
+    data, truth = components.build(params["per_head"], params["T"], params["kv_heads"], seed,
+                                   params.get("layer", 0))
     return Field(data, truth)
 
 
@@ -188,22 +194,34 @@ FIELD = Source(
     "vectors; logits evaluated on the fly (O(T) memory)",
     FIELD_PARAMS, (), _field_describe, _field_build, lambda params: frozenset(
         (["keys", "queries"] if all("qk" in c for c in params["per_head"]) else [])
-        + (["values"] if all(c.get("qk", {}).get("values") for c in params["per_head"]) else [])))
+        + (["values"] if all(c.get("qk", {}).get("values") for c in params["per_head"]) else [])),
+    lambda params, base: tuple(range(params["layers"])))
 
 TRACE = Source(
     "trace", "recorded post-RoPE queries, keys and values of a real model (.npz); logits "
     "q . k / sqrt(d) on the fly",
     {
-        "path": Param(str, "", "trace file, relative to the scenario file"),
+        "path": Param(str, None, "trace file, relative to the scenario file (or model + "
+                                 "text + tokens)"),
+        "model": Param(str, None, "instead of path: a model (SmolLM2-135M-Instruct or a model "
+                                  "folder) whose capture on text is cached on first use"),
+        "text": Param(str, None, "text file the model reads, relative to the scenario file"),
+        "tokens": Param(int, None, "tokens of the text captured", low=1),
+        "gguf_file": Param(str, None, "GGUF weights inside a model folder"),
         "layer": Param(int, None, "model layer index (default: the first recorded)", low=0),
+        "layers": Param(object, None, "model layers run jointly: a list, or \"all\"",
+                        check=lambda v: v == "all" or (isinstance(v, list) and bool(v) and all(
+                            isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                            for x in v) and len(set(v)) == len(v)),
+                        expect='a non-empty list of distinct layer indices >= 0, or "all"'),
         "kv_head_ids": Param(list, [], "KV heads to replay, with their query heads (default all)",
                              check=lambda v: all(isinstance(x, int) and not isinstance(x, bool)
                                                  for x in v),
                              expect="a list of KV head indices"),
         "T": Param(int, None, "tokens replayed from the start (default: all recorded)", low=1),
         "gqa": FIELD_PARAMS["gqa"],
-    }, ("path",), trace.describe, lambda params, seed, base: Field(trace.build(params, seed,
-                                                                               base), None),
-    lambda params: frozenset({"keys", "values", "queries"}))
+    }, (), trace.describe, lambda params, seed, base: Field(trace.build(params, seed, base),
+                                                             None),
+    lambda params: frozenset({"keys", "values", "queries"}), trace.selected_layers)
 
 SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD, TRACE)}

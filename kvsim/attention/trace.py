@@ -5,16 +5,19 @@ A trace holds, per recorded layer, the post-RoPE queries ``(L, H, T, d)``, keys
 plus ``layers``: the model's index of each recorded layer, and ``scaling``: the model's
 logit scale (default ``1 / sqrt(d)``). kvsim evaluates the logits ``q . k * scaling`` on
 the fly (O(T d) memory), with the model's grouped-query layout. Every array is checked
-on load (:func:`check`), before any work.
+on load (:func:`check`), before any work. A trace is a file (``path``) or a whole-model
+capture named by ``model``, ``text`` and ``tokens`` (:mod:`kvsim.attention.trace_cache`);
+one layer replays, or several (``layers``) jointly.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
 
-from kvsim.attention import files
+from kvsim.attention import files, trace_cache
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, empty_field
 
@@ -22,6 +25,41 @@ REQUIRED = ("queries", "keys")
 OPTIONAL = ("values", "layers", "scaling")
 MAX_LOGIT = 1e12  # bound on |q . k * scaling|: logits far beyond any model's stay exact
 MAX_ENTRY = 1e30  # vectors are replayed in float32 (range 3.4e38)
+
+
+def trace_path(params: dict, base: Path) -> Path:
+    """The trace file: ``path``, or the cached capture of ``model`` + ``text`` + ``tokens``."""
+    if params["path"] and params["model"]:
+        raise KvsimError("expected either a trace file or model + text + tokens, not both",
+                         "path")
+    if params["path"]:
+        return (base / params["path"]).resolve()
+    if not params["model"]:
+        raise KvsimError("expected a trace file, or model + text + tokens for a captured one, "
+                         "got nothing", "path")
+    for key in ("text", "tokens"):
+        if not params[key]:
+            raise KvsimError(f"expected a value with model = {params['model']!r}, got nothing",
+                             key)
+    return trace_cache.resolve(params, base)
+
+
+def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int]]:
+    """The trace's arrays and recorded layers, after :func:`check` (memoised while the
+    file is unchanged: the layers of one trace are built one after the other)."""
+    if not path.is_file():
+        raise KvsimError(f"expected an existing .npz trace, got {str(path)!r}", "path")
+    stat = path.stat()
+    return _read(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _read(path: str, mtime_ns: int, size: int) -> tuple[dict[str, np.ndarray], list[int]]:
+    arrays = _load(Path(path))
+    recorded = check(arrays)
+    for a in arrays.values():
+        a.flags.writeable = False  # shared by every build of this trace
+    return arrays, recorded
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -86,26 +124,42 @@ def check(arrays: dict[str, np.ndarray]) -> list[int]:
     return [int(x) for x in layers]
 
 
-def select_layer(layers: list[int], requested: int | None) -> int:
+def select_layer(layers: list[int], requested: int | None, key: str = "layer") -> int:
     """Position in the trace of the model layer ``requested`` (None: the first recorded)."""
     if requested is None:
         return 0
     if requested not in layers:
-        raise KvsimError(f"expected one of the recorded layers {layers}, got {requested}",
-                         "layer")
+        raise KvsimError(f"expected one of the recorded layers {layers}, got {requested}", key)
     return layers.index(requested)
 
 
+def selected_layers(params: dict, base: Path) -> tuple[int, ...]:
+    """The model layers the scenario replays: ``layers`` (a list or "all"), else ``layer``."""
+    _, recorded = _checked(trace_path(params, base))
+    if params["layers"] is None:
+        return (recorded[select_layer(recorded, params["layer"])],)
+    if params["layer"] is not None:
+        raise KvsimError("expected either layer or layers, not both", "layers")
+    if params["layers"] == "all":
+        return tuple(recorded)
+    for layer in params["layers"]:
+        select_layer(recorded, layer, "layers")
+    return tuple(params["layers"])
+
+
 def describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
-    """(T, query heads, KV heads, has ground truth) of the selection, after every check."""
-    field = build(params, 0, base)
+    """(T, query heads, KV heads, has ground truth) of the selection, after every check
+    (every selected layer is built once)."""
+    for layer in selected_layers(params, base):
+        field = build({**params, "layers": None, "layer": layer}, 0, base)
     return field.T, field.heads, field.keys.shape[0], False
 
 
 def build(params: dict, seed: int, base: Path) -> FieldData:
-    """The field of the selected layer, KV heads and length."""
-    arrays = _load((base / params["path"]).resolve())
-    i = select_layer(check(arrays), params["layer"])
+    """The field of the selected layer (``layer``, default the first recorded), KV heads
+    and length."""
+    arrays, recorded = _checked(trace_path(params, base))
+    i = select_layer(recorded, params["layer"])
     q, k, v = arrays["queries"], arrays["keys"], arrays.get("values")
     H_kv, T_all = k.shape[1], k.shape[2]
     group = q.shape[1] // H_kv

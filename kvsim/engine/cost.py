@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvsim.attention import files
+from kvsim.attention import files, trace
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.engine.experiments import SNAPSHOTS
 from kvsim.numerics.fullpass import BLOCKS
@@ -40,6 +40,7 @@ class _Size:
     dense: bool = False   # a (heads, T, T) matrix
     file_bytes: int = 0   # a trace's arrays as loaded
     experiments: tuple = ()  # (prompt share P / T, budgets, policies) per experiment
+    layers: int = 1       # layers run jointly (one after another: they add runs, not memory)
 
 
 TYPICAL = {"T": 8192, "heads": 32, "dim": 128, "focus": 4, "seeds": 8}
@@ -47,11 +48,11 @@ TYPICAL = {"T": 8192, "heads": 32, "dim": 128, "focus": 4, "seeds": 8}
 
 def _size(s: Scenario) -> _Size:
     exps = tuple((e.prompt_len / s.T, e.budgets, len(e.policies)) for e in s.experiments)
-    size = _Size(s.T, s.heads, s.kv_heads, len(s.seeds), experiments=exps)
+    size = _Size(s.T, s.heads, s.kv_heads, len(s.seeds), experiments=exps, layers=len(s.layers))
     if s.source in ("matrix", "seed_notebook"):
         return replace(size, dense=True)
     if s.source == "trace":
-        found = files.headers((Path(s.path).parent / s.attention["path"]).resolve())
+        found = files.headers(trace.trace_path(s.attention, Path(s.path).parent))
         q, v = found["queries"][0], found.get("values", ((0, 0, 0, 0),))[0]
         nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype in found.values())
         return replace(size, dim=q[3], dv=v[3], file_bytes=nbytes)
@@ -83,10 +84,10 @@ def _kept(z: _Size) -> float:
     total = 0.0
     for share, budgets, policies in z.experiments:
         steps = z.T - round(share * z.T)
-        total += z.seeds * z.heads * policies * sum(
+        total += z.seeds * z.layers * z.heads * policies * sum(
             2 * (steps * 32.0 + min(b, z.T) * 8.0) + ROW_BYTES for b in budgets)
         if steps:  # cache snapshots at the focus budget (at most the largest)
-            total += z.seeds * z.kv_heads * policies * SNAPSHOTS * max(budgets) * 8.0
+            total += z.seeds * z.kv_heads * policies * SNAPSHOTS * max(budgets) * 8.0  # layer 0
     return total
 
 
@@ -99,14 +100,14 @@ def _logits(z: _Size) -> float:
     full = z.heads * len(prompts) * z.T * (z.T + 1) / 2
     decode = sum(policies * (z.T - round(share * z.T)) * min(b, z.T) * z.heads
                  for share, budgets, policies in z.experiments for b in budgets)
-    return z.seeds * (full + decode)
+    return z.seeds * z.layers * (full + decode)
 
 
 @dataclass(frozen=True)
 class Cost:
-    """What a run will do: units (policy x seed x KV head, each at every budget: what
-    ``--resume`` stores), runs (policy x budget x seed x head), logit evaluations (full
-    passes and decode steps) and the estimated peak memory in bytes."""
+    """What a run will do: units (policy x seed x layer x KV head, each at every budget:
+    what ``--resume`` stores), runs (policy x budget x seed x layer x head), logit
+    evaluations (full passes and decode steps) and the estimated peak memory in bytes."""
 
     units: int
     runs: int
@@ -144,8 +145,10 @@ def estimate(variants: list[Scenario], workers: int | None = None) -> Cost:
     """The :class:`Cost` of running every variant of a sweep on ``workers`` threads."""
     workers = workers or os.cpu_count() or 1
     sizes = [_size(v) for v in variants]
-    runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.heads for z in sizes)
-    units = sum(sum(p for _, _, p in z.experiments) * z.seeds * z.kv_heads for z in sizes)
+    runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.layers * z.heads
+               for z in sizes)
+    units = sum(sum(p for _, _, p in z.experiments) * z.seeds * z.layers * z.kv_heads
+                for z in sizes)
     return Cost(units, runs, sum(_logits(z) for z in sizes), _peak(sizes, workers),
                 _driver(variants, sizes, workers))
 

@@ -19,6 +19,7 @@ from typing import Iterator
 
 from tqdm import tqdm
 
+from kvsim.engine.allocation import layer_caps
 from kvsim.engine.experiments import (ScenarioResults, head_group, simulate_scenario, snap_steps,
                                       unit_keys)
 from kvsim.engine.resume import UnitStore
@@ -96,7 +97,8 @@ def _head_units(scenario: Scenario, seed: int, kv: int, done: frozenset[str],
     traces = {}
     for exp in scenario.experiments:
         snaps = snap_steps(exp, scenario.T)
-        keys = unit_keys(scenario, exp, seed, kv, snaps)
+        keys = unit_keys(scenario, exp, seed, kv, snaps, scenario.layers[0],
+                         layer_caps(scenario, exp, None, 0))
         todo = [i for i, key in enumerate(keys) if key not in done]
         if todo:
             group = head_group(scenario, sequence, passes, seed, kv, exp, snaps)
@@ -112,6 +114,18 @@ def _head_units(scenario: Scenario, seed: int, kv: int, done: frozenset[str],
         shipped = {key: p for key, p in passes.items()
                    if key[1] == P and key[2] == scenario.T and int(key[0]) in group.heads}
     return traces, shipped
+
+
+def _check_supported(scenario: Scenario) -> None:
+    """Tasks run one KV head of one layer with budget B: several layers run jointly and
+    budget allocation (caps shared across heads and layers) are local-only."""
+    if len(scenario.layers) > 1:
+        raise KvsimError(f"--dask: expected one layer per run on a cluster, got "
+                         f"{len(scenario.layers)} layers run jointly (run without --dask)")
+    for exp in scenario.experiments:
+        if exp.allocation != "uniform":
+            raise KvsimError(f"--dask: expected allocation = 'uniform' on a cluster, got "
+                             f"{exp.allocation!r} in experiment {exp.name!r} (run without --dask)")
 
 
 class _Collected:
@@ -140,6 +154,8 @@ def simulate_variants(client, variants: list[Scenario], *, store: UnitStore | No
     from dask.distributed import as_completed
     from distributed.scheduler import KilledWorker
 
+    for scenario in variants:
+        _check_supported(scenario)
     run_id = uuid.uuid4().hex[:8]
     collected: list[dict] = [{} for _ in variants]
     passes: list[dict] = [{} for _ in variants]
@@ -150,7 +166,8 @@ def simulate_variants(client, variants: list[Scenario], *, store: UnitStore | No
             for kv in range(scenario.kv_heads):
                 runs, done = 0, set()
                 for exp in scenario.experiments:
-                    for key in unit_keys(scenario, exp, seed, kv, snap_steps(exp, scenario.T)):
+                    for key in unit_keys(scenario, exp, seed, kv, snap_steps(exp, scenario.T),
+                                         scenario.layers[0], layer_caps(scenario, exp, None, 0)):
                         stored = store.load(key) if store else None
                         if stored is not None:
                             collected[v][key] = stored

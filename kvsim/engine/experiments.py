@@ -13,7 +13,8 @@ from tqdm import tqdm
 from kvsim.numerics import kernels
 from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
-from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets
+from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets, run_capped
+from kvsim.engine.allocation import layer_caps
 from kvsim.engine.resume import UnitStore, unit_key
 
 COMPILING = "compiling kernels (first run only)"
@@ -76,9 +77,11 @@ class ScenarioResults:
     fields: list[FieldSample] = field(default_factory=list)
 
 
-def random_seed(seed: int, head: int) -> int:
-    """Seed of the ``random`` policy for (scenario seed, head): independent streams."""
-    return int(np.random.SeedSequence([seed, head]).generate_state(1, np.uint64)[0])
+def random_seed(seed: int, head: int, layer: int = 0) -> int:
+    """Seed of the ``random`` policy for (scenario seed, head, layer's place in the run):
+    independent streams; the first layer's are those of a one-layer run."""
+    key = [seed, head] + ([layer] if layer else [])
+    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
 
 
 def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.ndarray,
@@ -103,9 +106,9 @@ def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.n
 
 
 def count_runs(scenario: Scenario) -> int:
-    """Number of (experiment, policy, budget, seed, head) runs in ``scenario``."""
+    """Number of (experiment, policy, budget, seed, layer, head) runs in ``scenario``."""
     return sum(len(e.policies) * len(e.budgets) for e in scenario.experiments) \
-        * len(scenario.seeds) * scenario.heads
+        * len(scenario.seeds) * len(scenario.layers) * scenario.heads
 
 
 def snap_steps(exp: Experiment, T: int) -> np.ndarray:
@@ -135,19 +138,25 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     compiling = _compile_phase(bar)
     try:
         for seed in scenario.seeds:
-            sequence = scenario.field(seed)  # O(T) arrays; the full passes come on demand
-            passes: dict = dict((known_passes or {}).get(seed, {}))
-            for kv in range(scenario.kv_heads):
-                for exp in scenario.experiments:
-                    def group_for(exp=exp, kv=kv):
-                        return head_group(scenario, sequence, passes, seed, kv, exp,
-                                          steps[exp.name].snap_steps, progress)
-                    _run_experiment(scenario, exp, group_for, sequence.mask, seed, kv, rows,
-                                    steps[exp.name], bar, workers, store)
+            for place, layer in enumerate(scenario.layers):
+                # O(T) arrays; the full passes come on demand
+                sequence = scenario.field(seed, layer)
+                passes: dict = dict((known_passes or {}).get(seed, {})) if place == 0 else {}
+
+                def group_for(exp, kv, place=place, sequence=sequence, passes=passes):
+                    return head_group(scenario, sequence, passes, seed, kv, exp,
+                                      steps[exp.name].snap_steps, progress, place)
+                caps = {exp.name: layer_caps(scenario, exp, group_for, place)
+                        for exp in scenario.experiments}
+                for kv in range(scenario.kv_heads):
+                    for exp in scenario.experiments:
+                        _run_experiment(scenario, exp, lambda exp=exp, kv=kv: group_for(exp, kv),
+                                        sequence.mask, seed, kv, rows, steps[exp.name], bar,
+                                        workers, store, layer, caps[exp.name])
                 if compiling:  # every kernel of the scenario has run once: ETAs from now on
                     compiling = _end_compile_phase(bar, scenario.name)
-            if seed == scenario.seeds[0]:
-                fields = _field_samples(scenario, sequence, passes)
+                if seed == scenario.seeds[0] and place == 0:
+                    fields = _field_samples(scenario, sequence, passes)
     finally:
         if own_bar:
             bar.close()
@@ -155,22 +164,26 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
 
 
 def head_group(scenario: Scenario, sequence, passes: dict, seed: int, kv: int,
-               exp: Experiment, snap_steps: np.ndarray, progress: bool = False):
-    """The group of KV head ``kv`` of sequence ``seed`` for ``exp`` (passes memoised);
-    with ``progress``, a long full pass shows its rows on stderr."""
+               exp: Experiment, snap_steps: np.ndarray, progress: bool = False,
+               place: int = 0):
+    """The group of KV head ``kv`` of sequence ``seed`` for ``exp`` (passes memoised) in the
+    layer at ``place`` among the layers run jointly; with ``progress``, a long full pass
+    shows its rows on stderr. Cache rasters record the first layer only."""
     return make_group(sequence.data, kv, exp.prompt_len, sequence.mask, passes,
-                      scenario.gqa_mode, random_seed(seed, kv), exp.focus_budget, snap_steps,
-                      progress)
+                      scenario.gqa_mode, random_seed(seed, kv, place),
+                      exp.focus_budget if place == 0 else -1, snap_steps, progress)
 
 
 def unit_keys(scenario: Scenario, exp: Experiment, seed: int, kv: int,
-              snap_steps: np.ndarray) -> list[str]:
-    """Resume-store keys of the units (one per policy) of ``exp`` on one seed and KV head."""
+              snap_steps: np.ndarray, layer: int, caps: np.ndarray) -> list[str]:
+    """Resume-store keys of the units (one per policy) of ``exp`` on one seed, layer and
+    KV head; ``caps[i, j, kv]`` is policy ``i``'s cap at budget ``j``."""
     return [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
                      heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
                      seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
-                     budgets=exp.budgets, focus=exp.focus_budget, snaps=snap_steps.tolist())
-            for c in exp.policies]
+                     budgets=exp.budgets, focus=exp.focus_budget, snaps=snap_steps.tolist(),
+                     layer=layer, caps=caps[i, :, kv].tolist())
+            for i, c in enumerate(exp.policies)]
 
 
 def _compile_phase(bar: tqdm) -> bool:
@@ -219,9 +232,12 @@ def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSamp
 
 def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.ndarray,
                     seed: int, kv: int, rows: list[dict], steps: ExperimentSteps, bar: tqdm,
-                    workers: int, store: UnitStore | None) -> None:
+                    workers: int, store: UnitStore | None, layer: int,
+                    caps: np.ndarray) -> None:
+    """Every policy of ``exp`` on KV head ``kv`` of one layer; ``caps[i, j, kv]`` is the
+    cap of policy ``i`` at budget ``j``."""
     heads_per_kv = scenario.heads // scenario.kv_heads
-    keys = unit_keys(scenario, exp, seed, kv, steps.snap_steps)
+    keys = unit_keys(scenario, exp, seed, kv, steps.snap_steps, layer, caps)
     stored = [store.load(k) if store else None for k in keys]
     group = group_for() if any(s is None for s in stored) else None
 
@@ -230,8 +246,14 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
             traces = stored[i]
         else:
             config = exp.policies[i]
-            traces = run_budgets(get_policy(config.kind), group, list(exp.budgets),
-                                 config.params, f"the {scenario.source!r} attention source")
+            policy = get_policy(config.kind)
+            source = f"the {scenario.source!r} attention source"
+            if exp.allocation == "uniform" or not policy.budgeted:
+                traces = run_budgets(policy, group, list(exp.budgets), config.params, source)
+            else:
+                traces = [run_capped(policy, group, int(cap), budget, config.params,
+                                     budget == exp.focus_budget, source)
+                          for budget, cap in zip(exp.budgets, caps[i, :, kv])]
             if store:
                 store.save(keys[i], traces)
         bar.update(heads_per_kv * len(traces))
@@ -240,15 +262,16 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
     with ThreadPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(run, range(len(exp.policies))))  # in policy order
     heads = range(kv * heads_per_kv, (kv + 1) * heads_per_kv)
-    for config, traces in zip(exp.policies, results):
-        for budget, spec, trace in zip(exp.budgets, exp.budget_specs, traces):
+    for i, (config, traces) in enumerate(zip(exp.policies, results)):
+        for j, (budget, spec, trace) in enumerate(zip(exp.budgets, exp.budget_specs, traces)):
             if budget == exp.focus_budget and trace.snapshots.size:
                 steps.snapshots[config.label, seed, kv] = trace.snapshots
             for g, h in enumerate(heads):
                 row = {"variant": scenario.variant_label, "experiment": exp.name,
                        "unit": len(steps.mass), "policy": config.label,
                        "kind": config.kind, "budget": budget, "budget_spec": spec,
-                       "seed": seed, "head": h, "kv_head": kv, "T": scenario.T,
+                       "allocation": exp.allocation, "b_h": int(caps[i, j, kv]),
+                       "seed": seed, "layer": layer, "head": h, "kv_head": kv, "T": scenario.T,
                        "prompt_len": exp.prompt_len, "steps": scenario.T - exp.prompt_len}
                 # A parameter's column names its policy: snapkv.window is not window.window.
                 row.update({f"{config.kind}.{name}": value

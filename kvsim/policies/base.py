@@ -177,6 +177,14 @@ class Policy:
     (the parameter, what was expected) or None. ``needs`` names what the policy reads from
     its source besides attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says
     why it cannot run one step at a time on attention from elsewhere, or None.
+
+    For budget allocation (:mod:`kvsim.engine.allocation`): ``fixed(budget, prompt_len,
+    params)`` counts the fixed parts at a budget (sinks, window, recent tokens);
+    ``prefill_score(group, budget, params)``, for policies with a prefill score, gives the
+    scores of the selectable prompt keys (positions ``0 .. n-1``) at that budget;
+    ``run_capped(group, cap, budget, params)`` runs with capacity ``cap`` and the fixed
+    parts of ``budget`` (default: ``run`` at ``cap``, for fixed parts that do not depend
+    on the budget).
     """
 
     name: str
@@ -192,6 +200,9 @@ class Policy:
     needs: frozenset[str] = frozenset()
     closed_loop: Callable[[dict], str | None] = lambda params: None
     floor_reason: str = "its fixed parts + 1"  # why min_budget can exceed 1, for errors
+    fixed: Callable[[int, int, dict], int] = lambda budget, prompt_len, params: 0
+    prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None
+    run_capped: Callable[[Group, int, int, dict], Trace] | None = None
 
     def __post_init__(self):
         if not self.needs <= NEEDS:
@@ -206,6 +217,12 @@ class Policy:
         if self.run_budgets is not None:
             return self.run_budgets(group, budgets, params)
         return [self.run(group, b, params) for b in budgets]
+
+    def run_cap(self, group: Group, cap: int, budget: int, params: dict) -> Trace:
+        """One trace with at most ``cap`` cached keys and the fixed parts of ``budget``."""
+        if self.run_capped is not None:
+            return self.run_capped(group, cap, budget, params)
+        return self.run(group, cap, params)
 
 
 def new_trace(group: Group) -> Trace:

@@ -11,7 +11,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.base import Group, Param, Policy, Steps, Trace, run_decode
 
 RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",
                      check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)")
@@ -108,31 +108,65 @@ def _state(budget: int, T: int, kept: np.ndarray, score: np.ndarray, seen: np.nd
     return state
 
 
-def _start_online(prompt: Group, budget: int, params: dict, T: int):
-    P, recent = prompt.prompt_len, recent_count(budget, params)
-    score = prompt.prompt_scores()[:P]
+def _online_ranking(group: Group, params: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(prompt scores, queries that saw each key, the ranking score) of the prompt keys."""
+    P = group.prompt_len
+    score = group.prompt_scores()[:P]
     seen = (P - np.arange(P)).astype(np.float64)
-    ranking = score / seen if params["normalize"] else score
-    kept = _prefill(P, budget, recent, ranking)
+    return score, seen, score / seen if params["normalize"] else score
+
+
+def _start_online(prompt: Group, budget: int, params: dict, T: int, recent: int | None = None):
+    """Prefill and state; ``recent`` overrides the recent count (budget allocation keeps
+    that of the mean budget whatever the head's cap)."""
+    recent = recent_count(budget, params) if recent is None else recent
+    score, seen, ranking = _online_ranking(prompt, params)
+    kept = _prefill(prompt.prompt_len, budget, recent, ranking)
     return kept, _state(budget, T, kept, score[kept], seen[kept], np.zeros(T), recent, params,
                         prompt.gqa)
 
 
-def _start_offline(group: Group, budget: int, params: dict, T: int):
-    recent = recent_count(budget, params)
+def _start_offline(group: Group, budget: int, params: dict, T: int, recent: int | None = None):
+    recent = recent_count(budget, params) if recent is None else recent
     score = group.global_scores()
     kept = _prefill(group.prompt_len, budget, recent, score)
     return kept, _state(budget, T, kept, score[kept], np.zeros(len(kept)), score, recent,
                         params, group.gqa)
 
 
+# Budget allocation: the recent tokens are the fixed part, the older prompt keys selectable.
+def _fixed(budget: int, prompt_len: int, params: dict) -> int:
+    return recent_count(budget, params)
+
+
+def _online_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
+    return _online_ranking(group, params)[2][:group.prompt_len - recent_count(budget, params)]
+
+
+def _offline_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
+    return group.global_scores()[:group.prompt_len - recent_count(budget, params)]
+
+
+def run_capped(steps: Steps, group: Group, cap: int, budget: int, params: dict) -> Trace:
+    """A run with ``cap`` slots and the recent count of the mean budget ``budget`` (for
+    policies whose ``start`` takes a ``recent`` override)."""
+    kept, state = steps.start(group, cap, params, group.T, recent_count(budget, params))
+    return run_decode(group, cap, kept, steps.decode, state)
+
+
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
                 ONLINE_PARAMS, Steps(_start_online, admit, observe, decode),
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
-                    'does not have' if params["accumulate"] == "full" else None))
+                    'does not have' if params["accumulate"] == "full" else None),
+                fixed=_fixed, prefill_score=_online_prefill_score,
+                run_capped=lambda group, cap, budget, params: run_capped(
+                    ONLINE.steps, group, cap, budget, params))
 OFFLINE = Policy("h2o_offline", "recent newest + heavy hitters by global column sums "
                  "(clairvoyant)", {"recent_ratio": RECENT_RATIO},
                  Steps(_start_offline, admit, observe_nothing, decode_offline),
                  closed_loop=lambda params: "it is clairvoyant: it ranks keys by the attention "
-                 "of future queries")
+                 "of future queries",
+                 fixed=_fixed, prefill_score=_offline_prefill_score,
+                 run_capped=lambda group, cap, budget, params: run_capped(
+                     OFFLINE.steps, group, cap, budget, params))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import numpy as np
 
@@ -117,6 +118,19 @@ def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
     for budget, trace in zip(budgets, traces):
         check_invariants(policy, budget, group, trace)
     return traces
+
+
+def run_capped(policy: Policy, group: Group, cap: int, budget: int, params: dict,
+               focus: bool = False, source: str = "this attention source") -> Trace:
+    """Run ``policy`` on one KV head with at most ``cap`` keys and the fixed parts of
+    ``budget`` (a cap from budget allocation), its invariants checked against the cap; the
+    run records cache snapshots if ``focus`` and the group records them at all."""
+    check_source(policy, group, source)
+    snap = cap if focus and group.snap_budget >= 0 else -1
+    group = dataclasses.replace(group, snap_budget=snap)  # shares the group's memos
+    trace = policy.run_cap(group, cap, budget, params)
+    check_invariants(policy, cap, group, trace)
+    return trace
 
 
 def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.ndarray,

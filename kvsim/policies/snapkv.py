@@ -152,17 +152,25 @@ def _state(params: dict, P: int, budget: int, G: int, gqa: int, n_pinned: int,
     return state
 
 
+def _pooled_votes(group: Group, params: dict) -> np.ndarray:
+    """Pooled votes of the candidates: the prefix keys, or every prompt key."""
+    P = group.prompt_len
+    w = min(params["window"], P)
+    votes = group.row_scores(P - w, P)
+    n = P - w if params["protect_window"] else P
+    return pool(votes[:n], params["kernel"], POOLING.index(params["pooling"]))
+
+
 def _start(prompt: Group, budget: int, params: dict, T: int):
     P = prompt.prompt_len
     w = min(params["window"], P)
-    votes = prompt.row_scores(P - w, P)
-    mode = POOLING.index(params["pooling"])
+    pooled = _pooled_votes(prompt, params)
     if not params["protect_window"]:  # only without decode steps (see _check)
-        kept = kernels.top_ranked(pool(votes[:P], params["kernel"], mode), 0, P, budget)
+        kept = kernels.top_ranked(pooled, 0, P, budget)
         return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, 0, (0, 0, budget))
     prefix = P - w
     n_pinned = min(prefix, budget - w)
-    pinned = kernels.top_ranked(pool(votes[:prefix], params["kernel"], mode), 0, prefix, n_pinned)
+    pinned = kernels.top_ranked(pooled, 0, prefix, n_pinned)
     kept = np.concatenate((pinned, np.arange(prefix, P)))
     return kept, _state(params, P, budget, len(prompt.heads), prompt.gqa, n_pinned,
                         (n_pinned, prefix, budget - n_pinned))
@@ -177,4 +185,7 @@ def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
 
 POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt queries + ring",
                 PARAMS, Steps(_start, admit, observe, decode), check=_check,
-                min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1)
+                min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1,
+                fixed=lambda budget, prompt_len, params: (
+                    min(params["window"], prompt_len) if params["protect_window"] else 0),
+                prefill_score=lambda group, budget, params: _pooled_votes(group, params))

@@ -21,4 +21,5 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS,
                 Steps(_start, ring.admit, ring.observe, ring.decode),
-                min_budget=lambda params: params["sinks"] + 1)
+                min_budget=lambda params: params["sinks"] + 1,
+                fixed=lambda budget, prompt_len, params: params["sinks"])

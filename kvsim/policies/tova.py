@@ -38,9 +38,15 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
+def _last_attention(group: Group) -> np.ndarray:
+    """The last prompt query's attention, combined over the group (zeros without a prompt)."""
+    P = group.prompt_len
+    return group.row_scores(P - 1, P) if P > 0 else np.zeros(P)
+
+
 def _start(prompt: Group, budget: int, params: dict, T: int):
     P = prompt.prompt_len
-    last = prompt.row_scores(P - 1, P) if P > 0 else np.zeros(P)
+    last = _last_attention(prompt)
     kept = kernels.top_ranked(last, 0, P, budget)
     state = State(np.zeros(budget), np.zeros(T, np.int64), prompt.gqa)
     state.score[:len(kept)], state.slot_of[kept] = last[kept], np.arange(len(kept))
@@ -48,4 +54,5 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
-                Steps(_start, admit, observe, decode))
+                Steps(_start, admit, observe, decode),
+                prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len])

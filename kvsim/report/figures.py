@@ -286,6 +286,47 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
     return save(fig, out, f"{exp.name}_kept_raster", scenario)
 
 
+def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, list, np.ndarray,
+                                                                       np.ndarray]:
+    """(layers, KV heads, b_h grid, mass grid) of one policy at one budget: the cap and the
+    mean mass kept of each (layer, KV head), averaged over seeds and the group's query heads."""
+    mine = [r for r in rows if r["policy"] == label and r["budget"] == budget]
+    layers = sorted({r["layer"] for r in mine})
+    kvs = sorted({r["kv_head"] for r in mine})
+    caps, mass = np.zeros((len(layers), len(kvs))), np.zeros((len(layers), len(kvs)))
+    for i, layer in enumerate(layers):
+        for j, kv in enumerate(kvs):
+            cell = [r for r in mine if r["layer"] == layer and r["kv_head"] == kv]
+            caps[i, j] = np.mean([r["b_h"] for r in cell])
+            mass[i, j] = np.mean([r["mass_mean"] for r in cell])
+    return layers, kvs, caps, mass
+
+
+@figure(Needs.DECODE | Needs.ALLOCATION, by_default=lambda exp: exp.allocation != "uniform")
+def allocation(scenario, exp, rows, steps, colors, out):
+    """Per policy at the focus budget: each KV head's cap b_h (layer x KV head), beside the
+    attention mass it keeps."""
+    labels = [p.label for p in exp.policies]
+    fig, axes = plt.subplots(len(labels), 2, squeeze=False,
+                             figsize=(7.5, 0.8 + 2.6 * len(labels)))
+    for row, label in enumerate(labels):
+        layers, kvs, caps, mass = allocation_grids(rows, label, exp.focus_budget)
+        for ax, values, title, cmap in ((axes[row][0], caps, "cap b_h (tokens)", "viridis"),
+                                      (axes[row][1], mass, "mass kept (mean over steps)",
+                                       "magma")):
+            image = ax.imshow(values, aspect="auto", origin="lower", cmap=cmap,
+                              interpolation="nearest")
+            fig.colorbar(image, ax=ax)
+            ax.set(title=f"{label}: {title}", xlabel="KV head", ylabel="layer",
+                   xticks=range(len(kvs)), xticklabels=kvs)
+            ticks = np.unique(np.linspace(0, len(layers) - 1, min(len(layers), 6)).astype(int))
+            ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
+    fig.suptitle(f"{scenario.name}, {exp.name}: allocation '{exp.allocation}' at mean "
+                 f"budget B = {exp.focus_budget}", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out, f"{exp.name}_allocation", scenario)
+
+
 def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
     """The attention field of the first seed: a heatmap per head (future masked), and the
     column sums of every head on log-log axes."""

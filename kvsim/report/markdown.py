@@ -13,6 +13,7 @@ import numpy as np
 
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
+from kvsim.report import allocation_summary
 from kvsim.report.plotting import head_label
 from kvsim.report.stats import estimate, plural
 from kvsim.report.studies import STUDIES
@@ -54,12 +55,14 @@ class Provenance:
 
 
 def _groups(rows: list[dict], metric: str) -> dict:
-    """``{(policy, budget, head): {seed: value}}`` of one metric, NaN left out."""
-    out: dict = defaultdict(dict)
+    """``{(policy, budget, head): {seed: value}}`` of one metric (the mean over the layers
+    run jointly), NaN left out."""
+    values: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if not math.isnan(r[metric]):
-            out[r["policy"], r["budget"], r["head"]][r["seed"]] = r[metric]
-    return out
+            values[r["policy"], r["budget"], r["head"]][r["seed"]].append(r[metric])
+    return {key: {seed: float(np.mean(v)) for seed, v in per_seed.items()}
+            for key, per_seed in values.items()}
 
 
 def _over_heads(groups: dict, policy: str, budget: int, heads: list[int]):
@@ -216,6 +219,8 @@ def _what_was_run(scenario: Scenario) -> list[str]:
                f"{plural(scenario.kv_heads, 'KV head')}{grouped}",
              f"- seeds {', '.join(map(str, scenario.seeds))} "
              f"({plural(len(scenario.seeds), 'seed')}); {plural(count_runs(scenario), 'run')}"]
+    if len(scenario.layers) > 1:
+        lines.append(f"- layers run jointly: {', '.join(map(str, scenario.layers))}")
     for h, comps in enumerate(scenario.attention.get("per_head", [])):
         names = [n for n in comps if n != "boost" and comps[n]] + ["boost"] * len(comps["boost"])
         lines.append(f"  - {head_label(scenario, h)}: {', '.join(names) or 'no components'}")
@@ -225,8 +230,16 @@ def _what_was_run(scenario: Scenario) -> list[str]:
                      f"{plural(steps, 'decode step')}, budgets "
                      f"{', '.join(map(str, exp.budgets))}"
                      + (f" (focus {exp.focus_budget})" if len(exp.budgets) > 1 else "")
-                     + f"; {_policy_text(exp)}")
+                     + f"; {_policy_text(exp)}" + _allocation_note(exp))
     return lines
+
+
+def _allocation_note(exp: Experiment) -> str:
+    if exp.allocation == "ada":
+        return f"; allocation `ada` (floor_share {exp.floor_share:g}), B = mean cap per KV head"
+    if exp.allocation == "pyramid":
+        return f"; allocation `pyramid` (beta {exp.beta:g}), B = mean cap per KV head"
+    return ""
 
 
 def _images(paths: list[Path], folder: Path) -> list[str]:
@@ -260,6 +273,7 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     ``notes[(variant index, experiment)]`` the figures not drawn, with why."""
     first = variants[0]
     lines = [f"# {first.name}", ""]
+    lines += allocation_summary.lines(first, results[0].rows)
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:

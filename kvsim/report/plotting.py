@@ -38,12 +38,15 @@ class Needs(enum.Flag):
     TRUTH = enum.auto()    # ground-truth important tokens
     VALUES = enum.auto()   # value vectors (output error)
     BUDGETS = enum.auto()  # more than one budget
+    ALLOCATION = enum.auto()  # a layer x KV head grid: allocated caps, or several layers
 
     def describe(self) -> str:
         return {Needs.DECODE: "decode steps (prompt_len < T)",
                 Needs.TRUTH: "ground-truth important tokens, which this attention source lacks",
                 Needs.VALUES: "value vectors, which this attention source lacks",
-                Needs.BUDGETS: "more than one budget"}[self]
+                Needs.BUDGETS: "more than one budget",
+                Needs.ALLOCATION: "allocation \"ada\" or \"pyramid\", or several layers run "
+                                  "jointly (attention.layers)"}[self]
 
 
 @dataclass(frozen=True)
@@ -57,20 +60,23 @@ class Target:
 @dataclass(frozen=True)
 class Figure:
     """A registered experiment figure: its name (the file stem and the scenario's
-    ``figures`` entry), what it needs, and the function that draws it."""
+    ``figures`` entry), what it needs, the function that draws it, and whether an
+    experiment that names no figures gets it (``by_default(exp)``, given its needs)."""
 
     name: str
     needs: Needs
     draw: Callable[..., list[Path]]
+    by_default: Callable[[Experiment], bool] = lambda exp: True
 
 
 FIGURES: dict[str, Figure] = {}
 
 
-def figure(needs: Needs) -> Callable:
+def figure(needs: Needs, by_default: Callable[[Experiment], bool] = lambda exp: True
+           ) -> Callable:
     """Register a drawing function ``f(scenario, exp, rows, steps, colors, out)`` under its name."""
     def register(draw):
-        FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw)
+        FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw, by_default)
         return draw
     return register
 
@@ -84,6 +90,8 @@ def available(scenario: Scenario, exp: Experiment, rows: list[dict] | None = Non
         have |= Needs.TRUTH
     if len(exp.budgets) > 1:
         have |= Needs.BUDGETS
+    if exp.allocation != "uniform" or len(scenario.layers) > 1:
+        have |= Needs.ALLOCATION
     if rows is None or any(not math.isnan(r["error_mean"]) for r in rows):
         have |= Needs.VALUES
     return have
@@ -118,7 +126,7 @@ def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[
     requested figure the results cannot support, why it is not drawn."""
     have = available(scenario, exp, rows)
     if exp.figures is None:
-        return [f for f in FIGURES.values() if not missing(f, have)], []
+        return [f for f in FIGURES.values() if not missing(f, have) and f.by_default(exp)], []
     chosen, notes = [], []
     for name in exp.figures:
         lacking = missing(FIGURES[name], have)

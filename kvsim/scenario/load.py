@@ -26,7 +26,17 @@ FORMATS = ("png", "svg", "pdf")
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
 EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget",
-                   "time_budgets")
+                   "time_budgets", "allocation", "floor_share", "beta")
+ALLOCATIONS = ("uniform", "ada", "pyramid")  # the rules: kvsim.engine.allocation
+ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.allocation)
+    "allocation": Param(str, "uniform", "how the budget is shared across KV heads and layers",
+                        choices=ALLOCATIONS),
+    "floor_share": Param(float, 0.2, "ada: share of its selectable slots a head keeps for "
+                         "itself", low=0.0, high=1.0, check=lambda v: v > 0.0,
+                         expect="a number in (0, 1]"),
+    "beta": Param(float, 20.0, "pyramid: the last layer keeps fixed + (B - fixed) / beta",
+                  low=1.0, high=1e6),
+}
 OUTPUT_KEYS = ("formats", "dpi")
 
 
@@ -51,6 +61,9 @@ class Experiment:
     figures: tuple[str, ...] | None  # figure names; None: every figure the data supports
     focus_budget: int  # the budget whose caches are recorded (rasters, overlaps)
     time_budgets: tuple[int, ...]  # budgets the per-step figures show (default: the focus)
+    allocation: str = "uniform"  # budget allocation across KV heads and layers
+    floor_share: float = 0.2  # ada
+    beta: float = 20.0  # pyramid
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,7 @@ class Scenario:
     formats: tuple[str, ...]
     dpi: int
     variant: dict = field(default_factory=dict)  # sweep values that define this field variant
+    layers: tuple[int, ...] = (0,)  # the source's layers, run jointly (a trace: model indices)
 
     @property
     def variant_label(self) -> str:
@@ -83,9 +97,11 @@ class Scenario:
         """The ``gqa`` combination as a kernel constant."""
         return GQA_MODES[self.gqa]
 
-    def field(self, seed: int) -> Field:
-        """Build the attention of sequence ``seed``."""
-        return SOURCES[self.source].build(self.attention, seed, self.path.parent)
+    def field(self, seed: int, layer: int | None = None) -> Field:
+        """Build the attention of sequence ``seed`` at ``layer``, one of :attr:`layers`
+        (default: the first)."""
+        params = {**self.attention, "layer": self.layers[0] if layer is None else layer}
+        return SOURCES[self.source].build(params, seed, self.path.parent)
 
 
 class _Checker:
@@ -191,9 +207,41 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tu
     return budgets, specs
 
 
+def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt_len: int,
+                     budgets: list[int], chosen: list[PolicyConfig]) -> dict:
+    """Checked ``allocation``, ``floor_share`` and ``beta`` of an experiment."""
+    given = {k: v for k, v in table.items() if k in ALLOCATION_PARAMS}
+    values = chk.params(given, ALLOCATION_PARAMS, where + ".")
+    rule = values.get("allocation", "uniform")
+    for key, owner in (("floor_share", "ada"), ("beta", "pyramid")):
+        if key in given and rule != owner:
+            chk.add(f"{where}.{key}", f"expected only with allocation = {owner!r}, "
+                                      f"got allocation = {rule!r}")
+    if rule == "pyramid" and layers < 2:
+        chk.add(f"{where}.allocation", f"expected a source with several layers run jointly "
+                                       f"for 'pyramid' (attention.layers), got {layers}")
+    for config in chosen if rule == "ada" and "floor_share" in values else ():
+        policy = get_policy(config.kind)
+        if not policy.budgeted:
+            continue
+        if policy.prefill_score is None:
+            scored = ", ".join(n for n, p in POLICIES.items() if p.prefill_score is not None)
+            chk.add(f"{where}.allocation", f"expected policies with a prefill score for 'ada' "
+                                           f"({scored}), got {config.label!r} ({config.kind})")
+            continue
+        for budget in budgets:
+            slots = budget - policy.fixed(budget, prompt_len, config.params)
+            if budget_problem(policy, budget, config.params) is None \
+                    and int(values["floor_share"] * slots) < 1:
+                chk.add(f"{where}.floor_share", f"expected floor_share * (B - fixed) >= 1 so "
+                        f"that every head keeps a selectable key (policy {config.label!r}, "
+                        f"B = {budget}: {values['floor_share']:g} * {slots} < 1)")
+    return values
+
+
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
                      configs: dict[str, PolicyConfig], defined: list, names: set,
-                     source: tuple[str, frozenset]) -> Experiment | None:
+                     source: tuple[str, frozenset], layers: int = 1) -> Experiment | None:
     where = f"experiment[{index}]"
     chk.unknown_keys(table, EXPERIMENT_KEYS, where + ".")
     before = len(chk.problems)
@@ -240,6 +288,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
             chk.add(f"{where}.policies[{i}]", f"policy {label!r}: {policy.name} needs {missing}, "
                                               f"which the {source[0]!r} attention source does not have")
         chosen.append(config)
+    allocation = _read_allocation(chk, table, where, layers, prompt_len, budgets, chosen)
     # Figure names and what each needs are the report's to check (kvsim.report.plotting).
     figures = table.get("figures")
     if figures is not None and (not isinstance(figures, list)
@@ -252,14 +301,15 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
     over_time = table.get("time_budgets", [focus])
     if over_time == "all":
         over_time = list(budgets)
-    if not isinstance(over_time, list) or not over_time or any(b not in budgets for b in over_time):
+    if budgets and (not isinstance(over_time, list) or not over_time
+                    or any(b not in budgets for b in over_time)):
         chk.add(f"{where}.time_budgets", f"expected \"all\" or a non-empty list of the resolved "
                                          f"budgets {budgets}, got {over_time!r}")
     if len(chk.problems) > before:
         return None
     return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
                       None if figures is None else tuple(figures), focus,
-                      tuple(sorted(set(over_time))))
+                      tuple(sorted(set(over_time))), **allocation)
 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
@@ -443,7 +493,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
 
     attention = chk.table(doc, "attention", "attention")
     source_name = attention.get("source") if attention is not None else None
-    T, heads, kv_heads, has_truth, attn_params = 0, 1, 1, False, {}
+    T, heads, kv_heads, has_truth, attn_params, layers = 0, 1, 1, False, {}, (0,)
     provides = (str(source_name), frozenset())
     if attention is None:
         pass
@@ -465,6 +515,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
             try:
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
                 provides = (source_name, source.provides(attn_params))
+                layers = source.layers(attn_params, path.parent)
             except KvsimError as exc:
                 chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)
 
@@ -487,12 +538,14 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         else:
             names: set = set()
             for i, table in enumerate(raw):
-                exp = _read_experiment(chk, table, i, T, configs, defined, names, provides)
+                exp = _read_experiment(chk, table, i, T, configs, defined, names, provides,
+                                       len(layers))
                 if exp is not None:
                     experiments.append(exp)
     if chk.problems:
         raise ScenarioError(chk.problems)
     return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
                     T, heads, kv_heads, attn_params.get("gqa", "mean"),
-                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}))
+                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}),
+                    tuple(layers))
 

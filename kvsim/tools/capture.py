@@ -21,6 +21,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
+CAPTURE_VERSION = 1  # part of the on-demand cache key: bump when a capture would differ
 
 
 def _imports():
@@ -53,8 +54,14 @@ def load_model(model: str, gguf_file: str | None = None):
     return net.eval(), tokenizer
 
 
-def record(net, token_ids: np.ndarray, layers: list[int] | None = None) -> dict:
-    """Run ``net`` on ``token_ids`` and return the trace arrays of the chosen layers."""
+def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
+           dtype=np.float16) -> dict:
+    """Run ``net`` on ``token_ids`` and return the trace arrays of the chosen layers, the
+    vectors stored as ``dtype`` (float16, or float32 where float16 is not precise enough).
+
+    Each layer is checked (see :func:`check`) as the model computes it and only its
+    vectors are kept, so all 30 layers of SmolLM2 at 2,048 tokens fit in a few hundred MB.
+    """
     torch, _ = _imports()
     n_layers = net.config.num_hidden_layers
     layers = list(range(n_layers)) if layers is None else layers
@@ -68,8 +75,9 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None) -> dict:
         output, weights = original(module, query, key, value, attention_mask, scaling,
                                    dropout=dropout, **kwargs)
         if module.layer_idx in layers:
-            seen[module.layer_idx] = (query[0].detach(), key[0].detach(), value[0].detach(),
-                                      weights[0].detach(), float(scaling))
+            q, k, v = (x[0].detach().numpy().astype(dtype) for x in (query, key, value))
+            deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy())
+            seen[module.layer_idx] = (q, k, v, float(scaling), deviation)
         return output, weights
 
     attn_module.eager_attention_forward = recording
@@ -82,41 +90,52 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None) -> dict:
     if missing:
         raise KvsimError(f"capture: the model's eager attention was not called for layers "
                          f"{missing}; is it a supported causal LM?")
-    q, k, v, w, scale = zip(*(seen[layer] for layer in layers))
-    trace = {"queries": torch.stack(q).numpy().astype(np.float16),
-             "keys": torch.stack(k).numpy().astype(np.float16),
-             "values": torch.stack(v).numpy().astype(np.float16),
-             "layers": np.array(layers, np.int64), "scaling": np.array(scale[0]),
-             "token_ids": np.asarray(token_ids, np.int64)}
-    check(trace, np.stack([x.numpy() for x in w]))
-    return trace
+    q, k, v, scale, deviation = zip(*(seen[layer] for layer in layers))
+    _within_tolerance(max(deviation))
+    return {"queries": np.stack(q), "keys": np.stack(k), "values": np.stack(v),
+            "layers": np.array(layers, np.int64), "scaling": np.array(scale[0]),
+            "token_ids": np.asarray(token_ids, np.int64)}
 
 
-def replayed_weights(trace: dict, layer_index: int) -> np.ndarray:
-    """(H, T, T) causal softmax of the stored vectors of one recorded layer (float64)."""
-    q = trace["queries"][layer_index].astype(np.float64)
-    k = trace["keys"][layer_index].astype(np.float64)
-    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
-    logits = np.einsum("hqd,hkd->hqk", q, k) * float(trace["scaling"])
+def _replayed(q: np.ndarray, k: np.ndarray, scaling: float) -> np.ndarray:
+    """(H, T, T) causal softmax of one layer's stored vectors (float64)."""
+    q = q.astype(np.float64)
+    k = np.repeat(k.astype(np.float64), q.shape[0] // k.shape[0], axis=0)
+    logits = (q @ k.transpose(0, 2, 1)) * scaling  # BLAS: every layer of a model is checked
     T = q.shape[1]
     logits = np.where(np.tri(T, dtype=bool), logits, -np.inf)
     p = np.exp(logits - logits.max(axis=2, keepdims=True))
     return p / p.sum(axis=2, keepdims=True)
 
 
-def check(trace: dict, model_weights: np.ndarray) -> float:
-    """Largest deviation of the replayed attention from the model's; error above tolerance."""
-    worst = max(float(np.abs(replayed_weights(trace, i) - model_weights[i]).max())
-                for i in range(model_weights.shape[0]))
+def replayed_weights(trace: dict, layer_index: int) -> np.ndarray:
+    """(H, T, T) causal softmax of the stored vectors of one recorded layer (float64)."""
+    return _replayed(trace["queries"][layer_index], trace["keys"][layer_index],
+                     float(trace["scaling"]))
+
+
+def _deviation(q: np.ndarray, k: np.ndarray, scaling: float, weights: np.ndarray) -> float:
+    return float(np.abs(_replayed(q, k, scaling) - weights).max())
+
+
+def _within_tolerance(worst: float) -> float:
     if worst > TOLERANCE:
         raise KvsimError(f"capture: the stored vectors do not reproduce the model's attention "
                          f"(max deviation {worst:.2e} > {TOLERANCE:g})")
     return worst
 
 
+def check(trace: dict, model_weights: np.ndarray) -> float:
+    """Largest deviation of the replayed attention from the model's; error above tolerance."""
+    return _within_tolerance(max(
+        _deviation(trace["queries"][i], trace["keys"][i], float(trace["scaling"]),
+                   model_weights[i]) for i in range(model_weights.shape[0])))
+
+
 def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | None = None,
-            gguf_file: str | None = None) -> Path:
-    """Tokenise ``text``, record a trace of its first ``tokens`` tokens, save it atomically."""
+            gguf_file: str | None = None, dtype=np.float16) -> Path:
+    """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
+    ``dtype``), save it atomically."""
     import kvsim
 
     try:
@@ -127,12 +146,12 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
     ids = np.asarray(tokenizer(raw)["input_ids"], np.int64)
     if ids.size < tokens:
         raise KvsimError(f"--tokens: expected at most the text's {ids.size} tokens, got {tokens}")
-    trace = record(net, ids[:tokens], layers)
+    trace = record(net, ids[:tokens], layers, dtype)
     meta = {"model": model, "gguf_file": gguf_file, "layers": trace["layers"].tolist(),
             "heads": int(trace["queries"].shape[1]), "kv_heads": int(trace["keys"].shape[1]),
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
-            "kvsim": kvsim.__version__}
+            "kvsim": kvsim.__version__, "capture_version": CAPTURE_VERSION}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
     np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **trace)
