@@ -281,7 +281,7 @@ CLI = [
          argv=("--out", "{dir}/s.toml/r"), run=True),
     Case("--out in /proc", "field", "kvsim: /proc/kvsim-test/r: expected a report folder that can be written",
          argv=("--out", "/proc/kvsim-test/r"), run=True),
-    Case("--out existing", "field", "kvsim: {dir}/taken: expected a new output folder",
+    Case("--out existing", "field", "kvsim: {dir}/taken: expected a new folder or a report kvsim wrote",
          argv=("--out", "{dir}/taken"), run=True),
     Case("scenario missing", "field", "{dir}/nothing.toml: expected an existing scenario file",
          argv=("{dir}/nothing.toml",)),

@@ -249,7 +249,8 @@ class _Run:
         self.seeds, self.record, self.workers, self.seed_of = seeds, record, workers, seed_of
         self.steps = np.arange(att.T - P, dtype=np.int64)
         self.groups: dict = {}
-        self.source = f"{'a' if att.kind[0] not in 'aeiou' else 'an'} {att.kind!r} attention object"
+        self.source = ("a dense attention matrix" if att.kind in ("probabilities", "logits")
+                       else f"the {att.kind!r} attention")
 
     def truth(self, seed: int) -> np.ndarray:
         """(H, T) ground-truth mask (all False without ground truth)."""

@@ -117,7 +117,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")
     budgets, _ = _read_budgets(chk, table.get("budgets"), "closed_loop.budgets",
-                               s.get("prompt_len", 1))
+                               s.get("prompt_len", 1), s.get("tokens", 1))
     configs = _read_policies(chk, doc)
     for label, cfg in configs.items():
         policy = get_policy(cfg.kind)
