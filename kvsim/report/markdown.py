@@ -130,11 +130,27 @@ def _minimum_mass(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list
             f"seed)**", "", *_table(["policy", *(head_label(scenario, h) for h in heads)], body)]
 
 
+def _flat(value, prefix: str = "") -> list[str]:
+    """``key = value`` words for a sweep value, nested tables as dotted keys."""
+    if isinstance(value, dict):
+        return [w for k, v in value.items() for w in _flat(v, f"{prefix}{k}.")]
+    if isinstance(value, list):
+        value = ", ".join(map(str, value))
+    return [f"{prefix[:-1]} = {value}" if prefix else str(value)]
+
+
+def variant_text(scenario: Scenario) -> str:
+    """The sweep point of a variant in words (no Python reprs): ``path: key = value, ...``."""
+    return "; ".join(f"{path}: {', '.join(_flat(value))}" if isinstance(value, dict)
+                     else f"{path} = {', '.join(_flat(value))}"
+                     for path, value in scenario.variant.items())
+
+
 def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
     """One sentence: the policies ranked by mean mass kept at the focus budget (or by final
     recall when no experiment decodes)."""
     source = f"On the `{scenario.source}` source" + (
-        f" ({scenario.variant_label})" if scenario.variant else "")
+        f" ({variant_text(scenario)})" if scenario.variant else "")
     for metric, what in (("mass_mean", "attention mass kept"), ("final_recall", "final recall")):
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name
@@ -282,7 +298,7 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
               "`steps.npz`, the resolved scenario in `scenario.json`", ""]
     lines += _reading(variants, results)
     for i, (scenario, res) in enumerate(zip(variants, results)):
-        title = f"## Variant {i}: {scenario.variant_label}" if scenario.variant else "## Run"
+        title = f"## Variant {i}: {variant_text(scenario)}" if scenario.variant else "## Run"
         lines += [title, "", *_what_was_run(scenario), ""]
         lines += _images(figures.get((i, "field"), []), folder) + [""]
         for exp in scenario.experiments:
