@@ -258,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        set_memory_limit(None)  # --max-memory holds for this command only, not the process
 
 
 def _interrupt(signum, frame) -> None:
