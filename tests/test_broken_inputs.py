@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from broken import DELETE, cli, document, matrix, to_toml, trace_arrays, write_data
-from kvsim.attention.components import BOOST, COMPONENTS
+from kvsim.attention.components import COMPONENTS
 
 NAN, INF = float("nan"), float("inf")
 

@@ -15,7 +15,6 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from queue import Empty
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
