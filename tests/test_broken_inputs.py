@@ -308,6 +308,7 @@ def _write_extras(folder: Path) -> None:
     np.savez(folder / "none.npz")
     np.save(folder / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     (folder / "taken").mkdir()
+    (folder / "taken" / "notes.txt").write_text("a folder kvsim did not write")
 
 
 def test_bases_are_valid(tmp_path):
