@@ -16,6 +16,7 @@ from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps
 from kvsim.policies.rows import head_rows
+from kvsim.policies.tova import admit  # the same step: evict the lowest score
 
 
 class State(NamedTuple):
@@ -42,16 +43,6 @@ def head_scores(p, m, positions, n, values, output, out):
             diff = np.float64(v[i]) - output[i]
             dist += diff * diff
         out[j] = (w / (1.0 - w)) * np.sqrt(dist)
-
-
-@jit_inline
-def admit(state, cache, n, t):
-    """Evict the key with the lowest score (the newest token always joins)."""
-    slot = n if n < cache.shape[0] else kernels.lowest_ranked_slot(cache, n, state.score, t + 1,
-                                                                   state.slot_of)
-    state.slot_of[t] = slot
-    state.score[slot] = 0.0
-    return slot
 
 
 @jit_inline
