@@ -19,7 +19,7 @@ from kvsim.report.stats import estimate, plural
 from kvsim.report.studies import STUDIES
 from kvsim.scenario.load import Experiment, Scenario
 
-HIDDEN_SOURCE_PARAMS = ("T", "heads", "kv_heads", "gqa", "per_head", "head_names")
+HIDDEN_SOURCE_PARAMS = ("T", "heads", "kv_heads", "gqa", "per_head", "head_names", "layers")
 INLINE_HEADS = 2  # more heads than this: the per-budget tables fold under <details>
 
 
