@@ -1,7 +1,7 @@
 """The same simulations written as a competent NumPy user would: vectorised per decode step.
 
 These are the baselines ``python -m kvsim bench`` measures kvsim against, on a dense
-attention matrix. They follow kvsim's semantics (DESIGN.md, README Semantics) for the
+attention matrix. They follow kvsim's semantics (the README's Semantics section) for the
 three policies benchmarked, and the benchmark checks that they agree with kvsim.
 """
 
