@@ -474,17 +474,23 @@ def load_scenario(path: str | Path, overrides: Overrides | None = None) -> Scena
     return variants[0]
 
 
-def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenario:
-    """Validate a parsed scenario document (paths resolve relative to ``path``)."""
-    path = Path(path)
-    chk = _Checker(path)
-    chk.unknown_keys(doc, TOP_KEYS, "")
+def read_name(chk: _Checker, doc: dict, path: Path) -> tuple:
+    """The document's ``name`` (a folder name; default the file's stem) and ``description``."""
     name = doc.get("name", path.stem)
     if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
         chk.add("name", f"expected a non-empty string usable as a folder name, got {name!r}")
     description = doc.get("description", "")
     if not isinstance(description, str):
         chk.add("description", f"expected a string, got {description!r}")
+    return name, description
+
+
+def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenario:
+    """Validate a parsed scenario document (paths resolve relative to ``path``)."""
+    path = Path(path)
+    chk = _Checker(path)
+    chk.unknown_keys(doc, TOP_KEYS, "")
+    name, description = read_name(chk, doc, path)
     seeds = doc.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds) \
             or len(set(seeds)) != len(seeds):

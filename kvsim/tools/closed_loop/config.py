@@ -15,7 +15,7 @@ from kvsim.errors import ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
-from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets,
+from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
@@ -85,12 +85,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     doc = read_document(path)
     chk = _Checker(path)
     chk.unknown_keys(doc, TOP_KEYS, "")
-    name = doc.get("name", path.stem)
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        chk.add("name", f"expected a non-empty string usable as a folder name, got {name!r}")
-    description = doc.get("description", "")
-    if not isinstance(description, str):
-        chk.add("description", f"expected a string, got {description!r}")
+    name, description = read_name(chk, doc, path)
     table = chk.table(doc, "closed_loop", "closed_loop")
     if "closed_loop" not in doc:
         chk.add("closed_loop", "expected a [closed_loop] table")
