@@ -83,6 +83,31 @@ def test_lower_precision_probabilities_are_accepted(dtype):
     assert np.array_equal(r.mass, ref.mass)
 
 
+@pytest.mark.parametrize("entry, value, message", [
+    ((7, 2), -1e-300, "row 7 has a negative entry"),
+    ((7, 2), np.nan, "row 7 is not"),
+    ((7, 2), np.inf, "row 7 is not"),
+    ((7, 2), -np.inf, "row 7 is not"),
+    ((7, 9), 5e-324, "row 7 attends to a later key"),
+    ((7, 9), np.nan, "row 7 is not"),
+    ((7, 9), -np.nan, "row 7 is not"),
+    ((3, 1), 0.75, "row 3 sums to"),
+])
+def test_the_input_check_names_the_first_bad_row(entry, value, message):
+    A = _A(16)
+    A[entry] = value
+    with pytest.raises(kvsim.KvsimError, match=message):
+        kvsim.Attention.from_probs(A)
+
+
+def test_negative_zeros_are_valid_probabilities():
+    A = _A(16)
+    A[5, :6] = [0.5, -0.0, 0.25, 0.25, -0.0, 0.0]
+    A[9, 12] = -0.0  # above the diagonal: still zero
+    att = kvsim.Attention.from_probs(A)
+    assert np.shares_memory(att.field().data.probs, A)
+
+
 def test_row_sum_tolerance_rule():
     assert row_sum_tolerance(np.float64, 4096) == pytest.approx(1e-5)
     assert row_sum_tolerance(np.float16, 1) == pytest.approx(1e-5 + 2**-10, rel=1e-3)

@@ -14,6 +14,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.lanes import lane_sum
 
 ROW_SUM_TOL = 1e-5  # the float64 tolerance; lower precisions add their rounding bound
 EXACT_TOL = 1e-12  # rows within this of 1 are used as given (no copy, no renormalisation)
@@ -40,68 +41,63 @@ def _check_dtype(a: np.ndarray, what: str) -> None:
                          f"got dtype {a.dtype}")
 
 
+# Bit patterns of float64 entries, read as uint64: the non-negative finite numbers are
+# 0 .. 0x7FEF...; adding 2^52 sets bit 63 for every other pattern except the negative
+# infinity and NaNs, which make the row's sum non-finite anyway.
+_SIGN = np.uint64(63)
+_PAST_FINITE = np.uint64(1 << 52)
+
+
 @jit_inline
-def _sum_and_min(row, lo, hi):
-    """Sum (over 8 lanes) and minimum of ``row[lo:hi]``: vectorised reductions."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = 0.0
-    whole = hi - (hi - lo) % 8
-    for k in range(lo, whole, 8):
-        x0, x1, x2, x3 = row[k], row[k + 1], row[k + 2], row[k + 3]
-        x4, x5, x6, x7 = row[k + 4], row[k + 5], row[k + 6], row[k + 7]
-        s0 += x0
-        s1 += x1
-        s2 += x2
-        s3 += x3
-        s4 += x4
-        s5 += x5
-        s6 += x6
-        s7 += x7
-        m0 = m0 if m0 <= x0 else x0
-        m1 = m1 if m1 <= x1 else x1
-        m2 = m2 if m2 <= x2 else x2
-        m3 = m3 if m3 <= x3 else x3
-        m4 = m4 if m4 <= x4 else x4
-        m5 = m5 if m5 <= x5 else x5
-        m6 = m6 if m6 <= x6 else x6
-        m7 = m7 if m7 <= x7 else x7
-    for k in range(whole, hi):
-        s0 += row[k]
-        m0 = m0 if m0 <= row[k] else row[k]
-    total = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
-    return total, min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
+def _flags(bits, n):
+    """The OR of ``bits[:n] + 2^52``: bit 63 of it is clear when every entry is a finite
+    number with a clear sign bit (``bits``: the row read as uint64). Integer adds and ORs,
+    so the loop vectorises."""
+    flags = np.uint64(0)
+    for k in range(n):
+        flags |= bits[k] + _PAST_FINITE
+    return flags
+
+
+@jit_inline
+def _any_bits(bits, lo, hi):
+    """Whether any of ``bits[lo:hi]`` is non-zero (an entry other than +0.0)."""
+    flags = np.uint64(0)
+    for k in range(lo, hi):
+        flags |= bits[k]
+    return flags != 0
 
 
 @jit
-def _bad_rows(a, base_tol, entry_tol, bad, deviation):
-    """For every row q: ``bad[q]`` whether it is invalid, ``deviation[q] = |row sum - 1|``.
+def _suspect_rows(a, bits, base_tol, entry_tol, suspect, deviation):
+    """For every row q: ``suspect[q]`` whether it may be invalid, ``deviation[q] =
+    |row sum - 1|``; ``bits`` is ``a`` read as uint64.
 
-    Each entry is read once: a sum and a minimum below the diagonal, and above it. A NaN
-    or an infinity makes a sum non-finite; with every entry >= 0, the entries above the
-    diagonal are all zero exactly when their sum is.
+    Each entry is read once. A row is suspect if its sum is non-finite or off by more
+    than the tolerance, an entry on or below the diagonal is negative, infinite or NaN
+    (or -0.0), or an entry above it is not +0.0; :func:`_row_problem` then decides
+    exactly (a row of -0.0 entries is valid).
     """
     T = a.shape[0]
     for q in range(T):
-        row = a[q]
         n = q + 1
-        total, lowest = _sum_and_min(row, 0, n)
-        later, later_lowest = _sum_and_min(row, n, T)
+        total = lane_sum(a[q], n)  # the row, just read, is still in cache
+        flags = _flags(bits[q], n)
         dev = abs(total - 1.0)
         deviation[q] = dev
-        bad[q] = not (abs(total) < np.inf and abs(later) < np.inf and lowest >= 0.0
-                      and later_lowest >= 0.0 and later == 0.0
-                      and dev <= base_tol + n * entry_tol)
+        suspect[q] = (not abs(total) < np.inf or (flags >> _SIGN) != 0
+                      or _any_bits(bits[q], n, T) or not dev <= base_tol + n * entry_tol)
 
 
-def _row_problem(row: np.ndarray, q: int) -> int:
-    """Which check row ``q`` fails (a key of ``_PROBLEMS``), read with NumPy."""
+def _row_problem(row: np.ndarray, q: int, deviation: float, tol: float) -> int:
+    """Which check row ``q`` fails (a key of ``_PROBLEMS``), read with NumPy; 0 if none."""
     if not np.isfinite(row).all():
         return 1
     if (row[:q + 1] < 0).any():
         return 2
     if row[q + 1:].any():
         return 3
-    return 4
+    return 4 if not deviation <= tol else 0
 
 
 _PROBLEMS = {1: "expected finite values, row {row} is not",
@@ -114,21 +110,24 @@ _PROBLEMS = {1: "expected finite values, row {row} is not",
 def _checked(a: np.ndarray, dtype, what: str) -> float:
     """Check a float64 C-contiguous (T, T) matrix; return the largest ``|row sum - 1|``.
 
-    On one thread: the check is bound by memory bandwidth, and two threads were slower
-    on the busy machine it was measured on.
+    One pass over the matrix on one thread (the check is bound by memory bandwidth);
+    the few suspect rows it finds are then examined exactly with NumPy.
     """
     T = a.shape[0]
     info = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64)
-    bad = np.empty(T, np.bool_)
+    suspect = np.empty(T, np.bool_)
     deviation = np.empty(T)
-    _bad_rows(a, ROW_SUM_TOL + float(info.eps), float(info.smallest_subnormal), bad, deviation)
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        tol = f"{row_sum_tolerance(dtype, row + 1):.3g}"
-        if dtype != np.float64:
-            tol += f" for {np.dtype(dtype).name}"
-        raise KvsimError(f"{what}: " + _PROBLEMS[_row_problem(a[row], row)].format(
-            row=row, tol=tol, total=float(a[row, :row + 1].sum())))
+    _suspect_rows(a, a.view(np.uint64), ROW_SUM_TOL + float(info.eps),
+                  float(info.smallest_subnormal), suspect, deviation)
+    for row in np.flatnonzero(suspect):
+        row = int(row)
+        problem = _row_problem(a[row], row, deviation[row], row_sum_tolerance(dtype, row + 1))
+        if problem:
+            tol = f"{row_sum_tolerance(dtype, row + 1):.3g}"
+            if dtype != np.float64:
+                tol += f" for {np.dtype(dtype).name}"
+            raise KvsimError(f"{what}: " + _PROBLEMS[problem].format(
+                row=row, tol=tol, total=float(a[row, :row + 1].sum())))
     return float(deviation.max())
 
 

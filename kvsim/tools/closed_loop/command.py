@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -18,7 +19,8 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     closed-loop batches on ``workers`` forked processes (the numbers do not depend on it).
 
     The wall time written in the report covers everything up to the report files:
-    loading the model, the full run, the open loop and every closed-loop run.
+    loading the model, the full run, the open loop and every closed-loop run; the
+    machine's core count and load average at the end go beside it.
     """
     start = time.perf_counter()
     cfg = load_config(path)
@@ -29,4 +31,6 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     facts["workers"] = workers
     facts["run_seconds"] = facts["wall_seconds"]
     facts["wall_seconds"] = time.perf_counter() - start
+    facts["cores"] = os.cpu_count()
+    facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
     return write_report(cfg, series, facts, out)

@@ -47,13 +47,16 @@ def within_budget_rho(rows: list[dict], predictor: str, target: str) -> float:
     return float(np.nanmean(rhos)) if rhos else float("nan")
 
 
-def _verdict(rho: float) -> str:
-    if rho >= 0.9:
+def _verdict(rho: float, within: float) -> str:
+    """What ``rho`` over every run and ``within`` (the mean rho across policies at one
+    budget) mean for trusting the simulator."""
+    if rho >= 0.9 and within >= 0.9:
         return ("the simulator's open-loop numbers order what eviction costs this model almost "
-                "exactly, so its rankings of policies and budgets can be trusted")
+                "exactly, across budgets and between policies at one budget alike")
     if rho >= 0.7:
-        return ("the simulator's open-loop numbers order the model's loss well, so trust its "
-                "large differences and check close calls in the closed loop")
+        return (f"the simulator orders budgets and clearly different policies reliably, but "
+                f"between policies at one budget ρ is only {within:.2f} on average, so close "
+                f"calls deserve a closed-loop check")
     return ("the open-loop numbers are a weak guide to this model's loss: rank policies in "
             "the closed loop, not by mass alone")
 
@@ -124,6 +127,12 @@ def _fmt(x: float) -> str:
     return "n/a" if not np.isfinite(x) else (f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}")
 
 
+def _load(facts: dict) -> str:
+    """The machine's load average at the end of the run (1 and 15 minutes), in words."""
+    one, _, fifteen = facts["load_average"]
+    return f"{one:.1f} over the last minute and {fifteen:.1f} over 15 minutes, at the end"
+
+
 def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts: dict,
               figures: list[str]) -> str:
     policy_rows = [r for r in rows if r["policy"] != FULL]
@@ -131,13 +140,14 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
     best = kl_ranks[0]
     mean = next(r for r in kl_ranks if r["predictor"] == "mass_mean")
     n = len(policy_rows)
+    within = within_budget_rho(policy_rows, best["predictor"], "kl")
     lines = [f"# Closed loop: {cfg.name}", ""]
     lines.append(
         f"Across {n} policy × budget runs, the open-loop metric that best predicts the model's "
         f"own next-token KL is **{NAMES[best['predictor']]}** (Spearman ρ = {best['rho']:.3f}, "
         f"95% bootstrap CI [{best['ci_low']:.3f}, {best['ci_high']:.3f}]); plain mean mass has "
         f"ρ = {mean['rho']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}]: "
-        f"{_verdict(best['rho'])}.")
+        f"{_verdict(best['rho'], within)}.")
     lines += ["", f"{cfg.description}".strip(), ""] if cfg.description else [""]
     minutes = facts["wall_seconds"] / 60
     lines += [
@@ -152,8 +162,9 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         f"(numerical floor: float32 attention over the whole cache versus the full prefill "
         f"pass), NLL {rows[0]['nll']:.4f} nats per token.",
         f"- Wall time: {facts['wall_seconds']:.0f} s ({minutes:.1f} min) for the whole command "
-        f"(model load, full run, open loop, {n} closed-loop runs), measured on a 2-core machine "
-        f"while other jobs loaded the CPU; torch on one thread.",
+        f"(model load, full run, open loop, {n} closed-loop runs), on {facts['cores']} cores "
+        f"with {facts['workers']} worker process{'es' if facts['workers'] > 1 else ''} and "
+        f"torch on one thread each; load average {_load(facts)}.",
         "", "## Which open-loop metric predicts the model?", "",
         "Spearman ρ between each open-loop metric (oriented so that larger predicts more "
         "damage) and the closed-loop mean KL or ΔNLL, over every policy × budget run; 95% "
