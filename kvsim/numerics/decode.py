@@ -160,6 +160,7 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
     G = heads.shape[0]
+    dense = f.probs.shape[1] > 0
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
@@ -191,7 +192,13 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
             hits[g] += important[g, t]
         cache_size[step] = n
         for g in range(G):
-            probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
+            if dense:  # the gather inlined: a call that takes the whole field costs more
+                row = f.probs[heads[g], t]
+                o = obs[g]
+                for j in range(n):
+                    o[j] = row[cache[j]]
+            else:
+                probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
         record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
                out_mass, out_recall, out_error)
         snap = snapshot(cache, n, step, snap_steps, snapshots, snap)

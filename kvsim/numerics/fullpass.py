@@ -64,6 +64,11 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
     for q in range(b, rows, BLOCKS):
         n = q + 1
         target = prompt_sums if q < prompt_len else decode_sums
+        if dense and q < prompt_len:  # only the column sums: no copy of the row
+            row = f.probs[h, q]
+            for k in range(n):
+                target[k] += row[k]
+            continue
         if dense:
             for k in range(n):
                 buf[k] = f.probs[h, q, k]

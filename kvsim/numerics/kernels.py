@@ -47,7 +47,7 @@ def top_ranked(scores, lo, hi, k):
     return out + lo
 
 
-@jit
+@jit_inline
 def lowest_ranked_slot(cache, n, value, limit, slot_of):
     """Slot of the worst-ranked key among positions < limit (lowest value, then highest
     position), or -1 if there is none; ``slot_of`` maps a cached position to its slot.

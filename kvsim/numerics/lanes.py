@@ -8,7 +8,7 @@ floating-point reduction (fastmath being off) would forbid.
 
 import numpy as np
 
-from kvsim.numerics.jit import jit
+from kvsim.numerics.jit import jit, jit_inline
 
 
 @jit
@@ -49,13 +49,13 @@ def lane_sum(x, n):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@jit
+@jit_inline
 def _below(x, key, k, limit):
     """``x[k]`` where ``key[k] < limit``, else +inf."""
     return x[k] if key[k] < limit else np.inf
 
 
-@jit
+@jit_inline
 def masked_min(x, key, n, limit):
     """Minimum of ``x[j]`` over ``j < n`` with ``key[j] < limit`` (+inf if there is none)."""
     m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.inf
