@@ -114,6 +114,7 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
             # A fixed timestamp: the same results give the same bytes.
             entry = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             entry.compress_type = zipfile.ZIP_DEFLATED
+            entry._compresslevel = 1  # as ZipFile.open sets it for a name; else zlib's 6
             with archive.open(entry, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
