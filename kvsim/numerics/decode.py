@@ -112,7 +112,7 @@ def copy_kept(cache, n, out):
         out[j] = cache[j]
 
 
-@jit
+@jit_inline
 def snapshot(cache, n, step, snap_steps, snapshots, index):
     """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step."""
     if index < snap_steps.shape[0] and snap_steps[index] == step:
@@ -192,11 +192,10 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
             hits[g] += important[g, t]
         cache_size[step] = n
         for g in range(G):
-            if dense:  # the gather inlined: a call that takes the whole field costs more
-                row = f.probs[heads[g], t]
-                o = obs[g]
+            if dense:  # the gather inlined, without array views (each costs two
+                h = heads[g]  # reference-count calls, as much as a short step's work)
                 for j in range(n):
-                    o[j] = row[cache[j]]
+                    obs[g, j] = f.probs[h, t, cache[j]]
             else:
                 probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
         record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,

@@ -30,7 +30,7 @@ def lane_max(x, n):
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
-@jit
+@jit_inline
 def lane_sum(x, n):
     """Sum of ``x[:n]``."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0

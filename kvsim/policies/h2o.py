@@ -68,10 +68,9 @@ def observe(state, cache, n, obs, mass, outputs):
     score = state.score
     if obs.shape[0] == 1 and not state.full:  # one head: one fused loop, p~ = p / mass
         m = mass[0]
-        row = obs[0]
         if m > 0.0:  # the same division as kernels.combine_observed: equal scores stay equal
             for j in range(n):
-                score[j] += row[j] / m
+                score[j] += obs[0, j] / m
     else:
         if state.full:
             kernels.combine_rows(obs, n, state.gqa, state.combined)
