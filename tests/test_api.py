@@ -100,6 +100,17 @@ def test_the_input_check_names_the_first_bad_row(entry, value, message):
         kvsim.Attention.from_probs(A)
 
 
+@pytest.mark.parametrize("row", [0, 1049, 1050, 2099])
+def test_a_matrix_checked_in_two_halves_names_its_first_bad_row(row):
+    T = 2100  # 2100^2 entries: read on two threads where Numba has two
+    A = np.tril(np.ones((T, T)))
+    A /= A.sum(axis=1, keepdims=True)
+    A[row, 0] = np.nan
+    A[2099, 1] = -1.0  # a later bad row does not hide the first
+    with pytest.raises(kvsim.KvsimError, match=f"row {row} is not"):
+        kvsim.Attention.from_probs(A)
+
+
 def test_negative_zeros_are_valid_probabilities():
     A = _A(16)
     A[5, :6] = [0.5, -0.0, 0.25, 0.25, -0.0, 0.0]

@@ -10,6 +10,9 @@ underflow to subnormals), with room for the producer's own arithmetic.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
 import numpy as np
 
 from kvsim.errors import KvsimError
@@ -19,6 +22,7 @@ from kvsim.numerics.lanes import lane_sum
 ROW_SUM_TOL = 1e-5  # the float64 tolerance; lower precisions add their rounding bound
 EXACT_TOL = 1e-12  # rows within this of 1 are used as given (no copy, no renormalisation)
 DTYPES = (np.float16, np.float32, np.float64)
+PARALLEL_ENTRIES = 1 << 22  # a matrix this large is checked on two threads
 
 
 def row_sum_tolerance(dtype, n: int) -> float:
@@ -69,9 +73,9 @@ def _any_bits(bits, lo, hi):
 
 
 @jit
-def _suspect_rows(a, bits, base_tol, entry_tol, suspect, deviation):
-    """For every row q: ``suspect[q]`` whether it may be invalid, ``deviation[q] =
-    |row sum - 1|``; ``bits`` is ``a`` read as uint64.
+def _suspect_rows(a, bits, lo, hi, base_tol, entry_tol, suspect, deviation):
+    """For every row ``lo <= q < hi``: ``suspect[q]`` whether it may be invalid,
+    ``deviation[q] = |row sum - 1|``; ``bits`` is ``a`` read as uint64.
 
     Each entry is read once. A row is suspect if its sum is non-finite or off by more
     than the tolerance, an entry on or below the diagonal is negative, infinite or NaN
@@ -79,7 +83,7 @@ def _suspect_rows(a, bits, base_tol, entry_tol, suspect, deviation):
     exactly (a row of -0.0 entries is valid).
     """
     T = a.shape[0]
-    for q in range(T):
+    for q in range(lo, hi):
         n = q + 1
         total = lane_sum(a[q], n)  # the row, just read, is still in cache
         flags = _flags(bits[q], n)
@@ -110,15 +114,25 @@ _PROBLEMS = {1: "expected finite values, row {row} is not",
 def _checked(a: np.ndarray, dtype, what: str) -> float:
     """Check a float64 C-contiguous (T, T) matrix; return the largest ``|row sum - 1|``.
 
-    One pass over the matrix on one thread (the check is bound by memory bandwidth);
-    the few suspect rows it finds are then examined exactly with NumPy.
+    One pass over the matrix, bound by memory bandwidth: a large matrix is read in two
+    halves on two threads (when Numba may use two), which one core's bandwidth cannot
+    match. The few suspect rows are then examined exactly with NumPy.
     """
     T = a.shape[0]
     info = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64)
     suspect = np.empty(T, np.bool_)
     deviation = np.empty(T)
-    _suspect_rows(a, a.view(np.uint64), ROW_SUM_TOL + float(info.eps),
-                  float(info.smallest_subnormal), suspect, deviation)
+    bits = a.view(np.uint64)
+
+    def rows(lo: int, hi: int) -> None:
+        _suspect_rows(a, bits, lo, hi, ROW_SUM_TOL + float(info.eps),
+                      float(info.smallest_subnormal), suspect, deviation)
+
+    if T * T >= PARALLEL_ENTRIES and numba.get_num_threads() > 1:
+        with ThreadPoolExecutor(2) as pool:  # the kernel releases the GIL
+            list(pool.map(rows, (0, T // 2), (T // 2, T)))
+    else:
+        rows(0, T)
     for row in np.flatnonzero(suspect):
         row = int(row)
         problem = _row_problem(a[row], row, deviation[row], row_sum_tolerance(dtype, row + 1))
