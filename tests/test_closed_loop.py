@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import importlib.util
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from kvsim.errors import KvsimError  # noqa: E402
 from kvsim.numerics.decode import observed_outputs  # noqa: E402
 from kvsim.numerics.field import dense_field  # noqa: E402
 from kvsim.numerics.lanes import lane_sum  # noqa: E402
@@ -171,3 +173,20 @@ def test_smollm2_closed_loop_report(tmp_path):
     assert all(float(r["kl"]) > 1e-4 for r in rows[1:])
     assert (out / "scatter_mass_vs_kl.png").is_file() and (out / "kl_over_steps.png").is_file()
     assert "Spearman ρ" in (out / "report.md").read_text()
+
+
+def test_a_closed_loop_report_is_replaced_only_with_force(tmp_path):
+    from kvsim.tools.closed_loop.command import _check_out
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "closed_loop.json").write_text(json.dumps({"settings": {}, "token_ids_sha256": "0"}))
+    with pytest.raises(KvsimError, match="use --force to replace it"):
+        _check_out(report, force=False)
+    _check_out(report, force=True)
+    _check_out(tmp_path / "new", force=False)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(KvsimError, match="kvsim never replaces it"):
+        _check_out(other, force=True)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
+from kvsim.errors import KvsimError
 from kvsim.report.writer import check_out
 from kvsim.tools.capture import load_model
 from kvsim.tools.closed_loop.config import load_config
@@ -25,7 +27,7 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     start = time.perf_counter()
     cfg = load_config(path)
     out = Path("reports") / cfg.name if out is None else Path(out)
-    check_out(out, force)
+    _check_out(out, force)
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
     series, facts = run(cfg, net, tokenizer, progress, workers)
     facts["workers"] = workers
@@ -34,3 +36,18 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     facts["cores"] = os.cpu_count()
     facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
     return write_report(cfg, series, facts, out)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """``out`` may receive the report: a new or empty folder, or with ``force`` a closed-loop
+    report kvsim wrote (its ``closed_loop.json``); a folder kvsim did not write, never."""
+    try:
+        info = json.loads((out / "closed_loop.json").read_text())
+        ours = isinstance(info, dict) and {"settings", "token_ids_sha256"} <= info.keys()
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        check_out(out, force)  # new, empty, a scenario report, or not kvsim's
+    elif not force:
+        raise KvsimError(f"{out}: expected a new output folder, got a closed-loop report "
+                         f"(use --force to replace it)")
