@@ -39,6 +39,7 @@ import numpy as np
 from kvsim.numerics.field import FieldData, probs_at
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.numerics.lanes import lane_sum
+from kvsim.numerics.prefetch import prefetch
 
 
 class Context(NamedTuple):
@@ -196,6 +197,9 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
                 h = heads[g]  # reference-count calls, as much as a short step's work)
                 for j in range(n):
                     obs[g, j] = f.probs[h, t, cache[j]]
+                if t + 1 < T:  # the next row's entries of these keys, while this step runs
+                    for j in range(n):
+                        prefetch(f.probs, h, t + 1, cache[j])
             else:
                 probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
         record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
