@@ -16,10 +16,19 @@ The package is layered; each layer imports only from the layers above it in this
 from kvsim.api import Attention, Results, SimulationResult, load_report, simulate
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.policies import POLICIES
-from kvsim.report.writer import run
 from kvsim.scenario.load import Scenario, load_scenario, load_sweep
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``kvsim.run``, imported on first use: the report writer brings matplotlib, which
+    the simulation API does not need (``import kvsim`` stays fast)."""
+    if name == "run":
+        from kvsim.report.writer import run
+        return run
+    raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
+
 
 __all__ = ["POLICIES", "Attention", "KvsimError", "Results", "Scenario", "ScenarioError",
            "SimulationResult", "load_report", "load_scenario", "load_sweep", "run", "simulate",

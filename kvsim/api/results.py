@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.report.writer import result_columns
+from kvsim.report.columns import result_columns
 
 METRICS = ("mass", "cache_size", "recall", "error")
 

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, markdown
+from kvsim.report.columns import result_columns
 from kvsim.report.studies import STUDIES
 from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
@@ -117,16 +118,6 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
             entry._compresslevel = 1  # as ZipFile.open sets it for a name; else zlib's 6
             with archive.open(entry, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-
-
-def result_columns(rows: list[dict]) -> list[str]:
-    """Every row's columns: the identifying ones (up to ``steps``), the policy parameters
-    (``kind.name``, sorted), then the summaries."""
-    seen = list(dict.fromkeys(k for r in rows for k in r))
-    params = sorted(k for k in seen if "." in k)
-    rest = [k for k in seen if "." not in k]
-    cut = rest.index("steps") + 1
-    return rest[:cut] + params + rest[cut:]
 
 
 def _write_results(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
