@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvsim: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("kvsim: interrupted; no report written (finished units are kept for "
-              "--resume)", file=sys.stderr)
+        resumable = not (argv and argv[0] in COMMANDS)  # only a scenario run resumes
+        print("kvsim: interrupted; no report written" + (
+            " (finished units are kept for --resume)" if resumable else ""), file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import time
 import importlib.util
 from pathlib import Path
 
@@ -190,3 +191,33 @@ def test_a_closed_loop_report_is_replaced_only_with_force(tmp_path):
     (other / "notes.txt").write_text("mine")
     with pytest.raises(KvsimError, match="kvsim never replaces it"):
         _check_out(other, force=True)
+
+
+def _sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _dead(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_an_interrupt_stops_the_forked_workers_at_once():
+    from kvsim.tools.closed_loop.run import forked_pool
+
+    with pytest.raises(KeyboardInterrupt):
+        with forked_pool(2) as pool:
+            for _ in range(2):
+                pool.submit(_sleep, 60.0)
+            pids = [process.pid for process in pool._processes.values()]
+            raise KeyboardInterrupt  # what Ctrl-C or SIGTERM raises in the command
+    assert pids
+    for _ in range(300):  # terminated, not left to finish their 60 s batches
+        if all(_dead(pid) for pid in pids):
+            break
+        time.sleep(0.1)
+    assert all(_dead(pid) for pid in pids)

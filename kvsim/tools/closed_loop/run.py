@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
+import signal
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from queue import Empty
 from dataclasses import dataclass, field
 
@@ -103,8 +105,29 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
 _FORKED: dict = {}  # what forked workers inherit: the model, the full run, the settings
 
 
-def _worker_init(queue) -> None:
+def _worker_init(queue=None) -> None:
+    # The parent stops the workers: they neither turn Ctrl-C into an exception of their
+    # own nor keep the parent's SIGTERM handler (which would wait for the batch to end).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _FORKED["queue"] = queue
+
+
+@contextmanager
+def forked_pool(workers: int, queue=None):
+    """A pool of ``workers`` forked processes that an interrupt stops at once: on any
+    exception in the block (Ctrl-C, or SIGTERM turned into one by the command line) the
+    workers are terminated and their batches dropped, instead of awaited."""
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
+                               initializer=_worker_init, initargs=(queue,))
+    try:
+        yield pool
+    except BaseException:
+        for process in list(pool._processes.values()):  # the executor's own workers
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _worker(members: list[int]) -> list[tuple]:
@@ -129,7 +152,7 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
                     for pc in cfg.policies]
         _FORKED["open"] = (full, cfg)
         try:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            with forked_pool(workers) as pool:
                 futures = [pool.submit(_open_worker, i) for i in range(len(cfg.policies))]
                 for fut in as_completed(futures):
                     bar.update()
@@ -156,8 +179,7 @@ def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: 
     queue = ctx.Queue()
     _FORKED["job"] = (net, full, runs, P, gqa, seed)
     try:
-        with ProcessPoolExecutor(min(workers, len(batches)), mp_context=ctx,
-                                 initializer=_worker_init, initargs=(queue,)) as pool:
+        with forked_pool(min(workers, len(batches)), queue) as pool:
             futures = {pool.submit(_worker, members): members for members in batches}
             pending = set(futures)
             while pending:
