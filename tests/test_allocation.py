@@ -279,17 +279,7 @@ def test_on_demand_trace_is_captured_once_and_cached(tmp_path, monkeypatch):
     assert len(calls) == 3 and len(list(cached[0].parent.glob("*.npz"))) == 3
 
 
-def test_on_demand_trace_without_the_extra_names_it(tmp_path, monkeypatch):
-    import builtins
-
-    real = builtins.__import__
-
-    def no_torch(name, *args, **kwargs):
-        if name == "torch":
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
+def test_on_demand_trace_without_the_extra_names_it(tmp_path, monkeypatch, without_torch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "model").mkdir()
     (tmp_path / "text.txt").write_text("some text")

@@ -57,17 +57,7 @@ def test_committed_smollm2_trace_replays_like_the_dense_path(tmp_path):
     replay_vs_dense(TRACE, 15, 256, [0, 2], (16, 64), tmp_path)
 
 
-def test_capture_needs_the_extra_or_names_it(monkeypatch):
-    import builtins
-
-    real = builtins.__import__
-
-    def no_torch(name, *args, **kwargs):
-        if name == "torch":
-            raise ImportError(name)
-        return real(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
+def test_capture_needs_the_extra_or_names_it(without_torch):
     from kvsim.tools.capture import load_model
     with pytest.raises(KvsimError, match=r'pip install -e "\.\[capture\]"'):
         load_model("anything")

@@ -10,8 +10,9 @@ import numpy as np
 from kvsim.api import arguments
 from kvsim.attention.dense import DTYPES, probability_stack, softmax_logits
 from kvsim.attention.sources import Field
+from kvsim.attention.trace import layer_field
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.numerics.field import FieldData, dense_field, empty_field
+from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.load import Scenario, validate
 
@@ -175,16 +176,9 @@ class Attention:
             raise KvsimError(f"scaling: expected a positive finite number, got {scaling!r}")
         else:
             scale = float(scaling)
-        f = empty_field(H, T, k.shape[0])
-        f["queries"] = np.ascontiguousarray(q, dtype=np.float32)
-        f["keys"] = np.ascontiguousarray(k.transpose(0, 2, 1), dtype=np.float32)
-        if v is not None:
-            f["values"] = np.ascontiguousarray(v, dtype=np.float32)
-            f["value_heads"] = np.ones(k.shape[0], bool)
-        f["qk_scale"] = np.full(H, scale)
         mask = arguments.important(important, T, H)
         return cls("qk", T, H, k.shape[0], _gqa(gqa), mask is not None,
-                   field=Field(FieldData(**f), mask))
+                   field=Field(layer_field(q, k, v, scale), mask))
 
     @classmethod
     def from_spec(cls, spec: dict, base: str | Path = ".") -> Attention:

@@ -65,19 +65,12 @@ def admit(state, cache, n, t):
 def observe(state, cache, n, obs, mass, outputs):
     """Add the step's attention (observed, or full) to every cached key's score; count the
     queries that saw each key when ranking by their mean."""
-    score = state.score
-    if obs.shape[0] == 1 and not state.full:  # one head: one fused loop, p~ = p / mass
-        m = mass[0]
-        if m > 0.0:  # the same division as kernels.combine_observed: equal scores stay equal
-            for j in range(n):
-                score[j] += obs[0, j] / m
+    if state.full:
+        kernels.combine_rows(obs, n, state.gqa, state.combined)
     else:
-        if state.full:
-            kernels.combine_rows(obs, n, state.gqa, state.combined)
-        else:
-            kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
-        for j in range(n):
-            score[j] += state.combined[j]
+        kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
+    for j in range(n):
+        state.score[j] += state.combined[j]
     if state.normalize:
         for j in range(n):
             state.seen[j] += 1.0
