@@ -1,10 +1,10 @@
-"""Deterministic, vectorisable ``exp``, ``log`` and ``cos`` for the kernels.
+"""Deterministic, vectorisable ``exp`` and ``log`` for the kernels.
 
 libm's functions are scalar calls; these are plain arithmetic (argument reduction, a
 polynomial, exponent bits set or read directly), so LLVM can vectorise the loops that
 use them, and a vectorised lane gives exactly what a scalar call gives, on any machine.
 Accuracy: ``exp_nonpositive`` within 1.5 ulp of the true value for ``-708 <= x <= 0``
-(0 below -708); ``log_positive`` and ``cos_two_pi`` within a few ulp.
+(0 below -708); ``log_positive`` within 2 ulp.
 """
 
 import math
@@ -21,13 +21,11 @@ _LN2_HI = 6.93147180369123816490e-01
 _LN2_LO = 1.90821492927058770002e-10
 _INV_LN2 = 1.44269504088896338700e+00
 _SQRT2 = 1.4142135623730951
-_TWO_PI = 6.283185307179586
 _MANTISSA = np.int64(0x000FFFFFFFFFFFFF)
 _ONE_BITS = np.int64(0x3FF0000000000000)
 # Polynomial coefficients, highest power first.
 _EXP_TAYLOR = tuple(1.0 / math.factorial(i) for i in range(12, -1, -1))  # exp(r), |r| <= ln2/2
 _ATANH_SERIES = tuple(1.0 / (2 * i + 1) for i in range(9, -1, -1))  # atanh(s)/s in z = s^2
-_COS_TAYLOR = tuple((-1.0) ** i / math.factorial(2 * i) for i in range(11, -1, -1))  # cos in x^2
 
 
 if config.DISABLE_JIT:  # plain Python (NUMBA_DISABLE_JIT=1): the same reinterpretations
@@ -106,17 +104,3 @@ def log_positive(x):
     p = _horner(z, _ATANH_SERIES)
     fe = float(e)
     return fe * _LN2_HI + (2.0 * s * p + fe * _LN2_LO)
-
-
-@jit
-def cos_two_pi(u):
-    """``cos(2 pi u)`` for any finite ``u`` (exact reduction to a quarter turn)."""
-    a = abs(u - np.floor(u + 0.5))  # in [0, 1/2]: the turn's distance to a whole number
-    sign = 1.0
-    if a > 0.25:  # cos(2 pi a) = -cos(2 pi (1/2 - a)); 0.5 - a is exact here
-        a = 0.5 - a
-        sign = -1.0
-    x = _TWO_PI * a  # in [0, pi/2]
-    z = x * x
-    p = _horner(z, _COS_TAYLOR)
-    return sign * p
