@@ -42,3 +42,31 @@ def test_breakdown_times_the_parts_of_the_real_logit():
     assert np.array_equal(buf, expected)
     costs = breakdown(noisy, plain, rows=4)
     assert list(costs) == list(PARTS) and all(ns > 0 for ns in costs.values())
+
+
+def test_qk_peer_computes_what_the_full_pass_computes():
+    from kvsim.numerics.fullpass import full_pass
+    from kvsim.tools.bench.ratios import numpy_qk_pass, qk_field, qk_versus_numpy
+
+    field = qk_field(96, 8)
+    fp = full_pass(field, 0, 80)
+    top, total, prompt, decode = numpy_qk_pass(field.queries[0].astype(np.float64),
+                                               field.keys[0].T.astype(np.float64),
+                                               float(field.qk_scale[0]), 80)
+    assert np.allclose(top, fp.row_max, rtol=0, atol=1e-12)
+    assert np.allclose(total, fp.row_sum, rtol=1e-12)
+    assert np.allclose(prompt, fp.prompt_colsum, rtol=0, atol=1e-12)
+    assert np.allclose(decode, fp.decode_colsum, rtol=0, atol=1e-12)
+    row = qk_versus_numpy(64, 8, repeats=1)
+    assert row["speedup"] == row["numpy_s"] / row["kvsim_s"] > 0
+
+
+def test_pass_floor_counts_the_flagship_passes():
+    from pathlib import Path
+
+    from kvsim.tools.bench import SCENARIO
+    from kvsim.tools.bench.ratios import pass_floor
+
+    floor = pass_floor(Path(SCENARIO), rate=1e9)
+    assert floor["passes"] == 2 * 4  # two seeds, four heads, one prompt length
+    assert floor["seconds"] == floor["entries"] / 1e9 == 8 * 34816 * 34817 / 2 / 1e9

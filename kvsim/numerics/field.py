@@ -16,7 +16,7 @@ import numpy as np
 
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.numerics.elementary import exp_nonpositive
-from kvsim.numerics.noise import add_noise, add_noise_row
+from kvsim.numerics.noise import add_noise, add_noise_span
 
 
 class FieldData(NamedTuple):
@@ -79,10 +79,10 @@ def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:
 
 
 @jit_inline
-def _add_boosts(f, h, q, keys, n, out):
+def _add_boosts(f, h, q, keys, lo, hi, out):
     for b in range(f.boost_strength.shape[0]):
         if f.boost_head[b] == h and f.boost_rows[b, 0] <= q < f.boost_rows[b, 1]:
-            for j in range(n):
+            for j in range(lo, hi):
                 if f.boost_keys[b, keys[j]]:
                     out[j] += f.boost_strength[b]
 
@@ -91,27 +91,32 @@ _NO_CACHE = np.zeros((0, 0))  # no cached key vectors: read them from the field
 
 
 @jit_inline
-def _add_qk(f, h, q, keys, n, out, work, cached, whole_row):
-    """Add ``qk_scale * q.k`` for ``keys[:n]``, the dot product summed over dimensions in
-    order (the same sum on every path). Keys are stored by dimension, so each dimension is
-    one loop over the keys: over ``cached`` (d, n) copies of the cached keys' vectors if
-    given, contiguous for a whole row, gathered otherwise. ``work`` holds the n sums."""
+def _add_qk(f, h, q, keys, lo, hi, out, work, cached, whole_row):
+    """Add ``qk_scale * q.k`` for ``keys[lo:hi]``, the dot product summed over dimensions
+    in order (the same sum on every path). Keys are stored by dimension, so each dimension
+    is one loop over the keys: over ``cached`` (d, n) copies of the cached keys' vectors if
+    given, contiguous for a whole row, gathered otherwise. ``work[lo:hi]`` holds the sums."""
     if f.qk_scale[h] != 0.0:
         kv = h // f.group
-        for j in range(n):
-            work[j] = 0.0
+        sums, span = work[lo:hi], out[lo:hi]  # indices from 0: LLVM then vectorises
+        for j in range(hi - lo):
+            sums[j] = 0.0
         for i in range(f.keys.shape[1]):
             qi = np.float64(f.queries[h, q, i])
             if cached.shape[0] > 0:
-                copies = cached[i]  # row views: LLVM then vectorises over the keys
-                for j in range(n):
-                    work[j] += qi * copies[j]
+                copies = cached[i, lo:hi]  # row views: LLVM then vectorises over the keys
+                for j in range(hi - lo):
+                    sums[j] += qi * copies[j]
+            elif whole_row:
+                dim = f.keys[kv, i, lo:hi]
+                for j in range(hi - lo):
+                    sums[j] += qi * dim[j]
             else:
                 dim = f.keys[kv, i]
-                for j in range(n):
-                    work[j] += qi * dim[j if whole_row else keys[j]]
-        for j in range(n):
-            out[j] += f.qk_scale[h] * work[j]
+                for j in range(lo, hi):
+                    sums[j - lo] += qi * dim[keys[j]]
+        for j in range(hi - lo):
+            span[j] += f.qk_scale[h] * sums[j]
 
 
 @jit_inline
@@ -126,21 +131,31 @@ def logits_at(f, h, q, keys, n, out, work, cached):
     for j in range(n):
         k = keys[j]
         out[j] = f.key_bias[h, k] + f.distance[h, q - k]
-    _add_boosts(f, h, q, keys, n, out)
+    _add_boosts(f, h, q, keys, 0, n, out)
     add_noise(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, keys, n, out)
-    _add_qk(f, h, q, keys, n, out, work, cached, False)
+    _add_qk(f, h, q, keys, 0, n, out, work, cached, False)
+
+
+@jit_inline
+def logits_span(f, h, q, keys, lo, hi, out, work):
+    """:func:`logits_at` for keys ``lo .. hi-1`` of a row (``keys`` holds ``0 .. T-1``,
+    ``lo`` even) into ``out[lo:hi]``: contiguous reads, and noise that shares work between
+    neighbouring keys. The full pass runs a row span by span, so that each span stays in
+    cache while every term is added to it."""
+    bias, span = f.key_bias[h, lo:hi], out[lo:hi]  # indices from 0: LLVM then vectorises
+    distance = f.distance[h]
+    for j in range(hi - lo):
+        span[j] = bias[j] + distance[q - lo - j]
+    _add_boosts(f, h, q, keys, lo, hi, out)
+    add_noise_span(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, lo, hi, out)
+    _add_qk(f, h, q, keys, lo, hi, out, work, _NO_CACHE, True)
 
 
 @jit
 def logits_row(f, h, q, keys, n, out, work):
-    """:func:`logits_at` for keys ``0 .. n-1`` (``keys`` holds them): contiguous reads, and
-    noise that shares work between neighbouring keys. A kernel of its own, so that the
-    kernels that only need rows, or only cached keys, compile only what they use."""
-    for k in range(n):
-        out[k] = f.key_bias[h, k] + f.distance[h, q - k]
-    _add_boosts(f, h, q, keys, n, out)
-    add_noise_row(f.noise_kind[h], f.noise_key[h], f.noise_scale[h], q, n, out)
-    _add_qk(f, h, q, keys, n, out, work, _NO_CACHE, True)
+    """:func:`logits_span` for keys ``0 .. n-1``. A kernel of its own, so that the kernels
+    that only need rows, or only cached keys, compile only what they use."""
+    logits_span(f, h, q, keys, 0, n, out, work)
 
 
 @jit_inline

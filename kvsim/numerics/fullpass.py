@@ -20,12 +20,14 @@ from tqdm import tqdm
 
 from kvsim.numerics.jit import jit
 from kvsim.numerics.elementary import exp_nonpositive
-from kvsim.numerics.field import FieldData, logits_row
-from kvsim.numerics.lanes import lane_max, lane_sum
+from kvsim.numerics.field import FieldData, logits_span
+from kvsim.numerics.lanes import (combine_max, combine_sum, lane_max_span, lane_sum,
+                                  lane_sum_span)
 
 BLOCKS = 16
 LONG_PASS = 2**31  # logit evaluations of a pass that shows its progress (a few seconds)
 SERIAL_ENTRIES = 1 << 23  # below this many entries, threads cost more than they save
+SPAN = 2048  # keys of a row swept at once (16 KB of logits: they stay in L1 between loops)
 
 
 class FullPass(NamedTuple):
@@ -40,11 +42,34 @@ class FullPass(NamedTuple):
 
 
 @jit
-def exp_shifted(x, n, top):
-    """Replace ``x[:n]`` by ``exp(x - top)`` (``x <= top``): a loop of its own, so that it
-    vectorises."""
-    for k in range(n):
-        x[k] = exp_nonpositive(x[k] - top)
+def exp_shifted(x, lo, hi, top):
+    """Replace ``x[lo:hi]`` by ``exp(x - top)`` (``x <= top``): a loop of its own, so that
+    it vectorises."""
+    span = x[lo:hi]  # indices from 0: LLVM then vectorises the loop
+    for k in range(hi - lo):
+        span[k] = exp_nonpositive(span[k] - top)
+
+
+@jit
+def row_exp(f, h, q, n, keys, buf, work, lanes):
+    """``exp(l - max)`` of row ``q`` of a component field into ``buf[:n]``; returns the
+    row's ``(max, sum of exp(l - max))``. Two sweeps over the row, span by span (``lanes``:
+    scratch for 8 floats): logits and their maximum, then exp and its sum. The same numbers
+    as logits, :func:`lane_max`, exp and :func:`lane_sum` one after another over the whole
+    row (the lanes see the same elements in the same order)."""
+    for lo in range(0, n, SPAN):
+        hi = min(lo + SPAN, n)
+        logits_span(f, h, q, keys, lo, hi, buf, work)
+        if lo == 0:
+            lanes[:] = buf[0]
+        lane_max_span(buf, lo, hi, lanes)
+    top = combine_max(lanes)
+    lanes[:] = 0.0
+    for lo in range(0, n, SPAN):
+        hi = min(lo + SPAN, n)
+        exp_shifted(buf, lo, hi, top)
+        lane_sum_span(buf, lo, hi, lanes)
+    return top, combine_sum(lanes)
 
 
 @jit
@@ -61,6 +86,7 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
     keys = np.arange(T)
     buf = np.empty(T)
     work = np.empty(T)
+    lanes = np.empty(8)
     for q in range(b, rows, BLOCKS):
         n = q + 1
         target = prompt_sums if q < prompt_len else decode_sums
@@ -73,20 +99,25 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
             for k in range(n):
                 buf[k] = f.probs[h, q, k]
                 target[k] += buf[k]
+            if q >= prompt_len:
+                decode_mass[q - prompt_len] = lane_sum(buf, n)
         else:
-            logits_row(f, h, q, keys, n, buf, work)
-            top = lane_max(buf, n)
-            exp_shifted(buf, n, top)
-            total = lane_sum(buf, n)
-            # The same expression as probs_at, so every path sees identical numbers.
-            scale = 1.0 / total
-            for k in range(n):
-                buf[k] = buf[k] * scale
-                target[k] += buf[k]
+            top, total = row_exp(f, h, q, n, keys, buf, work, lanes)
             row_max[q] = top
             row_sum[q] = total
-        if q >= prompt_len:
-            decode_mass[q - prompt_len] = lane_sum(buf, n)
+            # The same expression as probs_at, so every path sees identical numbers.
+            scale = 1.0 / total
+            lanes[:] = 0.0
+            for lo in range(0, n, SPAN):  # the third sweep: probabilities, column sums, mass
+                hi = min(lo + SPAN, n)
+                probs, sums = buf[lo:hi], target[lo:hi]
+                for k in range(hi - lo):
+                    probs[k] = probs[k] * scale
+                    sums[k] += probs[k]
+                if q >= prompt_len:
+                    lane_sum_span(buf, lo, hi, lanes)
+            if q >= prompt_len:
+                decode_mass[q - prompt_len] = combine_sum(lanes)
         if q >= prompt_len and dv > 0:
             output = full_output[q - prompt_len]
             for k in range(n):

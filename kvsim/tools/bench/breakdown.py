@@ -35,7 +35,7 @@ def _row_max(f, q, keys, buf, sums):
 
 @jit
 def _exp(f, q, keys, buf, sums):
-    exp_shifted(buf, q + 1, 100.0)  # the pass's own loop; arguments near -100, all <= 0
+    exp_shifted(buf, 0, q + 1, 100.0)  # the pass's own loop; arguments near -100, all <= 0
 
 
 @jit
