@@ -70,3 +70,10 @@ def test_pass_floor_counts_the_flagship_passes():
     floor = pass_floor(Path(SCENARIO), rate=1e9)
     assert floor["passes"] == 2 * 4  # two seeds, four heads, one prompt length
     assert floor["seconds"] == floor["entries"] / 1e9 == 8 * 34816 * 34817 / 2 / 1e9
+
+
+def test_full_pass_rate_is_timed_with_its_ceiling():
+    from kvsim.tools.bench import full_pass_rate
+
+    rate, ceiling = full_pass_rate(1280, noise=True, threads=2)
+    assert rate > 0 and ceiling > 2 * 1e6  # two threads' worth of NumPy exp
