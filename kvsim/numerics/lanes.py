@@ -11,10 +11,12 @@ import numpy as np
 from kvsim.numerics.jit import jit, jit_inline
 
 
-@jit
-def lane_max(x, n):
-    """Maximum of ``x[:n]`` (n >= 1)."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = x[0]
+@jit_inline
+def _maxima(x, lo, hi, m0, m1, m2, m3, m4, m5, m6, m7):
+    """The 8 lane maxima continued over ``x[lo:hi]``: element ``lo + 8i + l`` to lane
+    ``l``, a last partial group to lane 0."""
+    x = x[lo:hi]  # indices from 0: LLVM then vectorises the loop
+    n = hi - lo
     whole = n - n % 8
     for k in range(0, whole, 8):
         m0 = m0 if m0 >= x[k] else x[k]
@@ -27,13 +29,14 @@ def lane_max(x, n):
         m7 = m7 if m7 >= x[k + 7] else x[k + 7]
     for k in range(whole, n):
         m0 = m0 if m0 >= x[k] else x[k]
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    return m0, m1, m2, m3, m4, m5, m6, m7
 
 
 @jit_inline
-def lane_sum(x, n):
-    """Sum of ``x[:n]``."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+def _sums(x, lo, hi, s0, s1, s2, s3, s4, s5, s6, s7):
+    """The 8 lane sums continued over ``x[lo:hi]``, lanes as in :func:`_maxima`."""
+    x = x[lo:hi]  # indices from 0: LLVM then vectorises the loop
+    n = hi - lo
     whole = n - n % 8
     for k in range(0, whole, 8):
         s0 += x[k]
@@ -46,7 +49,50 @@ def lane_sum(x, n):
         s7 += x[k + 7]
     for k in range(whole, n):
         s0 += x[k]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    return s0, s1, s2, s3, s4, s5, s6, s7
+
+
+@jit_inline
+def combine_max(m):
+    """The maximum of 8 lane maxima (any indexable), combined pairwise."""
+    return max(max(max(m[0], m[1]), max(m[2], m[3])), max(max(m[4], m[5]), max(m[6], m[7])))
+
+
+@jit_inline
+def combine_sum(s):
+    """The total of 8 lane sums (any indexable), combined pairwise."""
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+
+
+@jit
+def lane_max(x, n):
+    """Maximum of ``x[:n]`` (n >= 1)."""
+    m = x[0]
+    return combine_max(_maxima(x, 0, n, m, m, m, m, m, m, m, m))
+
+
+@jit_inline
+def lane_sum(x, n):
+    """Sum of ``x[:n]``."""
+    return combine_sum(_sums(x, 0, n, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+
+
+@jit_inline
+def lane_max_span(x, lo, hi, m):
+    """Continue the 8 lane maxima ``m`` over ``x[lo:hi]`` (``lo`` a multiple of 8; only
+    the last span of a row may end off a multiple of 8): spans of a row, run in order from
+    ``m[:] = x[0]``, then :func:`combine_max`, give :func:`lane_max` of the row."""
+    m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7] = _maxima(
+        x, lo, hi, m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7])
+
+
+@jit_inline
+def lane_sum_span(x, lo, hi, s):
+    """Continue the 8 lane sums ``s`` over ``x[lo:hi]`` (spans as for
+    :func:`lane_max_span`): from ``s[:] = 0``, then :func:`combine_sum`, the spans of a row
+    give :func:`lane_sum` of the row, bit for bit."""
+    s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7] = _sums(
+        x, lo, hi, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7])
 
 
 @jit_inline
@@ -81,62 +127,3 @@ def masked_min(x, key, n, limit):
         v = _below(x, key, k, limit)
         m0 = v if v < m0 else m0
     return min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
-
-
-
-@jit_inline
-def lane_max_span(x, lo, hi, m):
-    """Continue the 8 lane maxima ``m`` over ``x[lo:hi]`` (``lo`` a multiple of 8; only
-    the last span of a row may end off a multiple of 8): spans of a row, run in order from
-    ``m[:] = x[0]``, then :func:`combine_max`, give :func:`lane_max` of the row."""
-    m0, m1, m2, m3, m4, m5, m6, m7 = m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7]
-    x = x[lo:hi]  # indices from 0: LLVM then vectorises the loop
-    n = hi - lo
-    whole = n - n % 8
-    for k in range(0, whole, 8):
-        m0 = m0 if m0 >= x[k] else x[k]
-        m1 = m1 if m1 >= x[k + 1] else x[k + 1]
-        m2 = m2 if m2 >= x[k + 2] else x[k + 2]
-        m3 = m3 if m3 >= x[k + 3] else x[k + 3]
-        m4 = m4 if m4 >= x[k + 4] else x[k + 4]
-        m5 = m5 if m5 >= x[k + 5] else x[k + 5]
-        m6 = m6 if m6 >= x[k + 6] else x[k + 6]
-        m7 = m7 if m7 >= x[k + 7] else x[k + 7]
-    for k in range(whole, n):
-        m0 = m0 if m0 >= x[k] else x[k]
-    m[0], m[1], m[2], m[3], m[4], m[5], m[6], m[7] = m0, m1, m2, m3, m4, m5, m6, m7
-
-
-@jit_inline
-def combine_max(m):
-    """The maximum of 8 lane maxima, combined as :func:`lane_max` combines them."""
-    return max(max(max(m[0], m[1]), max(m[2], m[3])), max(max(m[4], m[5]), max(m[6], m[7])))
-
-
-@jit_inline
-def lane_sum_span(x, lo, hi, s):
-    """Continue the 8 lane sums ``s`` over ``x[lo:hi]`` (spans as for
-    :func:`lane_max_span`): from ``s[:] = 0``, then :func:`combine_sum`, the spans of a row
-    give :func:`lane_sum` of the row, bit for bit."""
-    s0, s1, s2, s3, s4, s5, s6, s7 = s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]
-    x = x[lo:hi]  # indices from 0: LLVM then vectorises the loop
-    n = hi - lo
-    whole = n - n % 8
-    for k in range(0, whole, 8):
-        s0 += x[k]
-        s1 += x[k + 1]
-        s2 += x[k + 2]
-        s3 += x[k + 3]
-        s4 += x[k + 4]
-        s5 += x[k + 5]
-        s6 += x[k + 6]
-        s7 += x[k + 7]
-    for k in range(whole, n):
-        s0 += x[k]
-    s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7] = s0, s1, s2, s3, s4, s5, s6, s7
-
-
-@jit_inline
-def combine_sum(s):
-    """The total of 8 lane sums, combined as :func:`lane_sum` combines them."""
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
