@@ -188,8 +188,9 @@ def _capture(argv: list[str]) -> int:
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "
         "a Hugging Face causal LM on a text (CPU, eager attention) into a trace that the "
         "'trace' attention source replays. Needs: pip install -e \".[capture]\".")
-    p.add_argument("--model", required=True, help="local model directory or cached hub id "
-                   "(never downloaded)")
+    p.add_argument("--model", required=True, help="smollm2-135m, gemma3-270m (installed by "
+                   "their wheels), a local model directory or a cached hub id (never "
+                   "downloaded)")
     p.add_argument("--gguf-file", help="GGUF weights file inside --model")
     p.add_argument("--text", type=Path, required=True, help="text file to run the model on")
     p.add_argument("--tokens", type=_positive, default=2048, help="tokens to record (2048)")

@@ -87,7 +87,8 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
         for layer in range(L):
             A = np.concatenate([causal_softmax(np.einsum(  # the full-cache rows, per head
                 "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
-                full.keys[layer, j].astype(np.float64)) * full.scaling) for j in range(H_kv)])
+                full.keys[layer, j].astype(np.float64)) * full.geometry[layer].scaling)
+                for j in range(H_kv)])
             field = dense_field(A, H_kv)._replace(
                 keys=np.ascontiguousarray(full.keys[layer].transpose(0, 2, 1)),
                 values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool))

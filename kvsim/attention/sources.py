@@ -203,8 +203,8 @@ TRACE = Source(
     {
         "path": Param(str, None, "trace file, relative to the scenario file (or model + "
                                  "text + tokens)"),
-        "model": Param(str, None, "instead of path: a model (SmolLM2-135M-Instruct or a model "
-                                  "folder) whose capture on text is cached on first use"),
+        "model": Param(str, None, "instead of path: a model (smollm2-135m, gemma3-270m or a "
+                                  "model folder) whose capture on text is cached on first use"),
         "text": Param(str, None, "text file the model reads, relative to the scenario file"),
         "tokens": Param(int, None, "tokens of the text captured", low=1),
         "gguf_file": Param(str, None, "GGUF weights inside a model folder"),

@@ -2,12 +2,18 @@
 
 A trace holds, per recorded layer, the post-RoPE queries ``(L, H, T, d)``, keys
 ``(L, H_kv, T, d)`` and optionally values ``(L, H_kv, T, dv)`` (float16 or float32),
-plus ``layers``: the model's index of each recorded layer, and ``scaling``: the model's
-logit scale (default ``1 / sqrt(d)``). kvsim evaluates the logits ``q . k * scaling`` on
+plus ``layers``: the model's index of each recorded layer, ``scaling``: the model's
+logit scale (default ``1 / sqrt(d)``), and ``windows``: each recorded layer's sliding
+window, 0 for a global layer (default: every layer global). kvsim evaluates the logits ``q . k * scaling`` on
 the fly (O(T d) memory), with the model's grouped-query layout. Every array is checked
 on load (:func:`check`), before any work. A trace is a file (``path``) or a whole-model
 capture named by ``model``, ``text`` and ``tokens`` (:mod:`kvsim.attention.trace_cache`);
 one layer replays, or several (``layers``) jointly.
+
+Only global layers replay: a sliding-window layer (Gemma-3: five in six) attends causally
+*and* within its window, a field kvsim does not build, and a policy has nothing to compress
+there (its window is its cache). Selecting one is an error; ``layers = "all"`` means every
+recorded global layer.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
-OPTIONAL = ("values", "layers", "scaling")
+OPTIONAL = ("values", "layers", "scaling", "windows")
 MAX_LOGIT = 1e12  # bound on |q . k * scaling|: logits far beyond any model's stay exact
 MAX_ENTRY = 1e30  # vectors are replayed in float32 (range 3.4e38)
 
@@ -44,9 +50,10 @@ def trace_path(params: dict, base: Path) -> Path:
     return trace_cache.resolve(params, base)
 
 
-def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int]]:
-    """The trace's arrays and recorded layers, after :func:`check` (memoised while the
-    file is unchanged: the layers of one trace are built one after the other)."""
+def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int], dict[int, int]]:
+    """The trace's arrays, its recorded global layers (those that replay) and the window
+    of each recorded sliding-window layer, after :func:`check` (memoised while the file is
+    unchanged: the layers of one trace are built one after the other)."""
     if not path.is_file():
         raise KvsimError(f"expected an existing .npz trace, got {str(path)!r}", "path")
     stat = path.stat()
@@ -54,12 +61,20 @@ def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int]]:
 
 
 @functools.lru_cache(maxsize=1)
-def _read(path: str, mtime_ns: int, size: int) -> tuple[dict[str, np.ndarray], list[int]]:
+def _read(path: str, mtime_ns: int, size: int) -> tuple[dict[str, np.ndarray], list[int],
+                                                        dict[int, int]]:
     arrays = _load(Path(path))
     recorded = check(arrays)
     for a in arrays.values():
         a.flags.writeable = False  # shared by every build of this trace
-    return arrays, recorded
+    windows = arrays.get("windows", np.zeros(len(recorded), np.int64))
+    local = {layer: int(w) for layer, w in zip(recorded, windows) if w}
+    global_layers = [layer for layer in recorded if layer not in local]
+    if not global_layers:
+        _fail(f"expected a global layer among the recorded layers, got only sliding-window "
+              f"layers {recorded} (windows {sorted(set(local.values()))}), which kvsim does "
+              f"not replay")
+    return arrays, global_layers, local
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -114,6 +129,7 @@ def check(arrays: dict[str, np.ndarray]) -> list[int]:
         _fail(f"expected logits q . k * scaling within +-{MAX_LOGIT:g}, got vectors that "
               f"reach {bound:.3g}")
     L = q.shape[0]
+    _check_windows(arrays, L)
     if "layers" not in arrays:
         return list(range(L))
     layers = arrays["layers"]
@@ -124,10 +140,24 @@ def check(arrays: dict[str, np.ndarray]) -> list[int]:
     return [int(x) for x in layers]
 
 
-def select_layer(layers: list[int], requested: int | None, key: str = "layer") -> int:
-    """Position in the trace of the model layer ``requested`` (None: the first recorded)."""
+def _check_windows(arrays: dict[str, np.ndarray], L: int) -> None:
+    w = arrays.get("windows")
+    if w is not None and (w.ndim != 1 or not np.issubdtype(w.dtype, np.integer)
+                          or w.size != L or (w < 0).any()):
+        _fail(f"expected windows: {L} integers >= 0 (each recorded layer's sliding window, "
+              f"0 for a global layer), got {w.tolist() if w.size <= 8 else w.shape}")
+
+
+def select_layer(layers: list[int], requested: int | None, key: str = "layer",
+                 local: dict[int, int] | None = None) -> int:
+    """Index in ``layers`` (the recorded global layers) of the model layer ``requested``
+    (None: the first); ``local``: the window of each recorded sliding-window layer."""
     if requested is None:
         return 0
+    if local and requested in local:
+        raise KvsimError(f"expected a global layer ({layers}), got {requested}, a "
+                         f"sliding-window layer (window {local[requested]}), which kvsim "
+                         f"does not replay", key)
     if requested not in layers:
         raise KvsimError(f"expected one of the recorded layers {layers}, got {requested}", key)
     return layers.index(requested)
@@ -135,15 +165,15 @@ def select_layer(layers: list[int], requested: int | None, key: str = "layer") -
 
 def selected_layers(params: dict, base: Path) -> tuple[int, ...]:
     """The model layers the scenario replays: ``layers`` (a list or "all"), else ``layer``."""
-    _, recorded = _checked(trace_path(params, base))
+    _, recorded, local = _checked(trace_path(params, base))
     if params["layers"] is None:
-        return (recorded[select_layer(recorded, params["layer"])],)
+        return (recorded[select_layer(recorded, params["layer"], "layer", local)],)
     if params["layer"] is not None:
         raise KvsimError("expected either layer or layers, not both", "layers")
     if params["layers"] == "all":
         return tuple(recorded)
     for layer in params["layers"]:
-        select_layer(recorded, layer, "layers")
+        select_layer(recorded, layer, "layers", local)
     return tuple(params["layers"])
 
 
@@ -158,8 +188,9 @@ def describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 def build(params: dict, seed: int, base: Path) -> FieldData:
     """The field of the selected layer (``layer``, default the first recorded), KV heads
     and length."""
-    arrays, recorded = _checked(trace_path(params, base))
-    i = select_layer(recorded, params["layer"])
+    arrays, recorded, local = _checked(trace_path(params, base))
+    layer = recorded[select_layer(recorded, params["layer"], "layer", local)]
+    i = [int(x) for x in arrays["layers"]].index(layer) if "layers" in arrays else layer
     q, k, v = arrays["queries"], arrays["keys"], arrays.get("values")
     H_kv, T_all = k.shape[1], k.shape[2]
     group = q.shape[1] // H_kv

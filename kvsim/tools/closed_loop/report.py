@@ -127,6 +127,25 @@ def _fmt(x: float) -> str:
     return "n/a" if not np.isfinite(x) else (f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}")
 
 
+def _layers(facts: dict) -> str:
+    """The model's layers, global and sliding-window."""
+    n, glob = facts["layers"], facts.get("global_layers", range(facts["layers"]))
+    if len(glob) == n:
+        return f"{n} layers"
+    return (f"{n} layers ({len(glob)} global: {', '.join(map(str, glob))}; the others "
+            f"sliding-window, window {'/'.join(map(str, facts['windows']))})")
+
+
+def _caches(facts: dict) -> str:
+    """What holds a cache under the budget."""
+    n, glob = facts["layers"], facts.get("global_layers", range(facts["layers"]))
+    if len(glob) == n:
+        return "Every layer and KV head holds its own cache under the hard budget"
+    return ("Every global layer and KV head holds its own cache under the hard budget (budgets "
+            "are per global layer); every sliding-window layer keeps exactly its window, as "
+            "the stock model does, under every policy (DESIGN section 11)")
+
+
 def _load(facts: dict) -> str:
     """The machine's load average at the end of the run (1 and 15 minutes), in words."""
     one, _, fifteen = facts["load_average"]
@@ -152,12 +171,14 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
     minutes = facts["wall_seconds"] / 60
     lines += [
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{facts['layers']} layers, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV heads; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "
+        f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
+        f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "
         f"T = {cfg.tokens} tokens, prompt P = {cfg.prompt_len}, {cfg.tokens - cfg.prompt_len} "
-        f"decode steps teacher-forced.",
-        f"- Every layer and KV head holds its own cache under the hard budget (GQA `{cfg.gqa}`); "
-        f"prefill is full attention, then each policy compresses and decodes.",
+        f"decode steps teacher-forced."
+        + (f" Weights licence: {facts['licence']}." if facts.get("licence")
+           else ""),
+        f"- {_caches(facts)} (GQA `{cfg.gqa}`); prefill is full attention, then each policy "
+        f"compresses and decodes.",
         f"- Full-cache reference decoded the same way: mean KL {_fmt(rows[0]['kl'])} per step "
         f"(numerical floor: float32 attention over the whole cache versus the full prefill "
         f"pass), NLL {rows[0]['nll']:.4f} nats per token.",
@@ -181,7 +202,8 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
             f"| {_fmt(within_budget_rho(policy_rows, r['predictor'], 'kl'))} "
             f"| {d['rho']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}] |")
     lines += ["", "## Policy × budget", "",
-              "Open loop: the simulator on the full-cache run's attention (mean over layers, "
+              "Open loop: the simulator on the full-cache run's attention (mean over the "
+              "layers policies compress, "
               "query heads and decode steps). Closed loop: mean over decode steps of the KL of "
               "the next-token distribution from the full-cache one, and the change of mean NLL "
               "of the true next token (nats).", "",

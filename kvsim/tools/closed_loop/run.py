@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
+from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
@@ -63,10 +64,10 @@ def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
 def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
                   keys: np.ndarray, values: np.ndarray, gqa: str, seed: int) -> list:
     """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: the full
-    cache)."""
+    cache) on every global layer; None on a sliding-window layer (its window is its cache)."""
     L, _, H_kv, T, _ = keys.shape
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
-    for layer in range(L):
+    for layer in full.global_layers:
         for j in range(H_kv):
             prompt = full.prompt_attention(layer, j, prompt_len) \
                 if any(cfg is not None for cfg, _ in runs) else None
@@ -213,8 +214,9 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
         ids = load_text(cfg, tokenizer)
         full = prefill(net, ids)
         P, T = cfg.prompt_len, cfg.tokens
-        weights = metrics.layer_weights(full.attn_out_norm, P)
-        whole = np.ones((full.keys.shape[0], full.queries.shape[1], T - P))
+        # policies compress the global layers only: the open loop and its weights are theirs
+        weights = metrics.layer_weights(full.attn_out_norm[full.global_layers], P)
+        whole = np.ones((len(full.global_layers), full.queries.shape[1], T - P))
         series = [Series(FULL, FULL, T, None, None, whole.mean(axis=(0, 1)),
                          metrics.open_metrics(whole, 0.0 * whole, weights))]
         runs: list[tuple[PolicyConfig | None, int]] = [(None, T)]
@@ -237,6 +239,8 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
     finally:
         torch.set_num_threads(threads)
     facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
+             "global_layers": full.global_layers, "licence": models.licence(cfg.gguf_file),
+             "windows": sorted({g.window for g in full.geometry if g.window}),
              "text_sha256": hashlib.sha256(cfg.text.read_bytes()).hexdigest(),
              "token_ids_sha256": hashlib.sha256(ids.tobytes()).hexdigest(),
              "heads": int(full.queries.shape[1]), "kv_heads": int(full.keys.shape[1]),
