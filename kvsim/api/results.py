@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.report.columns import result_columns
+from kvsim.report.columns import csv_row, result_columns
 
 METRICS = ("mass", "cache_size", "recall", "error")
 
@@ -140,7 +140,7 @@ class Results:
         writer = csv.DictWriter(buffer, fieldnames=result_columns(self.rows) if self.rows else [],
                                 restval="")
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(csv_row(r) for r in self.rows)
         if path is None:
             return buffer.getvalue()
         path = Path(path)

@@ -290,6 +290,8 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     first = variants[0]
     lines = [f"# {first.name}", ""]
     lines += allocation_summary.lines(first, results[0].rows)
+    compared = _images(figures.get((0, "allocation_vs_uniform"), []), folder)
+    lines += compared + ([""] if compared else [])
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, markdown
-from kvsim.report.columns import result_columns
+from kvsim.report.columns import csv_row, result_columns
 from kvsim.report.studies import STUDIES
 from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
@@ -126,7 +126,7 @@ def _write_results(folder: Path, variants: list[Scenario], results: list[Scenari
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=result_columns(rows), restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(csv_row(r) for r in rows)
     arrays = {}
     for i, res in enumerate(results):
         prefix = f"v{i}/" if len(variants) > 1 else ""
@@ -148,6 +148,8 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     for i, (scenario, res) in enumerate(zip(variants, results)):
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
         jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
+        jobs.append(((i, "allocation_vs_uniform"), figures.allocation_vs_uniform,
+                     (scenario, res.rows, target)))
         colors = figures.policy_colors(scenario)
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
