@@ -54,7 +54,7 @@ class Needs(enum.Flag):
 class Target:
     """Where figures go: a folder and a file-name prefix (for sweep variants)."""
 
-    folder: Path
+    folder: Path | None  # None: the figure is returned, not saved
     prefix: str = ""
 
 
@@ -307,7 +307,11 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
     return handles, labels
 
 
-def save(fig, out: Target, stem: str, scenario: Scenario) -> list[Path]:
+def save(fig, out: Target, stem: str, scenario: Scenario) -> list:
+    """Save ``fig`` in every format and close it; returns the paths. A target without a
+    folder (the Python API's ``Results.plot()``) gets ``[fig]`` back, open."""
+    if out.folder is None:
+        return [fig]
     paths = []
     for fmt in scenario.formats:
         path = out.folder / f"{out.prefix}{stem}.{fmt}"
