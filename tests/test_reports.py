@@ -1,6 +1,7 @@
 """Reports: overrides, sweeps, parallel = serial, resume, report.md, figures and statistics."""
 
 import csv
+import json
 import re
 
 import numpy as np
@@ -168,6 +169,10 @@ def test_report_markdown_and_figures(path, tmp_path):
     assert lines[2].split(": ", 1)[1].startswith(f"`{best}` {means[best]:.3f}")
     assert "- command: `python -m kvsim study.toml`" in text and "- kvsim 0.1.0, " in text
     assert "wall time" in text and "Reading this report" in text
+    # What a rerun changes (date, wall time, load) is in run.json, not in report.md.
+    facts = json.loads((out / "run.json").read_text())
+    assert facts["wall_time_s"] > 0 and facts["date"].endswith("UTC")
+    assert facts["date"][:10] not in text
     # Per head, mean over seeds with an interval; the pooled column is labelled.
     assert "| policy | head 0, KV head 0 | head 1, KV head 0 | **mean over heads** |" in text
     assert "per head: mean over 2 seeds ± 95 % Student-t interval" in text

@@ -84,14 +84,15 @@ def _versions() -> dict:
 
 
 def _git_commit() -> str | None:
-    """The commit of kvsim's checkout, ``+`` marking uncommitted changes; None outside git."""
+    """The last commit that changed kvsim's sources (not HEAD: committing a report must not
+    change what its rerun writes), ``+`` marking uncommitted changes; None outside git."""
     root = Path(__file__).resolve().parent.parent.parent
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=5, check=True).stdout.strip()
     try:
-        commit = git("rev-parse", "--short=12", "HEAD")
+        commit = git("log", "-1", "--format=%H", "--", "kvsim")[:12]
         dirty = git("status", "--porcelain", "--", "kvsim")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -171,7 +172,9 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
     drawn: dict = {}
     for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers, progress)):
         drawn.setdefault(key, []).extend(paths)
-    markdown.write(folder, variants, results, drawn, notes, provenance.finish())
+    provenance.finish()
+    markdown.write(folder, variants, results, drawn, notes, provenance)
+    (folder / "run.json").write_text(json.dumps(provenance.run_facts(), indent=2) + "\n")
 
 
 _JOBS: list = []  # the figure jobs, inherited by forked drawing processes
