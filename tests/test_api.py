@@ -287,7 +287,7 @@ BAD_CALLS = {
     "budgets-empty": _call(budgets=[]),
     "budgets-int": _call(budgets=4),
     "budgets-duplicate": _call(budgets=[4, 4]),
-    "budgets-float": _call(budgets=[0.5]),
+    "budgets-float": _call(budgets=[1.5]),  # neither tokens nor a prompt fraction
     "budgets-below-floor": _call(policies=["streaming_llm"], budgets=[4]),
     "seeds-empty": _call(seeds=[]),
     "seeds-negative": _call(seeds=[-1]),
