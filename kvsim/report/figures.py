@@ -344,8 +344,11 @@ def allocation(scenario, exp, rows, steps, colors, out):
                              figsize=(7.5, 1.4 + 2.4 * len(labels)))
     grids = {label: allocation_grids(rows, label, exp.focus_budget) for label in labels}
     # One colour scale per column: the policies' caps (and masses) compare across rows.
-    norms = [Normalize(min(g[i].min() for g in grids.values()),
-                       max(g[i].max() for g in grids.values())) for i in (2, 3)]
+    bounds = [(min(g[i].min() for g in grids.values()), max(g[i].max() for g in grids.values()))
+              for i in (2, 3)]
+    # A constant grid (uniform caps) gets a scale around its value, not a degenerate one.
+    norms = [Normalize(lo - 0.5, hi + 0.5) if lo == hi else Normalize(lo, hi)
+             for lo, hi in bounds]
     for row, label in enumerate(labels):
         layers, kvs, caps, mass = grids[label]
         for col, (values, title, cmap) in enumerate(((caps, "cap b_h (tokens)", "viridis"),
@@ -355,14 +358,14 @@ def allocation(scenario, exp, rows, steps, colors, out):
             image = ax.imshow(values, aspect="auto", origin="lower", cmap=cmap,
                               interpolation="nearest", norm=norms[col])
             if row == 0:
-                fig.colorbar(image, ax=axes[:, col], location="top", shrink=0.8,
-                             label=f"{title}: one scale for every policy")
+                fig.colorbar(image, ax=axes[:, col], location="top", shrink=0.8, label=title)
             ax.set(title=f"{label}: {title}", xlabel="KV head", ylabel="layer",
                    xticks=range(len(kvs)), xticklabels=kvs)
             ticks = np.unique(np.linspace(0, len(layers) - 1, min(len(layers), 6)).astype(int))
             ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
     fig.suptitle(f"{scenario.name}, {exp.name}: allocation '{exp.allocation}' at mean "
-                 f"budget B = {exp.focus_budget}", fontsize=10)
+                 f"budget B = {exp.focus_budget}\none colour scale per column, shared by "
+                 f"every policy", fontsize=10)
     return save(fig, out, f"{exp.name}_allocation", scenario)
 
 
