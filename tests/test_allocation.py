@@ -310,6 +310,9 @@ def test_report_opens_with_the_comparison_and_draws_the_allocation_figure(tmp_pa
     assert "PyramidKV keeps more than uniform in" in lines[2]
     assert {"ada_allocation.png", "pyramid_allocation.png"} <= {p.name for p in out.iterdir()}
     assert "uniform_allocation.png" not in {p.name for p in out.iterdir()}  # not by default
+    # The allocations compared at equal memory, under the opening sentence and table.
+    assert "![allocation_vs_uniform](allocation_vs_uniform.png)" in lines
+    assert (out / "allocation_vs_uniform.png").stat().st_size > 10_000
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert {"allocation", "b_h", "layer"} <= set(rows[0])

@@ -1,6 +1,7 @@
 """Reports: overrides, sweeps, parallel = serial, resume, report.md, figures and statistics."""
 
 import csv
+import json
 import re
 
 import numpy as np
@@ -168,6 +169,10 @@ def test_report_markdown_and_figures(path, tmp_path):
     assert lines[2].split(": ", 1)[1].startswith(f"`{best}` {means[best]:.3f}")
     assert "- command: `python -m kvsim study.toml`" in text and "- kvsim 0.1.0, " in text
     assert "wall time" in text and "Reading this report" in text
+    # What a rerun changes (date, wall time, load) is in run.json, not in report.md.
+    facts = json.loads((out / "run.json").read_text())
+    assert facts["wall_time_s"] > 0 and facts["date"].endswith("UTC")
+    assert facts["date"][:10] not in text
     # Per head, mean over seeds with an interval; the pooled column is labelled.
     assert "| policy | head 0, KV head 0 | head 1, KV head 0 | **mean over heads** |" in text
     assert "per head: mean over 2 seeds ± 95 % Student-t interval" in text
@@ -284,7 +289,9 @@ def test_stats_intervals_rounding_and_twins():
     found = twins({"a": np.array([0.1, 0.2]), "b": np.array([0.1, 0.2]),
                    "c": np.array([0.1, 0.205]), "d": np.array([0.5, 0.2])})
     assert found == {"b": ("a", True), "c": ("a", False)}
-    assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, np.nan]), 2), [1, 2, 4, 5])
+    # the smoothing never invents a value: a NaN step (a gap) stays NaN
+    assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, np.nan, 7.0]), 2),
+                       [1, 2, 4, np.nan, 7], equal_nan=True)
 
 
 def test_cold_cache_shows_a_compile_phase_without_eta(monkeypatch):
@@ -310,3 +317,13 @@ def test_heads_can_be_named(path):
     path.write_text(named.replace('"heavy"', "3"))
     with pytest.raises(kvsim.ScenarioError, match=r"attention.head\[1\].name: expected a string"):
         kvsim.load_scenario(path)
+
+
+def test_results_csv_floats_hold_12_significant_digits():
+    """Sums whose last bits differ between CPUs write the same results.csv cell."""
+    from kvsim.report.columns import csv_row
+    a = 0.24612345678901234
+    assert csv_row({"m": a})["m"] == csv_row({"m": a * (1 + 2e-15)})["m"] == "0.246123456789"
+    assert csv_row({"m": 1.0, "n": float("nan"), "k": 3, "s": "h2o"}) == {
+        "m": "1.0", "n": "nan", "k": 3, "s": "h2o"}
+    assert float(csv_row({"m": 1e-300 / 3})["m"]) == pytest.approx(1e-300 / 3, rel=1e-11)

@@ -55,13 +55,44 @@ def seeds(value, single) -> list[int]:
     return out
 
 
-def budgets(value, name: str = "budgets") -> list[int]:
-    """Distinct token budgets (their floors are checked per policy later)."""
-    out = [integer(b, f"{name}[{i}]", 1, MAX_INDEX)
-           for i, b in enumerate(items(value, name, "token counts"))]
-    if len(set(out)) != len(out):
-        raise KvsimError(f"{name}: expected distinct budgets, got {out}")
+def budgets(value, prompt_len: int, name: str = "budgets") -> list[int]:
+    """Distinct token budgets (their floors are checked per policy later). As in a scenario
+    file, a number in (0, 1] that is not an integer is a fraction of the prompt, rounded
+    half up: ``0.25`` with ``prompt_len`` 1024 is 256 tokens."""
+    out = []
+    for i, b in enumerate(items(value, name, "token counts or prompt fractions")):
+        if isinstance(b, (float, np.floating)) and 0.0 < b <= 1.0:
+            tokens = int(float(b) * prompt_len + 0.5)
+            if tokens < 1:
+                raise KvsimError(f"{name}[{i}]: expected a budget of at least 1 token, got "
+                                 f"{b!r} (resolves to {tokens} with prompt_len {prompt_len})")
+        else:
+            tokens = integer(b, f"{name}[{i}]", 1, MAX_INDEX)
+        if tokens in out:
+            raise KvsimError(f"{name}[{i}]: expected distinct budgets, got {b!r} again "
+                             f"(= {tokens} tokens)")
+        out.append(tokens)
     return out
+
+
+def array(value, name: str) -> np.ndarray:
+    """``value`` as a NumPy array. A torch tensor of any floating dtype is detached and
+    converted (bfloat16, which NumPy lacks, through float32: exact); anything NumPy cannot
+    read is a :class:`KvsimError` naming the argument."""
+    if type(value).__module__.split(".")[0] == "torch":
+        value = value.detach().cpu()
+        if str(value.dtype) == "torch.bfloat16":
+            value = value.float()
+        try:
+            return value.numpy()
+        except (TypeError, RuntimeError) as e:
+            raise KvsimError(f"{name}: expected a float16, float32 or float64 tensor, got "
+                             f"{value.dtype} ({e})") from None
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise KvsimError(f"{name}: expected an array of numbers, got {type(value).__name__} "
+                         f"({e})") from None
 
 
 def important(value, T: int, heads: int) -> np.ndarray | None:

@@ -104,7 +104,7 @@ class Attention:
             to 1 within 1e-12); otherwise a float64 copy, renormalised.
         """
         check = arguments.flag(check, "check")
-        stack = probability_stack(probs, "probs", check)
+        stack = probability_stack(arguments.array(probs, "probs"), "probs", check)
         return cls._dense("probabilities", stack, kv_heads, important, gqa)
 
     @classmethod
@@ -116,7 +116,7 @@ class Attention:
         causal softmax is computed once, in float64. Other parameters as
         :meth:`from_probs`.
         """
-        a = np.asarray(logits)
+        a = arguments.array(logits, "logits")
         if a.ndim not in (2, 3):
             raise KvsimError(f"logits: expected a (T, T) or (H, T, T) matrix, got shape {a.shape}")
         stack = a[None] if a.ndim == 2 else a
@@ -236,7 +236,7 @@ def _kv_heads(kv_heads, heads: int) -> int:
 
 
 def _vectors(a, name: str) -> np.ndarray:
-    a = np.asarray(a)
+    a = arguments.array(a, name)
     if a.ndim != 3:
         raise KvsimError(f"{name}: expected a 3-D array (heads, T, d), got shape {a.shape}")
     if a.dtype not in DTYPES:

@@ -17,9 +17,9 @@ from kvsim.report.plotting import available, missing
 from kvsim.scenario.load import FORMATS, Experiment, PolicyConfig, Scenario
 
 
-def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, ...],
-         dpi: int) -> list[Path]:
-    """Draw ``figure`` of ``experiment`` into ``out``; returns the files written."""
+def draw(results, figure: str, out: Path | None, experiment: str, formats: tuple[str, ...],
+         dpi: int):
+    """Draw ``figure`` of ``experiment``: the Figure, or with ``out`` the files written."""
     if figure not in figures.FIGURES:
         raise KvsimError(f"figure: expected one of {', '.join(figures.FIGURES)}, "
                          f"got {figure!r}")
@@ -42,7 +42,7 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
                      (figure,), focus, (focus,))
     seeds = tuple(dict.fromkeys(r["seed"] for r in rows))
     heads = max(r["head"] for r in rows) + 1
-    scenario = Scenario(out / results.name, results.name, "", seeds, "api", {}, first["T"],
+    scenario = Scenario(Path(out or ".") / results.name, results.name, "", seeds, "api", {}, first["T"],
                         heads, max(r["kv_head"] for r in rows) + 1, "mean", has_truth, (exp,),
                         formats, dpi)
     units = arrays["mass"].shape[0]
@@ -52,6 +52,10 @@ def draw(results, figure: str, out: Path, experiment: str, formats: tuple[str, .
     lacking = missing(figures.FIGURES[figure], available(scenario, exp, rows))
     if lacking:
         raise KvsimError(f"figure: {figure!r} needs {lacking[0].describe()}")
-    out.mkdir(parents=True, exist_ok=True)
-    return figures.FIGURES[figure].draw(scenario, exp, rows, steps,
-                                        figures.policy_colors(scenario), figures.Target(out))
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    drawn = figures.FIGURES[figure].draw(scenario, exp, rows, steps,
+                                         figures.policy_colors(scenario), figures.Target(out))
+    if not drawn:
+        raise KvsimError(f"figure: {figure!r} has nothing to draw in experiment {experiment!r}")
+    return drawn if out is not None else drawn[0]

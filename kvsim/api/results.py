@@ -11,9 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.report.columns import result_columns
+from kvsim.report.columns import csv_row, result_columns
 
 METRICS = ("mass", "cache_size", "recall", "error")
+# Series that exist only with some data: the summary column that is nan without it, and what.
+MISSING = {"recall": ("final_recall", "ground-truth important tokens (important=...)"),
+           "error": ("error_mean", "value vectors (Attention.from_qk, a trace, or a spec "
+                                   "with qk values) and decode steps")}
 
 
 class Results:
@@ -101,6 +105,10 @@ class Results:
         if len(parts) > 1:
             raise KvsimError("series: rows of several experiments match; pass experiment=NAME "
                              "(and variant=LABEL)")
+        summary = MISSING.get(metric)
+        if summary and all(np.isnan(r[summary[0]]) for r in rows):
+            raise KvsimError(f"series: {metric!r} needs {summary[1]}, which the matching rows "
+                             f"lack (their {summary[0]} is nan)")
         table = self._arrays[parts.pop()][metric]
         return table[[r["unit"] for r in rows]]
 
@@ -140,7 +148,7 @@ class Results:
         writer = csv.DictWriter(buffer, fieldnames=result_columns(self.rows) if self.rows else [],
                                 restval="")
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(csv_row(r) for r in self.rows)
         if path is None:
             return buffer.getvalue()
         path = Path(path)
@@ -156,29 +164,30 @@ class Results:
                              "(pip install 'kvsim[pandas]')") from None
         return pandas.DataFrame(self.rows)
 
-    def plot(self, figure: str = "mass_vs_budget", out: str | Path = ".", *,
+    def plot(self, figure: str = "mass_vs_budget", out: str | Path | None = None, *,
              experiment: str | None = None, formats: tuple[str, ...] = ("png",),
-             dpi: int = 120) -> list[Path]:
-        """Draw one of the report's figures into the folder ``out``.
+             dpi: int = 120):
+        """Draw one of the report's figures: a matplotlib ``Figure``, or files in ``out``.
 
         Parameters
         ----------
         figure : {"mass_vs_budget", "mass_over_time", "recall_vs_budget", "pareto", "kept_raster"}
             ``recall_vs_budget`` and ``pareto`` need ground truth; ``kept_raster`` needs
             recorded caches (``record=("kept",)``, or a report folder).
-        out : folder for the files (created if needed).
+        out : folder to save the figure in (created if needed); default: not saved.
         experiment : which experiment of a report (default: the first).
-        formats : any of ``png``, ``svg``, ``pdf``.
+        formats : any of ``png``, ``svg``, ``pdf`` (with ``out``).
 
         Returns
         -------
-        list of Path
-            The files written.
+        matplotlib.figure.Figure, or list of Path
+            The figure; with ``out``, the files written (the figure is closed).
         """
         from kvsim.api import plots  # matplotlib is imported only when a figure is drawn
 
         name = experiment or self.experiments[0]
-        return plots.draw(self, figure, Path(out), name, tuple(formats), dpi)
+        return plots.draw(self, figure, None if out is None else Path(out), name,
+                          tuple(formats), dpi)
 
     def part(self, experiment: str) -> tuple[list[dict], dict, tuple, int]:
         """Rows, arrays, (recorded steps, caches at the focus budget by (label, seed, kv))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.run import (budget_problem, final_recall, get_policy, make_group,
                                 resolve_params, run_budgets)
+from kvsim.resources import size_text
 from kvsim.scenario.load import PolicyConfig
 
 RECORDABLE = ("kept",)
@@ -47,6 +49,13 @@ class SimulationResult:
     recall: np.ndarray | None
     final_recall: float | None
 
+    def __repr__(self) -> str:
+        steps = len(self.mass)
+        mass = f", mean mass {float(np.mean(self.mass)):.4g}" if steps else ""
+        recall = "" if self.final_recall is None else f", final recall {self.final_recall:.4g}"
+        return (f"SimulationResult({self.policy}, budget {self.budget}, prompt_len "
+                f"{self.prompt_len}: {steps} decode steps{mass}, {len(self.kept)} kept{recall})")
+
 
 def simulate(attention, policy: str | None = None, budget: int | None = None,
              prompt_len: int | None = None, *, policies=None, budgets=None, seeds=None,
@@ -72,15 +81,19 @@ def simulate(attention, policy: str | None = None, budget: int | None = None,
     policies : list of str, or dict
         Policy names, or ``{label: {"kind": name, param: value, ...}}`` as in a scenario's
         ``[policies]`` tables (several configurations of one policy under distinct labels).
-    budgets : list of int
-        Distinct cache budgets in tokens (each at least the policy's fixed parts + 1).
+    budgets : list of int or float
+        Distinct cache budgets in tokens (each at least the policy's fixed parts + 1); as
+        in a scenario file, a number in (0, 1] that is not an integer is a fraction of the
+        prompt, rounded half up.
     seeds : list of int, optional
         Sequences to simulate (default ``[0]``): the seed of a field spec's random terms
         and of the ``random`` policy. ``seed`` gives one.
     important : array_like of int, optional
         Ground-truth important positions (for recall) when ``attention`` is an array.
     record : tuple of str
-        ``("kept",)`` keeps the cache at every decode step (see :meth:`Results.kept`).
+        ``("kept",)`` keeps the cache at every decode step (see :meth:`Results.kept`): 8
+        bytes per decode step and cached key of every run, and each budget then runs on
+        its own (several times slower); a :class:`RecordCostWarning` says how much.
     workers : int, optional
         Threads running policies (default: every core); results do not depend on it.
     check : bool
@@ -115,10 +128,34 @@ def simulate(attention, policy: str | None = None, budget: int | None = None,
     att = _attention(attention, important, check)
     P = _prompt_len(prompt_len, att.T)
     configs = _configs(policies, params)
-    caps = _capacities(configs, arguments.budgets(budgets), att.T, P)
-    run = _Run(att, P, configs, caps, arguments.seeds(seeds, seed), _record(record),
-               _workers(workers), random_seed)
+    caps = _capacities(configs, arguments.budgets(budgets, P), att.T, P)
+    seeds = arguments.seeds(seeds, seed)
+    record = _record(record)
+    if "kept" in record:
+        _warn_record_cost(att, P, caps, len(seeds))
+    run = _Run(att, P, configs, caps, seeds, record, _workers(workers), random_seed)
     return run.results()
+
+
+class RecordCostWarning(UserWarning):
+    """``record=("kept",)`` keeps every decode step's cache: memory and time."""
+
+
+_WARNED: set[str] = set()  # each distinct estimate is said once per process
+
+
+def _warn_record_cost(att: Attention, P: int, caps: dict, seeds: int) -> None:
+    """Warn, once per estimate, what recording the caches costs: int64 positions for every
+    decode step and cached key (``T`` wide for ``full``), per run, as the CLI's cost
+    estimate counts bytes; and each budget's run then goes alone."""
+    slots = sum(cap for pairs in caps.values() for _, cap in pairs)
+    nbytes = 8.0 * (att.T - P) * slots * seeds * att.kv_heads
+    message = (f"record=('kept',) keeps the cache at every decode step: about "
+               f"{size_text(nbytes)} for this call ({att.T - P} steps x the budget, per "
+               f"policy, budget, seed and KV head), and each budget runs on its own")
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, RecordCostWarning, stacklevel=3)
 
 
 def _single(attention, policy, budget, prompt_len, important, seed, check, record, workers,
@@ -138,8 +175,10 @@ def _single(attention, policy, budget, prompt_len, important, seed, check, recor
                          f"prompt_len), got {att.heads}; use policies=[...], budgets=[...]")
     P = _prompt_len(prompt_len, att.T)
     configs = _configs([policy], params)
-    caps = _capacities(configs, [arguments.integer(budget, "budget", 1, arguments.MAX_INDEX)],
-                       att.T, P, "budget")
+    if isinstance(budget, (list, tuple)):
+        raise KvsimError(f"budget: expected a token count or a prompt fraction, got {budget!r}"
+                         f"; use budgets=[...] for several")
+    caps = _capacities(configs, arguments.budgets([budget], P, "budget"), att.T, P, "budget")
     seed = arguments.seeds(None, seed)[0]
     run = _Run(att, P, configs, caps, [seed], (), 1, lambda s, kv: s)
     config, (budget, _) = configs[0], caps[configs[0].label][0]

@@ -12,3 +12,15 @@ def result_columns(rows: list[dict]) -> list[str]:
     rest = [k for k in seen if "." not in k]
     cut = rest.index("steps") + 1
     return rest[:cut] + params + rest[cut:]
+
+
+SIGNIFICANT_DIGITS = 12
+
+
+def csv_row(row: dict) -> dict:
+    """``row`` as ``results.csv`` writes it: floats rounded to 12 significant digits (then
+    written as the shortest text that reads back as that float), so that a rerun on
+    another CPU, whose last bits of a sum may differ, writes the same file; the
+    per-step arrays of ``steps.npz`` stay exact."""
+    return {k: repr(float(format(v, f".{SIGNIFICANT_DIGITS}g"))) if isinstance(v, float) else v
+            for k, v in row.items()}

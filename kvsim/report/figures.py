@@ -19,8 +19,9 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
 
-from kvsim.report.plotting import (FIGURES, Curves, Needs, Target, check, draw_lines, figure,
-                                   grid, head_label, policy_colors,
+from kvsim.report import allocation_summary
+from kvsim.report.plotting import (FIGURES, MARKERS, Curves, Needs, Target, check, color_map,
+                                   draw_lines, figure, grid, head_label, policy_colors,
                                    policy_markers, save, select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment, Scenario
@@ -28,6 +29,7 @@ from kvsim.scenario.load import Experiment, Scenario
 __all__ = ["FIGURES", "Needs", "Target", "check", "field_figures", "policy_colors", "select"]
 
 RASTER_BINS = 256
+CROWDED = 0.9  # a mass above this crowds near 1 on a linear axis
 MAX_RAW_POINTS = 4000  # faint per-step series longer than this are drawn every k-th step
 
 
@@ -51,18 +53,38 @@ def _rounding_only(exp: Experiment) -> list[str]:
     return [p.label for p in exp.policies if p.kind == "full"]
 
 
-def _not_drawn(handles: list, labels: list, skipped: list[str]) -> None:
+def _not_drawn(handles: list, labels: list, skipped: list[str],
+               why: str = "error at rounding level, ~1e-16") -> None:
     if skipped:
         handles.append(Line2D([], [], ls="none"))
-        labels.append(f"not drawn: {', '.join(skipped)} (error at rounding level, ~1e-16)")
+        labels.append(f"not drawn: {', '.join(skipped)} ({why})")
 
 
 def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
     return f"{scenario.name}/{exp.name}: {what}"
 
 
+def _full_labels(exp: Experiment) -> list[str]:
+    return [p.label for p in exp.policies if p.kind == "full"]
+
+
+def _loss_scale(values) -> bool:
+    """Whether masses crowd near 1 (any above ``CROWDED``): figures then draw the mass lost,
+    ``1 - mass``, on a log axis, where differences near 1 show."""
+    v = np.asarray(list(values), float)
+    return bool(np.any(v[np.isfinite(v)] > CROWDED))
+
+
 def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
-                    reference=None, skip=()):
+                    reference=None, skip=(), loss=False):
+    """``loss``: the metric is a mass; drawn as ``1 - mass`` on a log axis when it crowds
+    near 1 (``full``, mass 1, is then named instead of drawn)."""
+    if loss and _loss_scale(r[metric] for r in rows if r["policy"] not in _full_labels(exp)):
+        skip, log_y = tuple(skip) + tuple(_full_labels(exp)), True
+        rows = [dict(r, **{metric: 1.0 - r[metric]}) for r in rows]
+        ylabel = "mass lost, 1 - mass (log)"
+    else:
+        loss = False
     per_head = _per_head([r for r in rows if r["policy"] not in skip], metric)
     heads = sorted(per_head)
     fig, axes, layout = grid(len(heads), scenario,
@@ -86,7 +108,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
                       rotation=45 if len(exp.budgets) > 5 else 0)
         ax.minorticks_off()
         if log_y:
-            ax.set_yscale("log")
+            ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
         else:
             ax.set_ylim(0, 1.03)
         ax.set(title=head_label(scenario, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
@@ -94,7 +116,10 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
     if reference:
         handles.append(line)
         labels.append(reference[0])
-    _not_drawn(handles, labels, list(skip))
+    if loss:
+        _not_drawn(handles, labels, list(skip), "mass 1")
+    else:
+        _not_drawn(handles, labels, list(skip))
     layout.finish(fig, _title(scenario, exp, f"{ylabel} against budget\n"
                               f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}"),
                   handles, labels)
@@ -105,7 +130,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
 def mass_vs_budget(scenario, exp, rows, steps, colors, out):
     """Mean attention mass kept over the decode steps against budget, a panel per head."""
     return _against_budget(scenario, exp, rows, colors, out, "mass_mean",
-                           "attention mass kept", "mass_vs_budget")
+                           "attention mass kept", "mass_vs_budget", loss=True)
 
 
 @figure(Needs.TRUTH | Needs.BUDGETS)
@@ -172,8 +197,16 @@ def _time_panels(exp, rows):
 
 
 def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
-               smooth=True, heads_with=None, skip=()):
+               smooth=True, heads_with=None, skip=(), loss=False):
+    """``loss``: the series is a mass, drawn as ``1 - mass`` on a log axis when the
+    experiment's mean masses crowd near 1 (as in the against-budget figures)."""
     data = steps.arrays()[series]
+    if loss and _loss_scale(r["mass_mean"] for r in rows
+                            if r["policy"] not in _full_labels(exp)):
+        data, log_y, ylabel = 1.0 - data, True, "mass lost, 1 - mass (log)"
+        skip = tuple(skip) + tuple(_full_labels(exp))
+    else:
+        loss = False
     panels = [(b, h) for b, h in _time_panels(exp, rows)
               if heads_with is None or h in heads_with]
     t = np.arange(exp.prompt_len, scenario.T)
@@ -200,10 +233,10 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
             curves.add((b, h), p.label, t, mean)
     handles, labels = draw_lines(dict(zip(panels, axes)), curves, colors, policy_markers(exp),
                                  marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
-    _not_drawn(handles, labels, list(skip))
+    _not_drawn(handles, labels, list(skip), *(["mass 1"] if loss else []))
     for (b, h), ax in zip(panels, axes):
         if log_y:
-            ax.set_yscale("log")
+            ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
         else:  # fitted to the curves, so that policies close to one another separate
             ys = np.concatenate([y for _, y in curves.panels[b, h].values()] or [np.zeros(1)])
             lo, hi = np.nanmin(ys), np.nanmax(ys)
@@ -229,7 +262,7 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
 def mass_over_time(scenario, exp, rows, steps, colors, out):
     """Attention mass kept at each decode step, a panel per head (and time budget)."""
     return _over_time(scenario, exp, rows, steps, colors, out, "mass", "attention mass kept",
-                      "mass_over_time")
+                      "mass_over_time", loss=True)
 
 
 @figure(Needs.DECODE | Needs.VALUES)
@@ -307,24 +340,70 @@ def allocation(scenario, exp, rows, steps, colors, out):
     """Per policy at the focus budget: each KV head's cap b_h (layer x KV head), beside the
     attention mass it keeps."""
     labels = [p.label for p in exp.policies]
-    fig, axes = plt.subplots(len(labels), 2, squeeze=False,
-                             figsize=(7.5, 0.8 + 2.6 * len(labels)))
+    fig, axes = plt.subplots(len(labels), 2, squeeze=False, layout="constrained",
+                             figsize=(7.5, 1.4 + 2.4 * len(labels)))
+    grids = {label: allocation_grids(rows, label, exp.focus_budget) for label in labels}
+    # One colour scale per column: the policies' caps (and masses) compare across rows.
+    bounds = [(min(g[i].min() for g in grids.values()), max(g[i].max() for g in grids.values()))
+              for i in (2, 3)]
+    # A constant grid (uniform caps) gets a scale around its value, not a degenerate one.
+    norms = [Normalize(lo - 0.5, hi + 0.5) if lo == hi else Normalize(lo, hi)
+             for lo, hi in bounds]
     for row, label in enumerate(labels):
-        layers, kvs, caps, mass = allocation_grids(rows, label, exp.focus_budget)
-        for ax, values, title, cmap in ((axes[row][0], caps, "cap b_h (tokens)", "viridis"),
-                                      (axes[row][1], mass, "mass kept (mean over steps)",
-                                       "magma")):
+        layers, kvs, caps, mass = grids[label]
+        for col, (values, title, cmap) in enumerate(((caps, "cap b_h (tokens)", "viridis"),
+                                                     (mass, "mass kept (mean over steps)",
+                                                      "magma"))):
+            ax = axes[row][col]
             image = ax.imshow(values, aspect="auto", origin="lower", cmap=cmap,
-                              interpolation="nearest")
-            fig.colorbar(image, ax=ax)
+                              interpolation="nearest", norm=norms[col])
+            if row == 0:
+                fig.colorbar(image, ax=axes[:, col], location="top", shrink=0.8, label=title)
             ax.set(title=f"{label}: {title}", xlabel="KV head", ylabel="layer",
                    xticks=range(len(kvs)), xticklabels=kvs)
             ticks = np.unique(np.linspace(0, len(layers) - 1, min(len(layers), 6)).astype(int))
             ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
     fig.suptitle(f"{scenario.name}, {exp.name}: allocation '{exp.allocation}' at mean "
-                 f"budget B = {exp.focus_budget}", fontsize=10)
-    fig.tight_layout()
+                 f"budget B = {exp.focus_budget}\none colour scale per column, shared by "
+                 f"every policy", fontsize=10)
     return save(fig, out, f"{exp.name}_allocation", scenario)
+
+
+def allocation_vs_uniform(scenario: Scenario, rows: list[dict], out: Target) -> list[Path]:
+    """At equal memory: the mass each allocation keeps minus the mass uniform allocation
+    keeps, per policy against budget, a panel per allocation (one y scale), with its sign."""
+    pairs = allocation_summary.compare(scenario, rows)
+    if not pairs:
+        return []
+    rules = list(dict.fromkeys(p.rule for p in pairs))
+    fig, axes, layout = grid(len(rules), scenario, panel=(3.4, 2.6))
+    colors = color_map([p.policy for p in pairs])
+    markers = {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(colors)}
+    lo = min(0.0, min(p.other - p.uniform for p in pairs))
+    hi = max(0.0, max(p.other - p.uniform for p in pairs))
+    pad = 0.08 * (hi - lo or 1e-3)
+    for ax, rule in zip(axes, rules):
+        for label in colors:
+            mine = sorted((p.budget, p.other - p.uniform) for p in pairs
+                          if p.rule == rule and p.policy == label)
+            if mine:
+                ax.plot(*zip(*mine), color=colors[label], marker=markers[label], lw=1.3,
+                        label=label)
+        ax.axhline(0, color="0.3", lw=0.8)
+        budgets = sorted({p.budget for p in pairs})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+        ax.set_ylim(lo - pad, hi + pad)  # one scale: panels compare
+        ax.set(title=f"{allocation_summary.RULE_NAMES[rule]} minus uniform",
+               xlabel="mean budget B per KV head (log2 axis)",
+               ylabel="change in mass kept")
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    layout.finish(fig, f"{scenario.name}: allocations at equal memory\nmass kept (mean over "
+                       f"steps, layers, heads, seeds) minus uniform's; above 0: better",
+                  handles, labels)
+    return save(fig, out, "allocation_vs_uniform", scenario)
 
 
 def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
@@ -346,10 +425,16 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
         starts = np.arange(bins) * sample.bin_width
         image[starts[None, :] > sample.rows[:, None]] = np.nan  # keys after the query
         image = np.ma.masked_invalid(np.where(image > 0, np.maximum(image, norm.vmin), np.nan))
-        shown = ax.imshow(image, origin="lower", aspect="auto", cmap=cmap, norm=norm,
-                          extent=(0, bins * sample.bin_width, sample.rows[0], last),
-                          interpolation="nearest")
-        ax.set(title=head_label(scenario, h), xlabel="key position k", ylabel="query q")
+        x = np.append(starts, bins * sample.bin_width)
+        y = np.append(sample.rows, last)
+        shown = ax.pcolormesh(x, y, image, cmap=cmap, norm=norm, shading="flat",
+                              rasterized=True)
+        # Key positions on a symlog axis, linear over the first bins: the first bin (where
+        # attention sinks sit) is as wide as a decade instead of 1/512 of the panel.
+        ax.set_xscale("symlog", linthresh=4 * sample.bin_width, linscale=0.5)
+        ax.set_xlim(0, x[-1])
+        ax.set(title=head_label(scenario, h), xlabel="key position k (linear to "
+               f"{4 * sample.bin_width}, then log)", ylabel="query q")
     layout.finish(fig, f"{scenario.name}: attention around the end of the prompt\n"
                        f"seed {scenario.seeds[0]}; future keys white",
                   colorbar=(shown, "p(q, k), max over "

@@ -120,7 +120,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     mass = steps.arrays()["mass"]
     t = np.arange(exp.prompt_len, scenario.T)
     window = max(1, t.size // 50)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
+    fig, axes = plt.subplots(1, 3, figsize=(10, 4.0))  # 1,200 px at 120 dpi
     ax = axes[0]
     for label in labels:
         units = [r["unit"] for r in rows if r["policy"] == label and r["budget"] == exp.focus_budget]
@@ -131,7 +131,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     ax.set(xlabel="decode position t", ylabel="attention mass kept", ylim=(0, 1.03),
            title=f"mass at B = {exp.focus_budget}, rolling mean over {window} steps\n"
                  f"(faint: per step; mean over heads and seeds)")
-    ax.legend()
+    ax.legend(fontsize=7)
     ax = axes[1]
     snap_t = exp.prompt_len + steps.snap_steps
     for online in _labels(exp, ONLINE):
@@ -141,7 +141,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
             ax.plot(snap_t, overlap, color=colors[online], label=f"{online} vs {offline}")
     ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.03),
            title="how far online H2O drifts from offline\n(mean over KV heads and seeds)")
-    ax.legend()
+    ax.legend(fontsize=7)
     ax = axes[2]
     edges = np.linspace(0, scenario.T, AGE_BINS + 1)
     for online in _labels(exp, ONLINE):
@@ -158,7 +158,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     ax.axvline(exp.prompt_len, color="black", ls=":", lw=0.8)
     ax.set(xlabel="key position", ylabel="keys (summed over seeds and KV heads)",
            title="where the final kept sets differ\n(dotted: end of the prompt)")
-    ax.legend()
+    ax.legend(fontsize=7)
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"{scenario.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")

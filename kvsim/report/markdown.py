@@ -42,16 +42,25 @@ class Provenance:
         return self
 
     def lines(self) -> list[str]:
+        """What report.md says: only what a rerun of the same sources on the same machine
+        writes again, so that a committed report rerun leaves ``git status`` clean; the
+        date, wall time and load go to ``run.json`` (:meth:`run_facts`)."""
         from kvsim import __version__  # the package imports this module first
 
-        date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started))
-        commit = f"commit `{self.commit}`" if self.commit else "no git checkout"
+        commit = f"sources of commit `{self.commit}`" if self.commit else "no git checkout"
         if self.commit and self.commit.endswith("+"):
             commit += " (+: with uncommitted changes)"
         return [f"- command: `{self.command}`",
-                f"- kvsim {__version__}, {commit}; {date}; "
+                f"- kvsim {__version__}, {commit}; "
                 f"{plural(os.cpu_count() or 1, 'core')}, {plural(self.workers, 'worker')}; "
-                f"wall time {self.wall:.1f} s (simulation and report)"]
+                f"date, wall time and load average in `run.json`"]
+
+    def run_facts(self) -> dict:
+        """The facts of this run that a rerun changes: date, wall time, load average."""
+        load = os.getloadavg() if hasattr(os, "getloadavg") else None
+        return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started)),
+                "wall_time_s": round(self.wall, 1), "load_average_1_5_15_min": load,
+                "commit": self.commit, "command": self.command}
 
 
 def _groups(rows: list[dict], metric: str) -> dict:
@@ -290,6 +299,8 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     first = variants[0]
     lines = [f"# {first.name}", ""]
     lines += allocation_summary.lines(first, results[0].rows)
+    compared = _images(figures.get((0, "allocation_vs_uniform"), []), folder)
+    lines += compared + ([""] if compared else [])
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:

@@ -21,7 +21,8 @@ from kvsim.errors import ScenarioError  # noqa: E402
 from kvsim.report.stats import twins  # noqa: E402
 from kvsim.scenario.load import Experiment, Scenario  # noqa: E402
 
-MAX_WIDTH_PX = 2000  # page width: a figure is never wider
+MAX_WIDTH_PX = 1200  # a figure is never wider: read at 800 px, its 8 pt text stays >= 7 px
+MAX_COLS = 3  # panels a row at most; more wrap into rows
 MARKERS = "osD^vP*Xh<>p"
 TWIN_STYLE = (0, (4, 3))  # dashes of a curve drawn over its identical twin
 
@@ -53,7 +54,7 @@ class Needs(enum.Flag):
 class Target:
     """Where figures go: a folder and a file-name prefix (for sweep variants)."""
 
-    folder: Path
+    folder: Path | None  # None: the figure is returned, not saved
     prefix: str = ""
 
 
@@ -137,11 +138,34 @@ def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[
     return chosen, notes
 
 
+# One colour per registered policy name, the same in every figure of every report; with the
+# spares, 16 hues at least 30 apart in CIELAB (checked in tests/test_figure_standard.py).
+POLICY_COLORS = {
+    "full": "#000000", "window": "#1f77b4", "streaming_llm": "#17becf", "h2o": "#d62728",
+    "h2o_offline": "#ff7f0e", "snapkv": "#2ca02c", "tova": "#6a3d9a", "random": "#8c8c8c",
+    "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
+    "caote": "#ff1aff", "quest": "#000080",
+}
+# For labels that are not a policy name (a second configuration, a sweep point), in order.
+SPARE_COLORS = ("#1a4d1a", "#ff0080", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
+
+
+def color_map(labels: list[str]) -> dict[str, str]:
+    """``{label: colour}``: a policy name's fixed colour; other labels take the spare
+    colours not already used, in order (past them, tab20's, which may repeat a hue)."""
+    labels = list(dict.fromkeys(labels))
+    colors = {label: POLICY_COLORS[label] for label in labels if label in POLICY_COLORS}
+    free = [c for c in SPARE_COLORS if c not in colors.values()]
+    free += [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab20").colors]
+    for label in labels:
+        if label not in colors:
+            colors[label] = free.pop(0) if free else "#555555"
+    return colors
+
+
 def policy_colors(scenario: Scenario) -> dict[str, str]:
-    """One colour per policy label, the same in every figure of the scenario."""
-    labels = list(dict.fromkeys(p.label for e in scenario.experiments for p in e.policies))
-    cmap = plt.get_cmap("tab10" if len(labels) <= 10 else "tab20")
-    return {label: matplotlib.colors.to_hex(cmap(i % cmap.N)) for i, label in enumerate(labels)}
+    """One colour per policy label, the same in every figure (see :func:`color_map`)."""
+    return color_map([p.label for e in scenario.experiments for p in e.policies])
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:
@@ -205,9 +229,10 @@ class Layout:
 
 
 def grid(n: int, scenario: Scenario, panel: tuple[float, float] = (3.4, 2.6),
-         max_cols: int = 4, gap: tuple[float, float] = (0.75, 0.8)):
+         max_cols: int = MAX_COLS, gap: tuple[float, float] = (0.75, 0.8)):
     """A figure of ``n`` panels wrapped in rows (at most ``max_cols`` a row, at most page
     width once :meth:`Layout.finish` sizes it); returns (figure, the ``n`` axes, layout)."""
+    max_cols = min(max_cols, MAX_COLS)
     rows = max(1, math.ceil(n / max_cols))
     cols = max(1, math.ceil(n / rows))
     layout = Layout(rows, cols, panel, gap, MAX_WIDTH_PX / scenario.dpi)
@@ -282,7 +307,11 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
     return handles, labels
 
 
-def save(fig, out: Target, stem: str, scenario: Scenario) -> list[Path]:
+def save(fig, out: Target, stem: str, scenario: Scenario) -> list:
+    """Save ``fig`` in every format and close it; returns the paths. A target without a
+    folder (the Python API's ``Results.plot()``) gets ``[fig]`` back, open."""
+    if out.folder is None:
+        return [fig]
     paths = []
     for fmt in scenario.formats:
         path = out.folder / f"{out.prefix}{stem}.{fmt}"

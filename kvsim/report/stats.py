@@ -84,7 +84,8 @@ def twins(curves: dict[str, np.ndarray], tol: float = COINCIDE_TOL) -> dict[str,
 
 
 def rolling_mean(series: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean over ``window`` steps (shorter at the start), NaN-aware, along the last axis."""
+    """Trailing mean over ``window`` steps (shorter at the start), NaN-aware, along the last
+    axis. A step whose value is NaN stays NaN: the mean never fills a gap it did not see."""
     x = np.asarray(series, float)
     valid = ~np.isnan(x)
     csum = np.cumsum(np.where(valid, x, 0.0), axis=-1)
@@ -96,7 +97,7 @@ def rolling_mean(series: np.ndarray, window: int) -> np.ndarray:
     total = csum[..., idx] - csum[..., lo]
     count = ccount[..., idx] - ccount[..., lo]
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+        return np.where(valid & (count > 0), total / np.maximum(count, 1), np.nan)
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.report import figures, markdown
-from kvsim.report.columns import result_columns
+from kvsim.report.columns import csv_row, result_columns
 from kvsim.report.studies import STUDIES
 from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
@@ -84,14 +84,15 @@ def _versions() -> dict:
 
 
 def _git_commit() -> str | None:
-    """The commit of kvsim's checkout, ``+`` marking uncommitted changes; None outside git."""
+    """The last commit that changed kvsim's sources (not HEAD: committing a report must not
+    change what its rerun writes), ``+`` marking uncommitted changes; None outside git."""
     root = Path(__file__).resolve().parent.parent.parent
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=5, check=True).stdout.strip()
     try:
-        commit = git("rev-parse", "--short=12", "HEAD")
+        commit = git("log", "-1", "--format=%H", "--", "kvsim")[:12]
         dirty = git("status", "--porcelain", "--", "kvsim")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -126,7 +127,7 @@ def _write_results(folder: Path, variants: list[Scenario], results: list[Scenari
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=result_columns(rows), restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(csv_row(r) for r in rows)
     arrays = {}
     for i, res in enumerate(results):
         prefix = f"v{i}/" if len(variants) > 1 else ""
@@ -148,6 +149,8 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     for i, (scenario, res) in enumerate(zip(variants, results)):
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
         jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
+        jobs.append(((i, "allocation_vs_uniform"), figures.allocation_vs_uniform,
+                     (scenario, res.rows, target)))
         colors = figures.policy_colors(scenario)
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
@@ -169,7 +172,9 @@ def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioR
     drawn: dict = {}
     for (key, _, _), paths in zip(jobs, _draw_all(jobs, workers, progress)):
         drawn.setdefault(key, []).extend(paths)
-    markdown.write(folder, variants, results, drawn, notes, provenance.finish())
+    provenance.finish()
+    markdown.write(folder, variants, results, drawn, notes, provenance)
+    (folder / "run.json").write_text(json.dumps(provenance.run_facts(), indent=2) + "\n")
 
 
 _JOBS: list = []  # the figure jobs, inherited by forked drawing processes
@@ -246,16 +251,19 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     overrides : command-line changes applied to a scenario file before validation.
     dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
         ``local:N`` (a local cluster of N worker processes); same results as a local run.
-
-    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
-    same folder is refused, and leftovers of killed runs are cleaned (or, with
-    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
-    the limit is refused before any work (:mod:`kvsim.engine.cost`).
     command : the command line to record in the report (default: the Python call).
 
     Returns
     -------
-    Path of the report folder.
+    Path
+        The report folder.
+
+    Notes
+    -----
+    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
+    same folder is refused, and leftovers of killed runs are cleaned (or, with
+    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
+    the limit is refused before any work (:mod:`kvsim.engine.cost`).
     """
     if isinstance(scenario, Scenario):
         variants = [scenario]

@@ -67,8 +67,8 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
     import matplotlib.pyplot as plt
 
     labels = list(dict.fromkeys(s.label for s in series[1:]))
-    colors = {lab: plt.get_cmap("tab20" if len(labels) > 10 else "tab10")(i)
-              for i, lab in enumerate(labels)}
+    from kvsim.report.plotting import color_map  # each policy's colour in every report
+    colors = color_map(labels)
     paths = []
     fig, ax = plt.subplots(figsize=(7, 5))
     for lab in labels:
