@@ -99,7 +99,9 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                         "name not configured in the file is added with its defaults)")
     g.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="set any scenario key, e.g. attention.heavy_hitters.exponent=1.2 "
-                        "(repeatable; experiment.KEY sets it in every experiment)")
+                        "(repeatable; experiment.KEY sets it in every experiment). An "
+                        "override of a key the file's [sweep] varies replaces that axis "
+                        "with its one value, and says so on stderr")
 
 
 def _overrides(args: argparse.Namespace) -> Overrides:

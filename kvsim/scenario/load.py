@@ -7,6 +7,7 @@ Validation is complete before any work starts; every problem becomes one line
 from __future__ import annotations
 
 import glob
+import sys
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -432,12 +433,15 @@ def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Sce
     sweep varies no attention or experiment setting).
     """
     doc = read_document(path)
+    notes: list[str] = []
     try:
         if overrides is not None:
-            doc = apply(doc, overrides)
+            doc = apply(doc, overrides, notes)
         points = expand_sweep(doc)
     except KvsimError as exc:
         raise ScenarioError([(str(path), exc.key, exc.message)]) from None
+    for note in notes:
+        print(f"kvsim: {path}: {note}", file=sys.stderr)
     points = [p for point in points for p in _trace_files(*point, Path(path))]
     return [validate(point, path, variant) for point, variant in points]
 
