@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim._version import __version__
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
 from kvsim.report import allocation_summary
@@ -42,8 +43,6 @@ class Provenance:
         return self
 
     def lines(self) -> list[str]:
-        from kvsim import __version__  # the package imports this module first
-
         date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.started))
         commit = f"commit `{self.commit}`" if self.commit else "no git checkout"
         if self.commit and self.commit.endswith("+"):

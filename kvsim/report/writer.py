@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from kvsim._version import __version__
 from kvsim.report import figures, markdown
 from kvsim.report.columns import result_columns
 from kvsim.report.studies import STUDIES
@@ -78,7 +79,6 @@ def _versions() -> dict:
     import matplotlib
     import numba
 
-    from kvsim import __version__
     return {"kvsim": __version__, "numpy": np.__version__, "numba": numba.__version__,
             "matplotlib": matplotlib.__version__, "python": platform.python_version()}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim._version import __version__
 from kvsim.errors import KvsimError
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -136,8 +137,6 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             gguf_file: str | None = None, dtype=np.float16) -> Path:
     """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
     ``dtype``), save it atomically."""
-    import kvsim
-
     try:
         raw = text.read_text(encoding="utf-8")
     except OSError as exc:
@@ -151,7 +150,7 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "heads": int(trace["queries"].shape[1]), "kv_heads": int(trace["keys"].shape[1]),
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
-            "kvsim": kvsim.__version__, "capture_version": CAPTURE_VERSION}
+            "kvsim": __version__, "capture_version": CAPTURE_VERSION}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
     np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **trace)
