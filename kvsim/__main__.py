@@ -1,6 +1,7 @@
 """``python -m kvsim``: see :mod:`kvsim.cli`."""
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -28,4 +29,9 @@ _own_package()
 
 from kvsim.cli import main  # noqa: E402 (after the package is ours)
 
-sys.exit(main())
+status = main()
+if status == 130:  # interrupted: policy threads still inside a kernel are not awaited
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+sys.exit(status)

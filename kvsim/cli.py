@@ -68,7 +68,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="threads for the policy runs, then processes drawing the figures "
                         "(default: every core; results do not depend on it)")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the units an interrupted run of this report finished")
+                   help="reuse the units an interrupted run of this report finished, and "
+                        "keep this run's finished units if it is interrupted (without "
+                        "it, an interrupted run leaves nothing behind)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="run the units on a Dask cluster: a scheduler address "
                         "(tcp://HOST:8786) or local:N (N local worker processes); "
@@ -253,10 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"kvsim: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        resumable = not (argv and argv[0] in COMMANDS)  # only a scenario run resumes
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept_units", None)  # a scenario run started with --resume
         print("kvsim: interrupted; no report written" + (
-            " (finished units are kept for --resume)" if resumable else ""), file=sys.stderr)
+            f"; the finished units are kept in {kept}: run the same command again to reuse "
+            f"them" if kept else ""), file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
 from kvsim.engine.experiments import ScenarioResults, simulate_scenario
 from kvsim.errors import KvsimError
+from kvsim.forked import forked_pool
 from kvsim.scenario.overrides import Overrides
 from kvsim.scenario.load import Scenario, load_sweep
 from kvsim.engine.resume import UnitStore
@@ -193,7 +193,7 @@ def _draw_all(jobs: list, workers: int, progress: bool = False) -> list[list[Pat
     try:
         if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
             return list(bar(map(_draw, range(len(jobs)))))
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("fork")) as pool:
+        with forked_pool(min(workers, len(jobs))) as pool:
             return list(bar(pool.map(_draw, range(len(jobs)))))
     finally:
         _JOBS = []
@@ -249,7 +249,9 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
 
     The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
     same folder is refused, and leftovers of killed runs are cleaned (or, with
-    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
+    ``resume``, their finished units reused). A run that is interrupted or fails removes
+    its finished units, unless started with ``resume``: then they stay, and the
+    exception's ``kept_units`` names their folder. A run whose estimated peak memory exceeds
     the limit is refused before any work (:mod:`kvsim.engine.cost`).
     command : the command line to record in the report (default: the Python call).
 
@@ -274,13 +276,20 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         clean_leftovers(out, keep_units=resume)
         check_out(out, force, variants[0])
         store = UnitStore(sibling(out, ".units"), resume)
-        with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
-                  desc=variants[0].name) as bar:
-            if client:
-                results = simulate_variants(client, variants, store=store, bar=bar)
+        try:
+            with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
+                      desc=variants[0].name) as bar:
+                if client:
+                    results = simulate_variants(client, variants, store=store, bar=bar)
+                else:
+                    results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
+                                                 progress=progress) for v in variants]
+            write_report(out, variants, results, force, workers, provenance, progress)
+        except BaseException as exc:  # interrupted or failed: the units only serve --resume
+            if resume:
+                exc.kept_units = store.folder  # the command line says where they are
             else:
-                results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
-                                             progress=progress) for v in variants]
-        write_report(out, variants, results, force, workers, provenance, progress)
+                shutil.rmtree(store.folder, ignore_errors=True)
+            raise
         shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out
