@@ -160,6 +160,9 @@ def _run(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
+    if args.dask is not None:  # a malformed address fails before anything runs
+        from kvsim.engine.distributed import check_address
+        check_address(args.dask)
     with _max_memory(args):
         variants = load_sweep(args.scenario, _overrides(args))
         out = run(variants, args.out, force=args.force, progress=not args.quiet,
