@@ -26,7 +26,8 @@ commands:
                         time per DIR (a second one exits 2 naming the first)
   kvsim validate SCENARIO.toml [--max-memory SIZE] [overrides]
                         check a scenario file without running it; prints its cost
-                        (runs, logit evaluations, peak memory)
+                        (runs, logit evaluations, peak memory). Also checks a
+                        closed-loop file (everything but the model run itself)
   kvsim policies        list the policies and their parameters
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
@@ -121,17 +122,42 @@ def _positive(text: str) -> int:
     return value
 
 
+def _check_closed_loop(path: Path) -> str:
+    from kvsim.tools.closed_loop.config import load_config
+
+    cfg = load_config(path)
+    return (f"{path}: ok (closed-loop file: {len(cfg.policies)} policies x "
+            f"{len(cfg.budgets)} budgets, tokens = {cfg.tokens}, prompt_len = "
+            f"{cfg.prompt_len}; model {cfg.model}{', ' + cfg.gguf_file if cfg.gguf_file else ''})")
+
+
+# Files that are not scenarios, told apart by a top-level table: table -> a function
+# checking such a file (everything checkable before a model loads) and returning the
+# line ``validate`` prints. Scenario overrides and --max-memory do not apply to them.
+FILE_KINDS = {"closed_loop": _check_closed_loop}
+
+
 def _validate(argv: list[str]) -> int:
     from kvsim.engine import cost
     from kvsim.report.figures import check
-    from kvsim.scenario.load import load_sweep
+    from kvsim.scenario.load import load_sweep, read_document
 
-    p = _Parser(prog="kvsim validate", description="Check a scenario file "
-                                "and print the cost of running it.")
+    p = _Parser(prog="kvsim validate", description="Check a scenario file (or a closed-loop "
+                "file) and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
+    doc = read_document(args.scenario)
+    for table, check_file in FILE_KINDS.items():
+        if isinstance(doc.get(table), dict):
+            given = [o for o in ("budgets", "seeds", "policies", "max_memory")
+                     if getattr(args, o) is not None] + (["set"] if args.set else [])
+            if given:
+                raise KvsimError(f"--{given[0].replace('_', '-')}: expected only with "
+                                 f"scenario files, got a [{table}] file")
+            print(check_file(args.scenario))
+            return 0
     with _max_memory(args):
         variants = load_sweep(args.scenario, _overrides(args))
         check(variants)

@@ -15,6 +15,7 @@ from kvsim.errors import ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
+from kvsim.tools import preflight
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
 
@@ -106,8 +107,14 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
         if model is not None and gguf and not (model / gguf).is_file():
             chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
         text = (path.parent / s["text"]).resolve() if s["text"] else None
-        if text is None or not text.is_file():
+        if text is None or not text.exists():
             chk.add("closed_loop.text", f"expected an existing text file, got {s['text']!r}")
+        else:
+            preflight.check_text(chk, "closed_loop.text", text, "closed_loop.tokens",
+                                 s["tokens"])
+        if model is not None:
+            preflight.check_model_folder(chk, "closed_loop.model", model, gguf)
+        preflight.check_extra(chk, "closed_loop", bool(gguf))
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")
@@ -116,7 +123,12 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     configs = _read_policies(chk, doc)
     for label, cfg in configs.items():
         policy = get_policy(cfg.kind)
-        reason = policy.closed_loop(cfg.params)
+        reason = policy.closed_loop(cfg.params) or (
+            "it has no step code" if policy.steps is None else None)
+        problem = policy.check(s.get("tokens", 1), s.get("prompt_len", 0), cfg.params) \
+            if len(s) == len(SETTINGS) else None
+        if problem:
+            chk.add(f"policies.{label}.{problem.key}", problem.message)
         if reason:
             chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
                                          f"{cfg.kind} cannot: {reason}")
