@@ -64,6 +64,32 @@ def budgets(value, name: str = "budgets") -> list[int]:
     return out
 
 
+def array(value, name: str) -> np.ndarray:
+    """``value`` as a NumPy array: any array-like NumPy can read (views, memory maps,
+    ``np.matrix``, masked arrays without masked entries, torch tensors of any dtype, with
+    bfloat16 and other float types NumPy lacks widened exactly to float32). What NumPy
+    cannot read is a one-line :class:`KvsimError`; dtypes are checked by the caller."""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        tensor = value.detach().cpu()
+        try:
+            return tensor.numpy()
+        except TypeError:  # bfloat16, float8: no NumPy dtype; float32 holds them exactly
+            if not tensor.is_floating_point():
+                raise KvsimError(f"{name}: expected a float tensor, got dtype "
+                                 f"{tensor.dtype}") from None
+            return tensor.float().numpy()
+    if isinstance(value, np.ma.MaskedArray):
+        if np.ma.getmask(value) is not np.ma.nomask and np.ma.getmask(value).any():
+            raise KvsimError(f"{name}: expected an array without masked entries, got "
+                             f"{int(np.ma.count_masked(value))} masked")
+        value = np.ma.getdata(value)
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise KvsimError(f"{name}: expected an array NumPy can read, got "
+                         f"{type(value).__name__} ({str(exc).splitlines()[0][:120]})") from None
+
+
 def important(value, T: int, heads: int) -> np.ndarray | None:
     """An (H, T) mask from positions in ``[0, T)`` shared by every head (a position given
     twice counts once), or None."""
