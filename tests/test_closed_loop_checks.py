@@ -70,7 +70,7 @@ def test_snapkv_without_protect_window_fails_before_the_model(tmp_path):
     (b"\xff\xfe not utf-8" * 20, "closed_loop.text: expected a readable UTF-8 text file, "
                                  "got '{text}' (not UTF-8 (byte 0))"),
     ("folder", "closed_loop.text: expected a readable UTF-8 text file, got '{text}' "
-               "(not a regular file)"),
+               "(a folder, not a file)"),
     ("fifo", "closed_loop.text: expected a readable UTF-8 text file, got '{text}' "
              "(not a regular file)"),
 ])

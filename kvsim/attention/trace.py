@@ -13,12 +13,14 @@ one layer replays, or several (``layers``) jointly.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.attention import files, trace_cache
 from kvsim.errors import KvsimError
+from kvsim.paths import regular_file
 from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
@@ -33,7 +35,7 @@ def trace_path(params: dict, base: Path) -> Path:
         raise KvsimError("expected either a trace file or model + text + tokens, not both",
                          "path")
     if params["path"]:
-        return (base / params["path"]).resolve()
+        return Path(os.path.realpath(base / params["path"]))  # a symlink loop: not an error here
     if not params["model"]:
         raise KvsimError("expected a trace file, or model + text + tokens for a captured one, "
                          "got nothing", "path")
@@ -47,8 +49,11 @@ def trace_path(params: dict, base: Path) -> Path:
 def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int]]:
     """The trace's arrays and recorded layers, after :func:`check` (memoised while the
     file is unchanged: the layers of one trace are built one after the other)."""
-    if not path.is_file():
-        raise KvsimError(f"expected an existing .npz trace, got {str(path)!r}", "path")
+    try:
+        regular_file(path)
+    except ValueError as exc:
+        raise KvsimError(f"expected an existing .npz trace, got {str(path)!r} ({exc})",
+                         "path") from None
     stat = path.stat()
     return _read(str(path), stat.st_mtime_ns, stat.st_size)
 

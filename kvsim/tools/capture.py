@@ -20,6 +20,7 @@ import numpy as np
 
 from kvsim._version import __version__
 from kvsim.errors import KvsimError
+from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
 CAPTURE_VERSION = 1  # part of the on-demand cache key: bump when a capture would differ
@@ -138,9 +139,9 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
     """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
     ``dtype``), save it atomically."""
     try:
-        raw = text.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KvsimError(f"--text: expected a readable text file ({exc})") from None
+        raw = read_text(text)
+    except ValueError as exc:
+        raise KvsimError(f"--text: expected a readable UTF-8 text file ({exc})") from None
     net, tokenizer = load_model(model, gguf_file)
     ids = np.asarray(tokenizer(raw)["input_ids"], np.int64)
     if ids.size < tokens:

@@ -7,11 +7,10 @@ Each check adds one line per problem to a scenario :class:`~kvsim.scenario.load.
 from __future__ import annotations
 
 import importlib.util
-import os
-import stat
 from pathlib import Path
 
-MAX_TEXT_BYTES = 64 * 2**20  # a text file larger than this is refused, never read
+from kvsim.paths import read_text
+
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
 
 
@@ -37,31 +36,8 @@ def check_model_folder(chk, key: str, model: Path, gguf: str | None) -> None:
                      f"got {str(model)!r}")
 
 
-def read_text(path: Path) -> str:
-    """A regular UTF-8 text file of at most ``MAX_TEXT_BYTES``; anything else (a folder,
-    a FIFO, a device, a symlink loop, bytes that are not UTF-8) raises ``ValueError``
-    with the reason, without blocking or reading more than the limit."""
-    try:
-        info = os.stat(path)
-    except OSError as exc:
-        raise ValueError(exc.strerror or str(exc)) from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError("not a regular file")
-    if info.st_size > MAX_TEXT_BYTES:
-        raise ValueError(f"{info.st_size} bytes, more than {MAX_TEXT_BYTES}")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_TEXT_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(exc.strerror or str(exc)) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 (byte {exc.start})") from None
-
-
 def check_text(chk, key: str, path: Path, tokens_key: str, tokens: int) -> None:
-    """The text is readable (see :func:`read_text`) and could hold ``tokens`` tokens: a
+    """The text is readable (:func:`kvsim.paths.read_text`) and could hold ``tokens`` tokens: a
     token covers at least one byte of the text."""
     try:
         size = len(read_text(path).encode("utf-8"))

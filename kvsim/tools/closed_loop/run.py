@@ -23,7 +23,7 @@ from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
 from kvsim.tools.closed_loop import metrics
-from kvsim.tools.preflight import read_text
+from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
                                            stores)
