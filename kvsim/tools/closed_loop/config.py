@@ -8,6 +8,7 @@ scenario. Every problem is one line ``FILE: key.path: expected ..., got ...``.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,14 +88,14 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     chk = _Checker(path)
     chk.unknown_keys(doc, TOP_KEYS, "")
     name, description = read_name(chk, doc, path)
-    table = chk.table(doc, "closed_loop", "closed_loop")
+    table = chk.table(doc, "closed_loop", "closed_loop") or {}
     if "closed_loop" not in doc:
         chk.add("closed_loop", "expected a [closed_loop] table")
     s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets",))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
         if s["model"]:
-            model = (path.parent / s["model"]).resolve()
+            model = Path(os.path.realpath(path.parent / s["model"]))
             if not model.is_dir():
                 chk.add("closed_loop.model", f"expected a model folder, got {s['model']!r}")
             gguf = s["gguf_file"] or None
@@ -106,7 +107,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
             gguf = s["gguf_file"] or DEFAULT_GGUF
         if model is not None and gguf and not (model / gguf).is_file():
             chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
-        text = (path.parent / s["text"]).resolve() if s["text"] else None
+        text = Path(os.path.realpath(path.parent / s["text"])) if s["text"] else None
         if text is None or not text.exists():
             chk.add("closed_loop.text", f"expected an existing text file, got {s['text']!r}")
         else:
@@ -142,7 +143,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                                             f"got {focus}")
     elif not focus and budgets:
         focus = sorted(budgets)[min(1, len(budgets) - 1)]
-    output = chk.table(doc, "output", "output")
+    output = chk.table(doc, "output", "output") or {}
     chk.unknown_keys(output, ("formats", "dpi"), "output.")
     formats = output.get("formats", ["png"])
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
