@@ -13,12 +13,11 @@ The package is layered; each layer imports only from the layers above it in this
   command line, bench and capture.
 """
 
+from kvsim._version import __version__
 from kvsim.api import Attention, Results, SimulationResult, load_report, simulate
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.policies import POLICIES
 from kvsim.scenario.load import Scenario, load_scenario, load_sweep
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str):

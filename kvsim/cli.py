@@ -26,7 +26,8 @@ commands:
                         time per DIR (a second one exits 2 naming the first)
   kvsim validate SCENARIO.toml [--max-memory SIZE] [overrides]
                         check a scenario file without running it; prints its cost
-                        (runs, logit evaluations, peak memory)
+                        (runs, logit evaluations, peak memory). Also checks a
+                        closed-loop file (everything but the model run itself)
   kvsim policies        list the policies and their parameters
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
@@ -68,7 +69,9 @@ def _run_parser() -> argparse.ArgumentParser:
                    help="threads for the policy runs, then processes drawing the figures "
                         "(default: every core; results do not depend on it)")
     p.add_argument("--resume", action="store_true",
-                   help="reuse the units an interrupted run of this report finished")
+                   help="reuse the units an interrupted run of this report finished, and "
+                        "keep this run's finished units if it is interrupted (without "
+                        "it, an interrupted run leaves nothing behind)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="run the units on a Dask cluster: a scheduler address "
                         "(tcp://HOST:8786) or local:N (N local worker processes); "
@@ -99,7 +102,9 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                         "name not configured in the file is added with its defaults)")
     g.add_argument("--set", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="set any scenario key, e.g. attention.heavy_hitters.exponent=1.2 "
-                        "(repeatable; experiment.KEY sets it in every experiment)")
+                        "(repeatable; experiment.KEY sets it in every experiment). An "
+                        "override of a key the file's [sweep] varies replaces that axis "
+                        "with its one value, and says so on stderr")
 
 
 def _overrides(args: argparse.Namespace) -> Overrides:
@@ -117,17 +122,42 @@ def _positive(text: str) -> int:
     return value
 
 
+def _check_closed_loop(path: Path) -> str:
+    from kvsim.tools.closed_loop.config import load_config
+
+    cfg = load_config(path)
+    return (f"{path}: ok (closed-loop file: {len(cfg.policies)} policies x "
+            f"{len(cfg.budgets)} budgets, tokens = {cfg.tokens}, prompt_len = "
+            f"{cfg.prompt_len}; model {cfg.model}{', ' + cfg.gguf_file if cfg.gguf_file else ''})")
+
+
+# Files that are not scenarios, told apart by a top-level table: table -> a function
+# checking such a file (everything checkable before a model loads) and returning the
+# line ``validate`` prints. Scenario overrides and --max-memory do not apply to them.
+FILE_KINDS = {"closed_loop": _check_closed_loop}
+
+
 def _validate(argv: list[str]) -> int:
     from kvsim.engine import cost
     from kvsim.report.figures import check
-    from kvsim.scenario.load import load_sweep
+    from kvsim.scenario.load import load_sweep, read_document
 
-    p = _Parser(prog="kvsim validate", description="Check a scenario file "
-                                "and print the cost of running it.")
+    p = _Parser(prog="kvsim validate", description="Check a scenario file (or a closed-loop "
+                "file) and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
+    doc = read_document(args.scenario)
+    for table, check_file in FILE_KINDS.items():
+        if isinstance(doc.get(table), dict):
+            given = [o for o in ("budgets", "seeds", "policies", "max_memory")
+                     if getattr(args, o) is not None] + (["set"] if args.set else [])
+            if given:
+                raise KvsimError(f"--{given[0].replace('_', '-')}: expected only with "
+                                 f"scenario files, got a [{table}] file")
+            print(check_file(args.scenario))
+            return 0
     with _max_memory(args):
         variants = load_sweep(args.scenario, _overrides(args))
         check(variants)
@@ -156,6 +186,9 @@ def _run(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)
+    if args.dask is not None:  # a malformed address fails before anything runs
+        from kvsim.engine.distributed import check_address
+        check_address(args.dask)
     with _max_memory(args):
         variants = load_sweep(args.scenario, _overrides(args))
         out = run(variants, args.out, force=args.force, progress=not args.quiet,
@@ -252,10 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"kvsim: {where}{exc.strerror or exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        resumable = not (argv and argv[0] in COMMANDS)  # only a scenario run resumes
+    except KeyboardInterrupt as exc:
+        kept = getattr(exc, "kept_units", None)  # a scenario run started with --resume
         print("kvsim: interrupted; no report written" + (
-            " (finished units are kept for --resume)" if resumable else ""), file=sys.stderr)
+            f"; the finished units are kept in {kept}: run the same command again to reuse "
+            f"them" if kept else ""), file=sys.stderr)
         return 130
     finally:
         for sig, handler in previous.items():

@@ -42,14 +42,22 @@ def ada_reference(scores: list[list[float]], B: int, fixed: int, floor_share: fl
     return [fixed + x for x in share]
 
 
-def pyramid_reference(B: int, fixed: int, beta: float, L: int) -> list[int]:
+def pyramid_reference(B: int, fixed: int, beta: float, L: int, T: int) -> list[int]:
     """PyramidKV, with exact fractions: a line from 2B - b_min down to b_min, floored, the
-    remainder one token each to the earliest layers."""
+    remainder one token each to the earliest layers; then no layer above T, the tokens
+    above it one by one to the earliest layer below the most-served count with room."""
     b_min = fixed + math.ceil(Fraction(B - fixed) / Fraction(beta))
     b_max = 2 * B - b_min
     caps = [math.floor(b_max - Fraction((b_max - b_min) * layer, L - 1)) for layer in range(L)]
     for layer in range(L * B - sum(caps)):
         caps[layer] += 1
+    cut = sum(max(c - T, 0) for c in caps)
+    caps = [min(c, T) for c in caps]
+    given = [0] * L  # rounds each layer has received
+    for _ in range(cut):
+        layer = min((g, i) for i, (g, c) in enumerate(zip(given, caps)) if c < T)[1]
+        caps[layer] += 1
+        given[layer] += 1
     return caps
 
 
@@ -57,7 +65,10 @@ def selectable_scores(policy: str, p: np.ndarray, P: int, B: int, params: dict):
     """(fixed, scores of the selectable prompt keys) of one head's dense attention ``p``."""
     if policy == "h2o":
         r = int(params["recent_ratio"] * B)
-        return r, ref.prompt_colsum(p, P)[:P - r]
+        return r, ref.prompt_colsum(p, P)[:max(P - r, 0)]
+    if policy == "h2o_offline":  # column sums over every query
+        r = int(params["recent_ratio"] * B)
+        return r, [ref.sum_seq(p[k:, k]) for k in range(max(P - r, 0))]
     if policy == "snapkv":
         w = min(params["window"], P)
         votes = [ref.sum_seq(p[P - w:P, k]) for k in range(P - w)]
@@ -101,8 +112,8 @@ def test_ada_caps_match_the_reference(seed):
 def test_pyramid_budgets_match_the_reference(B, L):
     for fixed in sorted({0, min(1, B - 1), B // 2, B - 1}):  # fixed < B, as budgets ensure
         for beta in (1.0, 2.0, 7.5, 20.0):
-            got = allocation.pyramid_budgets(B, fixed, beta, L)
-            assert got.tolist() == pyramid_reference(B, fixed, beta, L)
+            got = allocation.pyramid_budgets(B, fixed, beta, L, T=512)
+            assert got.tolist() == pyramid_reference(B, fixed, beta, L, T=512)
             assert got.sum() == L * B and got.min() >= fixed + 1
             assert (np.diff(got) <= 1).all()  # falls with depth (the remainder adds at most 1)
 
@@ -176,7 +187,7 @@ def test_pyramid_caps_and_kept_sets_on_a_field_with_layers(tmp_path):
         if r["experiment"] == "u" or fixed is None:
             assert r["b_h"] == r["budget"]
             continue
-        cap = pyramid_reference(r["budget"], fixed, 3.0, 4)[r["layer"]]
+        cap = pyramid_reference(r["budget"], fixed, 3.0, 4, 96)[r["layer"]]
         assert r["b_h"] == cap
         # The run at the cap is the policy at budget cap on that layer's field.
         field = scenario.field(r["seed"], r["layer"]).data

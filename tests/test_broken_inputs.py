@@ -277,7 +277,7 @@ CLI = [
     Case("unknown flag", "field", "kvsim: unrecognized arguments", argv=("--bogus",), run=True),
     Case("--max-memory word", "field", "kvsim: --max-memory", argv=("--max-memory", "lots")),
     Case("--max-memory 1K", "field", "attention.T: expected the run to fit in memory", argv=("--max-memory", "1K")),
-    Case("--out under a file", "field", "kvsim: {dir}/s.toml/r: expected a report folder that can be written",
+    Case("--out under a file", "field", "kvsim: {dir}/s.toml/r: expected a folder path, got one inside the file {dir}/s.toml",
          argv=("--out", "{dir}/s.toml/r"), run=True),
     Case("--out in /proc", "field", "kvsim: /proc/kvsim-test/r: expected a report folder that can be written",
          argv=("--out", "/proc/kvsim-test/r"), run=True),
@@ -285,7 +285,46 @@ CLI = [
          argv=("--out", "{dir}/taken"), run=True),
     Case("scenario missing", "field", "{dir}/nothing.toml: expected an existing scenario file",
          argv=("{dir}/nothing.toml",)),
-    Case("scenario a folder", "field", "{dir}: expected a readable file", argv=("{dir}",)),
+    Case("scenario a folder", "field", "{dir}: expected a readable UTF-8 text file (a folder, not a file)",
+         argv=("{dir}",)),
+    Case("scenario a FIFO", "field", "{dir}/fifo.toml: expected a readable UTF-8 text file (not a regular file)",
+         argv=("{dir}/fifo.toml",)),
+    Case("scenario /dev/zero", "field", "/dev/zero: expected a readable UTF-8 text file (not a regular file)",
+         argv=("/dev/zero",)),
+    Case("scenario not UTF-8", "field", "{dir}/latin1.toml: expected a readable UTF-8 text file (not UTF-8",
+         argv=("{dir}/latin1.toml",)),
+    Case("scenario a symlink loop", "field", "{dir}/loop.toml: expected a readable UTF-8 text file (Too many levels",
+         argv=("{dir}/loop.toml",)),
+    Case("scenario name too long", "field", "{dir}/" + "x" * 300 + ".toml: expected a readable UTF-8 text file (File name too long)",
+         argv=("{dir}/" + "x" * 300 + ".toml",)),
+    Case("--out name too long", "field", "kvsim: {dir}/" + "y" * 300 + "/r: expected a usable folder path",
+         argv=("--out", "{dir}/" + "y" * 300 + "/r"), run=True),
+    Case("--dask tcp://", "field", "kvsim: --dask: expected a scheduler address", argv=("--dask", "tcp://"), run=True),
+    Case("--dask local:0", "field", "kvsim: --dask: expected local:N", argv=("--dask", "local:0"), run=True),
+    Case("--dask local:-1", "field", "kvsim: --dask: expected local:N", argv=("--dask", "local:-1"), run=True),
+    Case("--dask local:abc", "field", "kvsim: --dask: expected local:N", argv=("--dask", "local:abc"), run=True),
+    Case("--dask local:10**6", "field", "kvsim: --dask: expected local:N", argv=("--dask", "local:1000000"), run=True),
+    Case("--set into a swept key's part", "field", "--set: expected a key the file's [sweep] does not overwrite",
+         {"sweep": {"experiment.prompt_len": [20, 24]}}, argv=("--set", "experiment[0].prompt_len=22")),
+    Case("trace /dev/zero", "trace", "attention.path: expected an existing .npz trace", {"attention.path": "/dev/zero"}),
+    Case("matrix a FIFO", "matrix", "attention.path: expected an existing .npy or .npz file",
+         {"attention.path": "fifo.toml"}),
+    Case("allocation unknown", "field", "experiment[0].allocation: expected one of",
+         {"experiment.allocation": "greedy"}),
+    Case("allocation pyramid one layer", "field", "experiment[0].allocation: expected a source with several layers",
+         {"experiment.allocation": "pyramid"}),
+    Case("floor_share without ada", "field", "experiment[0].floor_share: expected only with allocation = 'ada'",
+         {"experiment.floor_share": 0.3}),
+    Case("beta without pyramid", "field", "experiment[0].beta: expected only with allocation = 'pyramid'",
+         {"experiment.beta": 3.0}),
+    Case("floor_share nan", "field", "experiment[0].floor_share", {"experiment.allocation": "ada",
+                                                                   "experiment.floor_share": NAN}),
+    Case("floor_share 2", "field", "experiment[0].floor_share", {"experiment.allocation": "ada",
+                                                                 "experiment.floor_share": 2.0}),
+    Case("beta 0", "field", "experiment[0].beta", {"attention.layers": 2, "experiment.allocation": "pyramid",
+                                                   "experiment.beta": 0.0}),
+    Case("beta inf", "field", "experiment[0].beta", {"attention.layers": 2, "experiment.allocation": "pyramid",
+                                                     "experiment.beta": INF}),
     Case("scenario not TOML", "field", "{dir}/junk.npz: expected", argv=("{dir}/junk.npz",)),
 ]
 
@@ -307,6 +346,9 @@ def _write_extras(folder: Path) -> None:
     np.savez(folder / "imprange.npz", attention=m, important=np.array([3, 40]))
     np.savez(folder / "none.npz")
     np.save(folder / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    os.mkfifo(folder / "fifo.toml")  # reading it would block
+    (folder / "latin1.toml").write_bytes("name = \"caf\u00e9\"\n".encode("latin-1"))
+    (folder / "loop.toml").symlink_to(folder / "loop.toml")
     (folder / "taken").mkdir()
     (folder / "taken" / "notes.txt").write_text("a folder kvsim did not write")
 

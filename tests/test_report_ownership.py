@@ -98,15 +98,17 @@ def test_sigkill_then_resume_gives_identical_results(tmp_path):
 
 def test_sigterm_and_sighup_stop_like_sigint(tmp_path):
     path = _scenario(tmp_path, SLOW)
-    procs = {sig: _start(path, tmp_path / name) for sig, name in
-             ((signal.SIGTERM, "a"), (signal.SIGHUP, "b"))}
+    procs = {sig: _start(path, tmp_path / name, *extra) for sig, name, extra in
+             ((signal.SIGTERM, "a", ["--resume"]), (signal.SIGHUP, "b", []))}
     for (sig, proc), name in zip(procs.items(), "ab"):
         _wait_for_units(proc, tmp_path / f".{name}.units", 1)
         proc.send_signal(sig)
-    for proc in procs.values():
+    for proc, name in zip(procs.values(), "ab"):
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 130 and stdout == ""
         assert stderr.strip().startswith("kvsim: interrupted")
         assert len(stderr.strip().splitlines()) == 1
-    # Only the finished units stay, for --resume; no lock, no temporary folder.
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.units", ".b.units", "s.toml"]
+        assert (f"kept in {tmp_path / '.a.units'}" in stderr) == (name == "a")
+    # Only the finished units of the run started with --resume stay; no lock, no
+    # temporary folder.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".a.units", "s.toml"]

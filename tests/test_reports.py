@@ -132,6 +132,11 @@ def test_interrupted_run_resumes(path, tmp_path, monkeypatch):
         kvsim.run(path, out, workers=1)
     assert not out.exists()  # no half-written report
     units = tmp_path / ".report.units"
+    assert not units.exists()  # not started with resume: nothing kept
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt) as interrupt:
+        kvsim.run(path, out, workers=1, resume=True)
+    assert not out.exists() and interrupt.value.kept_units == units
     assert len(list(units.glob("*.npz"))) == 3
 
     resumed = []

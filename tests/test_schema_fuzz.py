@@ -111,3 +111,102 @@ def test_one_key_any_value(folder, target, value):
 def test_every_key_gets_nan_and_a_huge_int(folder, base, key):
     for value in (NAN, 2**64):
         _check(folder, base, key, value)
+
+
+# ---------------------------------------------------------------- allocation keys
+
+ALLOCATION = ["experiment[0].allocation", "experiment[0].floor_share", "experiment[0].beta",
+              "attention.layers"]
+ALLOCATION_VALUES = st.one_of(VALUES, st.sampled_from(["ada", "pyramid", "uniform", 0.2, 20.0,
+                                                       1.0, 1e-9, 2, 3]))
+
+
+@settings(max_examples=EXAMPLES or 40, derandomize=not EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(ALLOCATION), ALLOCATION_VALUES), min_size=1,
+                max_size=3))
+def test_allocation_keys_any_values(folder, settings_):
+    from kvsim.scenario.overrides import assign
+
+    doc = document("field")
+    for key, value in settings_:
+        assign(doc, key, value)
+    path = folder / "alloc.toml"
+    path.write_text(to_toml(doc))
+    status, out, err = cli(["validate", path, "--max-memory", "256M"])
+    if status == 2:
+        assert out == "" and all(line.startswith(f"{path}: ") for line in err.splitlines()), err
+        return
+    assert status == 0 and err == "", (status, err)
+    for variant in load_sweep(path):
+        simulate_scenario(variant, progress=False, workers=1)
+
+
+# ---------------------------------------------------------------- closed-loop files
+
+CLOSED_LOOP = {"name": "c", "closed_loop": {"text": "text.txt", "tokens": 64, "prompt_len": 48,
+                                            "budgets": [16, 32]},
+               "policies": {"window": {}, "snap": {"kind": "snapkv", "window": 8}}}
+CLOSED_LOOP_KEYS = ["name", "description", "closed_loop", "policies", "output", "output.dpi",
+                    "output.formats", "policies.snap.protect_window", "policies.window.kind",
+                    "policies.x", *(f"closed_loop.{k}" for k in (
+                        "model", "gguf_file", "text", "tokens", "prompt_len", "budgets",
+                        "focus_budget", "gqa", "batch", "bootstrap", "seed", "extra"))]
+
+
+@settings(max_examples=EXAMPLES or 60, derandomize=not EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(CLOSED_LOOP_KEYS), VALUES)
+def test_closed_loop_files_any_value(folder, key, value):
+    """validate checks a closed-loop file to the end, or exits 2 with one line per
+    problem, each naming the file; never a traceback."""
+    import copy
+
+    from kvsim.scenario.overrides import assign
+
+    doc = copy.deepcopy(CLOSED_LOOP)
+    try:
+        assign(doc, key, value)
+    except Exception:
+        return
+    (folder / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    path = folder / "c.toml"
+    path.write_text(to_toml(doc))
+    status, out, err = cli(["validate", path])
+    if status == 2:
+        assert out == "" and err and all(line.startswith(f"{path}: ")
+                                         for line in err.splitlines()), err
+        return
+    assert status == 0 and err == "" and "closed-loop file" in out, (status, err)
+
+
+# ---------------------------------------------------------------- the API
+
+def _probs(T: int):
+    import numpy as np
+
+    a = np.tril(np.random.default_rng(T).random((T, T)) + 1e-3)
+    return a / a.sum(axis=1, keepdims=True)
+
+
+API_VALUES = st.one_of(VALUES, st.sampled_from([None, 4, 8, 12, 16, "h2o", "snapkv",
+                                                "oracle", "window", [4, 8]]))
+
+
+@settings(max_examples=EXAMPLES or 80, derandomize=not EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["policy", "budget", "prompt_len", "seed", "policies",
+                                        "budgets", "seeds", "important", "record", "workers",
+                                        "check", "recent_ratio", "window", "gqa"]),
+                       API_VALUES, min_size=1, max_size=4))
+def test_simulate_any_arguments(arguments):
+    """kvsim.simulate returns or raises KvsimError with one line; nothing else."""
+    import kvsim
+
+    kwargs = {"policy": "h2o", "budget": 8, "prompt_len": 12, **arguments}
+    if "policies" in kwargs or "budgets" in kwargs:
+        kwargs.pop("policy"), kwargs.pop("budget")
+    try:
+        kvsim.simulate(_probs(16), **kwargs)
+    except kvsim.KvsimError as exc:
+        assert "\n" not in str(exc) and str(exc)

@@ -76,23 +76,29 @@ def budgets(value, prompt_len: int, name: str = "budgets") -> list[int]:
 
 
 def array(value, name: str) -> np.ndarray:
-    """``value`` as a NumPy array. A torch tensor of any floating dtype is detached and
-    converted (bfloat16, which NumPy lacks, through float32: exact); anything NumPy cannot
-    read is a :class:`KvsimError` naming the argument."""
-    if type(value).__module__.split(".")[0] == "torch":
-        value = value.detach().cpu()
-        if str(value.dtype) == "torch.bfloat16":
-            value = value.float()
+    """``value`` as a NumPy array: any array-like NumPy can read (views, memory maps,
+    ``np.matrix``, masked arrays without masked entries, torch tensors of any dtype, with
+    bfloat16 and other float types NumPy lacks widened exactly to float32). What NumPy
+    cannot read is a one-line :class:`KvsimError`; dtypes are checked by the caller."""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach"):
+        tensor = value.detach().cpu()
         try:
-            return value.numpy()
-        except (TypeError, RuntimeError) as e:
-            raise KvsimError(f"{name}: expected a float16, float32 or float64 tensor, got "
-                             f"{value.dtype} ({e})") from None
+            return tensor.numpy()
+        except TypeError:  # bfloat16, float8: no NumPy dtype; float32 holds them exactly
+            if not tensor.is_floating_point():
+                raise KvsimError(f"{name}: expected a float tensor, got dtype "
+                                 f"{tensor.dtype}") from None
+            return tensor.float().numpy()
+    if isinstance(value, np.ma.MaskedArray):
+        if np.ma.getmask(value) is not np.ma.nomask and np.ma.getmask(value).any():
+            raise KvsimError(f"{name}: expected an array without masked entries, got "
+                             f"{int(np.ma.count_masked(value))} masked")
+        value = np.ma.getdata(value)
     try:
         return np.asarray(value)
-    except (TypeError, ValueError) as e:
-        raise KvsimError(f"{name}: expected an array of numbers, got {type(value).__name__} "
-                         f"({e})") from None
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise KvsimError(f"{name}: expected an array NumPy can read, got "
+                         f"{type(value).__name__} ({str(exc).splitlines()[0][:120]})") from None
 
 
 def important(value, T: int, heads: int) -> np.ndarray | None:

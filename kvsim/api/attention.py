@@ -100,11 +100,14 @@ class Attention:
         Returns
         -------
         Attention
-            Using ``probs`` itself when it is float64 and C-contiguous (and its rows sum
-            to 1 within 1e-12); otherwise a float64 copy, renormalised.
+            Holding a float64 copy of ``probs`` (renormalised where rows are off by more
+            than 1e-12), so that changes to ``probs`` afterwards do not reach it.
         """
         check = arguments.flag(check, "check")
-        stack = probability_stack(arguments.array(probs, "probs"), "probs", check)
+        given = arguments.array(probs, "probs")
+        stack = probability_stack(given, "probs", check)
+        if np.may_share_memory(stack, given):
+            stack = stack.copy()  # the Attention owns its data: later writes cannot fool it
         return cls._dense("probabilities", stack, kv_heads, important, gqa)
 
     @classmethod
@@ -236,9 +239,11 @@ def _kv_heads(kv_heads, heads: int) -> int:
 
 
 def _vectors(a, name: str) -> np.ndarray:
+    """A float32 copy of ``a`` that the Attention owns (a view could change under it)."""
     a = arguments.array(a, name)
     if a.ndim != 3:
         raise KvsimError(f"{name}: expected a 3-D array (heads, T, d), got shape {a.shape}")
     if a.dtype not in DTYPES:
         raise KvsimError(f"{name}: expected float16, float32 or float64, got dtype {a.dtype}")
-    return a
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: inf, caught by check
+        return np.array(a, dtype=np.float32, order="C")

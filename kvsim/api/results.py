@@ -235,16 +235,33 @@ def load_report(path: str | Path) -> Results:
         if not p.is_file():
             raise KvsimError(f"{p}: expected a report file (results.csv and steps.npz), "
                              f"got no such file")
-    with open(csv_path, newline="") as f:
-        rows = [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = []
+            for n, row in enumerate(reader, 2):
+                if None in row or None in row.values():
+                    raise ValueError(f"line {n} does not have the header's "
+                                     f"{len(reader.fieldnames)} fields")
+                rows.append({k: _typed(v) for k, v in row.items()})
+                if not isinstance(rows[-1].get("unit"), int) or "variant" not in row \
+                        or "experiment" not in row:
+                    raise ValueError(f"line {n} lacks a variant, experiment or integer unit")
+    except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
+        raise KvsimError(f"{csv_path}: expected results.csv as kvsim writes it ({exc})") \
+            from None
     variants = list(dict.fromkeys(r["variant"] for r in rows))
-    meta = {}
-    if (folder / "scenario.json").is_file():
-        meta = json.loads((folder / "scenario.json").read_text())
     focus: dict = {}
-    for i, variant in enumerate(meta.get("variants", [])[:len(variants)]):
-        for exp in variant.get("experiments", []):
-            focus[variants[i], exp["name"]] = exp.get("focus_budget")
+    if (folder / "scenario.json").is_file():
+        try:
+            meta = json.loads((folder / "scenario.json").read_text(encoding="utf-8"))
+            for i, variant in enumerate(meta.get("variants", [])[:len(variants)]):
+                for exp in variant.get("experiments", []):
+                    focus[variants[i], exp["name"]] = exp.get("focus_budget")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError,
+                KeyError) as exc:
+            raise KvsimError(f"{folder / 'scenario.json'}: expected scenario.json as kvsim "
+                             f"writes it ({type(exc).__name__}: {exc})") from None
     arrays: dict = {}
     kept: dict = {}
     try:
@@ -263,11 +280,12 @@ def load_report(path: str | Path) -> Results:
                     kept.setdefault(key, [None, {}])[0] = data[name]
                 else:
                     arrays.setdefault(key, {})[parts[1]] = data[name]
-    except (OSError, ValueError, IndexError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, IndexError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise KvsimError(f"{npz_path}: expected steps.npz as kvsim writes it ({exc})") from None
     for r in rows:
         table = arrays.get((r["variant"], r["experiment"]), {}).get("mass")
-        if table is None or not isinstance(r["unit"], int) or r["unit"] >= table.shape[0]:
-            raise KvsimError(f"{folder}: expected steps.npz to hold every row of results.csv")
+        if table is None or not 0 <= r["unit"] < table.shape[0]:
+            raise KvsimError(f"{csv_path}: expected rows whose unit steps.npz holds, got "
+                             f"unit {r['unit']} of experiment {r['experiment']!r}")
     return Results(folder.name, rows, arrays, {k: tuple(v) for k, v in kept.items()}, focus)
 

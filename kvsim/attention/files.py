@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.paths import regular_file
 from kvsim.resources import check_memory
 
 _ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile)
@@ -28,8 +29,11 @@ def _header(f) -> tuple[tuple[int, ...], np.dtype]:
 def headers(path: Path, key: str = "path") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """``{name: (shape, dtype)}`` of an ``.npz``'s arrays; a single ``.npy`` array is
     named ``""``."""
-    if not path.is_file():
-        raise KvsimError(f"expected an existing .npy or .npz file, got {str(path)!r}", key)
+    try:
+        regular_file(path)
+    except ValueError as exc:
+        raise KvsimError(f"expected an existing .npy or .npz file, got {str(path)!r} ({exc})",
+                         key) from None
     try:
         if zipfile.is_zipfile(path):
             out = {}

@@ -6,6 +6,7 @@ of shape (heads, T, T) plus optional ground-truth important positions.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -103,7 +104,7 @@ SEED_NOTEBOOK = Source(
 
 
 def _read_matrix(params: dict, base: Path) -> tuple[np.ndarray, np.ndarray | None]:
-    path = (base / params["path"]).resolve()
+    path = Path(os.path.realpath(base / params["path"]))
     found = files.headers(path)
     if list(found) == [""]:
         name = ""

@@ -19,12 +19,14 @@ recorded global layer.
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.attention import files, trace_cache
 from kvsim.errors import KvsimError
+from kvsim.paths import regular_file
 from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
@@ -39,7 +41,7 @@ def trace_path(params: dict, base: Path) -> Path:
         raise KvsimError("expected either a trace file or model + text + tokens, not both",
                          "path")
     if params["path"]:
-        return (base / params["path"]).resolve()
+        return Path(os.path.realpath(base / params["path"]))  # a symlink loop: not an error here
     if not params["model"]:
         raise KvsimError("expected a trace file, or model + text + tokens for a captured one, "
                          "got nothing", "path")
@@ -54,8 +56,11 @@ def _checked(path: Path) -> tuple[dict[str, np.ndarray], list[int], dict[int, in
     """The trace's arrays, its recorded global layers (those that replay) and the window
     of each recorded sliding-window layer, after :func:`check` (memoised while the file is
     unchanged: the layers of one trace are built one after the other)."""
-    if not path.is_file():
-        raise KvsimError(f"expected an existing .npz trace, got {str(path)!r}", "path")
+    try:
+        regular_file(path)
+    except ValueError as exc:
+        raise KvsimError(f"expected an existing .npz trace, got {str(path)!r} ({exc})",
+                         "path") from None
     stat = path.stat()
     return _read(str(path), stat.st_mtime_ns, stat.st_size)
 

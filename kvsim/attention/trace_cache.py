@@ -5,19 +5,31 @@ On first use the trace is captured (every layer, float32 vectors, with
 (default ``~/.cache``), under a hash of the model, the text's content, the token count and
 the capture version; later uses read the cached file. Capturing needs the ``capture`` extra
 (torch, transformers); replaying a cached trace does not.
+
+A cached file is checked before use (every member's CRC-32, the arrays' headers against
+the token count): a truncated, corrupt or wrong-shaped one is captured again, with a note
+on stderr. Captures write a temporary file and rename it, so concurrent runs never see a
+half-written trace. A cache folder that cannot be written is skipped, with a note: the
+capture goes to a temporary folder removed at exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from kvsim.attention import files
 from kvsim.errors import KvsimError
+from kvsim.paths import read_text
 
 def cache_folder() -> Path:
     """``$XDG_CACHE_HOME/kvsim/traces``, or ``~/.cache/kvsim/traces``."""
@@ -35,11 +47,47 @@ def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | Non
         except KvsimError as exc:
             raise KvsimError(str(exc), "model") from None
         return str(folder), gguf, f"{model}/{gguf}"
-    folder = (base / model).resolve()
+    folder = Path(os.path.realpath(base / model))
     if not folder.is_dir():
         raise KvsimError(f"expected one of {', '.join(models.PRESETS)} or a model folder, "
                          f"got {model!r}", "model")
     return str(folder), gguf_file or None, f"{folder}/{gguf_file}"
+
+
+_UNCACHED: dict[str, Path] = {}  # captures of this process outside an unwritable cache
+
+
+def damage(path: Path, tokens: int) -> str | None:
+    """Why a cached trace of ``tokens`` tokens cannot be used, or None: a member failing
+    its CRC-32 (truncated or corrupt), a missing array, or shapes that are not those of
+    the capture."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()  # reads every member once, checking its CRC-32
+        if bad is not None:
+            return f"{bad} fails its checksum"
+        found = files.headers(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KvsimError) as exc:
+        return str(exc) or type(exc).__name__
+    for name in ("queries", "keys"):
+        if name not in found:
+            return f"no {name} array"
+        shape = found[name][0]
+        if len(shape) != 4 or shape[2] != tokens:
+            return f"{name} of shape {shape}, expected (layers, heads, {tokens}, dim)"
+    if found["queries"][0][0] != found["keys"][0][0]:
+        return "queries and keys of different layer counts"
+    return None
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot receive a trace, or None (it is created if missing)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def cache_key(model_id: str, text: bytes, tokens: int, capture_version: int) -> str:
@@ -52,11 +100,11 @@ def cache_key(model_id: str, text: bytes, tokens: int, capture_version: int) -> 
 def resolve(params: dict, base: Path) -> Path:
     """The cached trace of ``params`` (``model``, ``text``, ``tokens``, ``gguf_file``),
     captured first if it is not there yet."""
-    text = (base / params["text"]).resolve()
+    text = Path(os.path.realpath(base / params["text"]))
     try:
-        raw = text.read_bytes()
-    except OSError as exc:
-        raise KvsimError(f"expected a readable text file ({exc})", "text") from None
+        raw = read_text(text).encode("utf-8")  # the file's bytes, known to be UTF-8
+    except ValueError as exc:
+        raise KvsimError(f"expected a readable UTF-8 text file ({exc})", "text") from None
     folder, gguf, model_id = _model_files(params["model"], params["gguf_file"] or "", base)
     # An upward import, on purpose: the capture code and its version live with `kvsim
     # capture`; it imports torch only when it runs, on a cache miss.
@@ -64,8 +112,21 @@ def resolve(params: dict, base: Path) -> Path:
 
     key = cache_key(model_id, raw, params["tokens"], capture.CAPTURE_VERSION)
     path = cache_folder() / f"{key}.npz"
+    if key in _UNCACHED:
+        return _UNCACHED[key]
     if path.is_file():
-        return path
+        problem = damage(path, params["tokens"])
+        if problem is None:
+            return path
+        print(f"kvsim: the cached trace {path} is unusable ({problem}); capturing it again",
+              file=sys.stderr)
+    unwritable = _unwritable(path.parent)
+    if unwritable:
+        folder = Path(tempfile.mkdtemp(prefix="kvsim-trace-"))
+        atexit.register(shutil.rmtree, folder, True)
+        print(f"kvsim: the trace cache {path.parent} cannot be written ({unwritable}); "
+              f"capturing into {folder}, removed at exit", file=sys.stderr)
+        path = _UNCACHED[key] = folder / path.name
     print(f"kvsim: capturing every layer of {params['model']} on {text.name} "
           f"({params['tokens']} tokens) into {path} (once)", file=sys.stderr)
     try:

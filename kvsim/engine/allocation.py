@@ -13,7 +13,10 @@ allocations compare at equal memory. Plain NumPy: the rules run once per layer.
 - ``pyramid`` (PyramidKV, Cai et al. 2024): layer ``l`` of ``L`` run jointly gets
   ``floor(b_max - (b_max - b_min) * l / (L - 1))``, from ``b_max = 2B - b_min`` down to
   ``b_min = fixed + ceil((B - fixed) / beta)``; the tokens that keep the mean at ``B``
-  go one each to the earliest layers.
+  go one each to the earliest layers. No layer gets more than ``T`` (a head never holds
+  more than the T keys of the sequence): a layer above it is cut to ``T`` and the tokens
+  cut go one each, round after round, to the earliest layers still below ``T``, so the
+  layers share ``L * B`` keys (budgets are at most ``T``, so they always fit).
 
 A head's fixed parts (sinks, observation window, recent tokens) stay those of ``B``
 whatever its cap; only its selectable part grows or shrinks.
@@ -34,7 +37,8 @@ def ada_caps(scores: list[np.ndarray], budget: int, fixed: int, floor_share: flo
     """Caps ``b_h`` of one layer's KV heads under AdaKV.
 
     ``scores[h]`` holds KV head ``h``'s prefill scores of its selectable prompt keys
-    (positions ``0 .. n-1``, the same ``n`` for every head).
+    (positions ``0 .. n-1``, the same ``n`` for every head; ``n = 0`` when the fixed parts
+    cover the prompt, and then every head keeps ``budget``).
     """
     heads = len(scores)
     slots = budget - fixed
@@ -56,8 +60,9 @@ def ada_caps(scores: list[np.ndarray], budget: int, fixed: int, floor_share: flo
     return (fixed + share).astype(np.int64)
 
 
-def pyramid_budgets(budget: int, fixed: int, beta: float, layers: int) -> np.ndarray:
-    """Per-layer caps under PyramidKV for ``layers >= 2`` layers run jointly."""
+def pyramid_budgets(budget: int, fixed: int, beta: float, layers: int, T: int) -> np.ndarray:
+    """Per-layer caps under PyramidKV for ``layers >= 2`` layers run jointly, each at most
+    ``T`` (``budget <= T``)."""
     b_min = fixed + math.ceil((budget - fixed) / beta)
     b_max = 2 * budget - b_min
     drop = b_max - b_min
@@ -65,6 +70,12 @@ def pyramid_budgets(budget: int, fixed: int, beta: float, layers: int) -> np.nda
     caps = np.array([b_max - (-(-drop * layer // (layers - 1))) for layer in range(layers)],
                     np.int64)
     caps[:layers * budget - int(caps.sum())] += 1
+    cut = int(np.maximum(caps - T, 0).sum())
+    caps = np.minimum(caps, T)
+    while cut:  # the keys above T, one each to the earliest layers with room, by rounds
+        room = np.flatnonzero(caps < T)[:cut]
+        caps[room] += 1
+        cut -= room.size
     return caps
 
 
@@ -94,7 +105,7 @@ def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int) -> np
             if exp.allocation == "uniform" or not policy.budgeted:
                 caps[i, j] = budget
             elif exp.allocation == "pyramid":
-                per_layer = pyramid_budgets(budget, fixed, exp.beta, layers)
+                per_layer = pyramid_budgets(budget, fixed, exp.beta, layers, scenario.T)
                 check_total(per_layer, layers * budget, where)
                 caps[i, j] = per_layer[place]
             else:

@@ -12,6 +12,7 @@ the results are the same bytes as a local run's.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from contextlib import contextmanager
@@ -30,12 +31,68 @@ from kvsim.scenario.load import Scenario
 CONNECT_TIMEOUT = 10.0  # seconds to reach a scheduler and see its first worker
 
 _LOCAL = re.compile(r"local:(\d+)")
+_REMOTE = re.compile(r"(?:(tcp|tls|ws|wss)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d+)")
+
+
+def max_local_workers() -> int:
+    """The most worker processes ``local:N`` may start: 4 per core, at least 8."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+def check_address(address: str) -> str:
+    """``address`` if it is ``local:N`` (1 <= N <= :func:`max_local_workers`) or
+    ``[tcp|tls|ws|wss://]HOST:PORT`` (port 1 to 65535); else :class:`KvsimError`, before
+    anything starts."""
+    limit = max_local_workers()
+    if address.startswith("local:"):
+        local = _LOCAL.fullmatch(address)
+        if not (local and 1 <= int(local[1]) <= limit):
+            raise KvsimError(f"--dask: expected local:N with N >= 1 worker processes "
+                             f"(at most {limit} on this machine), got {address!r}")
+        return address
+    remote = _REMOTE.fullmatch(address)
+    if not (remote and 1 <= int(remote[3]) <= 65535):
+        raise KvsimError(f"--dask: expected a scheduler address tcp://HOST:PORT (port 1 to "
+                         f"65535) or local:N, got {address!r}")
+    return address
 
 
 def _source_digest() -> str:
     from kvsim.numerics.jit import _source_digest as digest
 
     return digest()
+
+
+def _probe(address: str) -> None:
+    """Ask ``address`` what it is, within ``CONNECT_TIMEOUT``: a port that accepts and
+    never answers, or answers something other than Dask, fails here in one line
+    (``Client`` itself can wait for ever on such a port)."""
+    import asyncio
+
+    from distributed.comm import connect as open_comm
+
+    async def identity():
+        comm = await open_comm(address, timeout=CONNECT_TIMEOUT)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        reply = asyncio.run(asyncio.wait_for(identity(), CONNECT_TIMEOUT))
+    except (TimeoutError, asyncio.TimeoutError):
+        raise KvsimError(f"--dask {address}: expected a reachable Dask scheduler, got no "
+                         f"answer within {CONNECT_TIMEOUT:g} s") from None
+    except OSError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KvsimError(f"--dask {address}: expected a reachable Dask scheduler "
+                         f"({reason})") from None
+    except Exception:  # what a reply that is not Dask's makes of the protocol
+        reply = None
+    if not (isinstance(reply, dict) and reply.get("type") == "Scheduler"):
+        raise KvsimError(f"--dask {address}: expected a Dask scheduler, got a server that "
+                         f"is not one")
 
 
 @contextmanager
@@ -46,14 +103,15 @@ def connect(address: str) -> Iterator:
     duration. Raises :class:`KvsimError` (one line) when the scheduler cannot be reached,
     has no worker, or a worker runs different kvsim sources.
     """
+    check_address(address)
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
-        raise KvsimError("--dask: expected dask.distributed to be installed "
-                         "(pip install -e \".[distributed]\")") from None
+        raise KvsimError("--dask: expected dask.distributed to be installed: the "
+                         "distributed extra (pip install -e \".[distributed]\")") from None
     local = _LOCAL.fullmatch(address)
-    if address.startswith("local:") and not (local and int(local[1]) >= 1):
-        raise KvsimError(f"--dask: expected local:N with N >= 1 worker processes, got {address!r}")
+    if not local:
+        _probe(address)
     cluster = None
     try:
         if local:
@@ -62,12 +120,12 @@ def connect(address: str) -> Iterator:
             client = Client(cluster)
         else:
             client = Client(address, timeout=CONNECT_TIMEOUT)
-    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+    except Exception as exc:  # anything the handshake raises: not a Dask scheduler we can use
         if cluster is not None:
             cluster.close()
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise KvsimError(f"--dask {address}: expected a reachable Dask scheduler ({reason})") \
-            from None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KvsimError(f"--dask {address}: expected a reachable Dask scheduler answering "
+                         f"within {CONNECT_TIMEOUT:g} s ({reason})") from None
     try:
         try:
             client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)

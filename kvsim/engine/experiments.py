@@ -259,8 +259,13 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
         bar.update(heads_per_kv * len(traces))
         return traces
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
         results = list(pool.map(run, range(len(exp.policies))))  # in policy order
+    except BaseException:  # interrupted: do not wait for the policies still running
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     heads = range(kv * heads_per_kv, (kv + 1) * heads_per_kv)
     for i, (config, traces) in enumerate(zip(exp.policies, results)):
         for j, (budget, spec, trace) in enumerate(zip(exp.budgets, exp.budget_specs, traces)):

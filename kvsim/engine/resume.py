@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim._version import __version__
 from kvsim.policies import Trace
 
 FIELDS = ("mass", "cache_size", "recall", "error", "kept", "snapshots")
@@ -25,8 +26,6 @@ FIELDS = ("mass", "cache_size", "recall", "error", "kept", "snapshots")
 
 def unit_key(**parts) -> str:
     """A stable hash of a unit's resolved configuration (JSON of ``parts``)."""
-    from kvsim import __version__
-
     text = json.dumps({"kvsim": __version__, **parts}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

@@ -142,12 +142,17 @@ def _fixed(budget: int, prompt_len: int, params: dict) -> int:
     return recent_count(budget, params)
 
 
+def _selectable(group: Group, budget: int, params: dict) -> int:
+    """Prompt keys older than the recent ones (none when those cover the prompt)."""
+    return max(group.prompt_len - recent_count(budget, params), 0)
+
+
 def _online_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
-    return _online_ranking(group, params)[2][:group.prompt_len - recent_count(budget, params)]
+    return _online_ranking(group, params)[2][:_selectable(group, budget, params)]
 
 
 def _offline_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
-    return group.global_scores()[:group.prompt_len - recent_count(budget, params)]
+    return group.global_scores()[:_selectable(group, budget, params)]
 
 
 def run_capped(steps: Steps, group: Group, cap: int, budget: int, params: dict) -> Trace:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim._version import __version__
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
 from kvsim.report import allocation_summary
@@ -45,7 +46,6 @@ class Provenance:
         """What report.md says: only what a rerun of the same sources on the same machine
         writes again, so that a committed report rerun leaves ``git status`` clean; the
         date, wall time and load go to ``run.json`` (:meth:`run_facts`)."""
-        from kvsim import __version__  # the package imports this module first
 
         commit = f"sources of commit `{self.commit}`" if self.commit else "no git checkout"
         if self.commit and self.commit.endswith("+"):

@@ -9,16 +9,17 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import zipfile
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from kvsim._version import __version__
 from kvsim.report import figures, markdown
 from kvsim.report.columns import csv_row, result_columns
 from kvsim.report.studies import STUDIES
@@ -26,6 +27,7 @@ from kvsim.engine.cost import check as check_cost
 from kvsim.engine.distributed import connect, simulate_variants
 from kvsim.engine.experiments import ScenarioResults, simulate_scenario
 from kvsim.errors import KvsimError
+from kvsim.forked import forked_pool
 from kvsim.scenario.overrides import Overrides
 from kvsim.scenario.load import Scenario, load_sweep
 from kvsim.engine.resume import UnitStore
@@ -55,6 +57,7 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
     A folder kvsim did not write is never replaced (an empty one is filled); a report kvsim
     wrote for the same scenario file is replaced; a report of another scenario needs ``force``.
     """
+    _check_place(out)
     if not out.exists():
         return None
     if not out.is_dir():
@@ -74,11 +77,30 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
     return f"kvsim: replacing {out}, a report of {source} (--force)"
 
 
+def _check_place(out: Path) -> None:
+    """``out`` can be created beside its siblings: not inside a file, not in a folder that
+    cannot be written, not a name the system refuses. Checked before anything is written."""
+    for place in (out, *Path(os.path.abspath(out)).parents):
+        try:
+            info = os.stat(place)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet (or below a file, found further up)
+        except OSError as exc:
+            raise KvsimError(f"{out}: expected a usable folder path ({exc.strerror})") from None
+        if place == out:
+            continue  # check_out judges the folder itself; its parent must be writable
+        if not stat.S_ISDIR(info.st_mode):
+            raise KvsimError(f"{out}: expected a folder path, got one inside the file {place}")
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise KvsimError(f"{out}: expected a folder kvsim can write in, got {place} "
+                             f"(read-only)")
+        return
+
+
 def _versions() -> dict:
     import matplotlib
     import numba
 
-    from kvsim import __version__
     return {"kvsim": __version__, "numpy": np.__version__, "numba": numba.__version__,
             "matplotlib": matplotlib.__version__, "python": platform.python_version()}
 
@@ -198,7 +220,7 @@ def _draw_all(jobs: list, workers: int, progress: bool = False) -> list[list[Pat
     try:
         if workers <= 1 or len(jobs) <= 1 or "fork" not in mp.get_all_start_methods():
             return list(bar(map(_draw, range(len(jobs)))))
-        with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context("fork")) as pool:
+        with forked_pool(min(workers, len(jobs))) as pool:
             return list(bar(pool.map(_draw, range(len(jobs)))))
     finally:
         _JOBS = []
@@ -251,6 +273,13 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     overrides : command-line changes applied to a scenario file before validation.
     dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
         ``local:N`` (a local cluster of N worker processes); same results as a local run.
+
+    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
+    same folder is refused, and leftovers of killed runs are cleaned (or, with
+    ``resume``, their finished units reused). A run that is interrupted or fails removes
+    its finished units, unless started with ``resume``: then they stay, and the
+    exception's ``kept_units`` names their folder. A run whose estimated peak memory exceeds
+    the limit is refused before any work (:mod:`kvsim.engine.cost`).
     command : the command line to record in the report (default: the Python call).
 
     Returns
@@ -282,13 +311,20 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
         clean_leftovers(out, keep_units=resume)
         check_out(out, force, variants[0])
         store = UnitStore(sibling(out, ".units"), resume)
-        with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
-                  desc=variants[0].name) as bar:
-            if client:
-                results = simulate_variants(client, variants, store=store, bar=bar)
+        try:
+            with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
+                      desc=variants[0].name) as bar:
+                if client:
+                    results = simulate_variants(client, variants, store=store, bar=bar)
+                else:
+                    results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
+                                                 progress=progress) for v in variants]
+            write_report(out, variants, results, force, workers, provenance, progress)
+        except BaseException as exc:  # interrupted or failed: the units only serve --resume
+            if resume:
+                exc.kept_units = store.folder  # the command line says where they are
             else:
-                results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
-                                             progress=progress) for v in variants]
-        write_report(out, variants, results, force, workers, provenance, progress)
+                shutil.rmtree(store.folder, ignore_errors=True)
+            raise
         shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

@@ -6,7 +6,10 @@ Validation is complete before any work starts; every problem becomes one line
 
 from __future__ import annotations
 
+import errno
 import glob
+import os
+import sys
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -15,6 +18,7 @@ from pathlib import Path
 from kvsim.attention.components import BOOST, COMPONENTS
 from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
+from kvsim.paths import read_text
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import INT64_MAX, Param
@@ -416,11 +420,15 @@ def read_document(path: str | Path) -> dict:
     """Parse a scenario file's TOML; unreadable or invalid files raise :class:`ScenarioError`."""
     path = Path(path)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScenarioError([(str(path), "", "expected an existing scenario file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError([(str(path), "", f"expected a readable file ({exc})")]) from None
+        text = read_text(path)
+    except ValueError as exc:
+        if str(exc) == os.strerror(errno.ENOENT):
+            raise ScenarioError([(str(path), "", "expected an existing scenario file")]) \
+                from None
+        raise ScenarioError([(str(path), "", f"expected a readable UTF-8 text file "
+                                             f"({exc})")]) from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError([(str(path), "", f"expected valid TOML ({exc})")]) from None
 
@@ -432,12 +440,15 @@ def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Sce
     sweep varies no attention or experiment setting).
     """
     doc = read_document(path)
+    notes: list[str] = []
     try:
         if overrides is not None:
-            doc = apply(doc, overrides)
+            doc = apply(doc, overrides, notes)
         points = expand_sweep(doc)
     except KvsimError as exc:
         raise ScenarioError([(str(path), exc.key, exc.message)]) from None
+    for note in notes:
+        print(f"kvsim: {path}: {note}", file=sys.stderr)
     points = [p for point in points for p in _trace_files(*point, Path(path))]
     return [validate(point, path, variant) for point, variant in points]
 

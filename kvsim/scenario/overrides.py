@@ -104,9 +104,16 @@ def assign(doc: dict, path: str, value, where: str = "--set ") -> None:
         table[key] = copy.deepcopy(value)
 
 
-def apply(doc: dict, overrides: Overrides) -> dict:
-    """A copy of ``doc`` with the command line's overrides applied."""
+def apply(doc: dict, overrides: Overrides, notes: list[str] | None = None) -> dict:
+    """A copy of ``doc`` with the command line's overrides applied.
+
+    An override wins over the file's ``[sweep]``: a swept axis on the key it sets is
+    dropped (one line about it is appended to ``notes``), so the run is about the value
+    given. An override that only part of a swept axis would overwrite is refused.
+    """
     doc = copy.deepcopy(doc)
+    if isinstance(doc.get("sweep"), dict):
+        doc["sweep"] = _yield_sweep(doc, overrides, notes if notes is not None else [])
     if overrides.seeds is not None:
         doc["seeds"] = overrides.seeds
     experiments = doc.get("experiment") if isinstance(doc.get("experiment"), list) else []
@@ -122,6 +129,58 @@ def apply(doc: dict, overrides: Overrides) -> dict:
     for path, value in overrides.settings:
         assign(doc, path, value)
     return doc
+
+
+def _plain(path: str) -> str:
+    """``experiment[0].prompt_len`` -> ``experiment.prompt_len``."""
+    return ".".join(_INDEX.sub(r"\1", part) for part in path.split("."))
+
+
+def _yield_sweep(doc: dict, overrides: Overrides, notes: list[str]) -> dict:
+    """The file's sweep (flattened to ``{path: values}``) without the axes that
+    ``overrides`` set; a note for each axis dropped."""
+    sweep = dict(_leaves(doc["sweep"]))
+    sets = [(f"--set {path}={_toml(value)}", path) for path, value in overrides.settings]
+    if overrides.budgets is not None:
+        text = f"--budgets {','.join(map(str, overrides.budgets))}"
+        sets += [(text, "budgets"), (text, "experiment.budgets")]
+    if overrides.seeds is not None:
+        sets.append((f"--seeds {','.join(map(str, overrides.seeds))}", "seeds"))
+    if overrides.policies is not None:
+        text = f"--policies {','.join(overrides.policies)}"
+        sets.append((text, "experiment.policies"))
+        for axis in list(sweep):
+            parts = axis.split(".")
+            if parts[0] == "policies" and len(parts) == 3 \
+                    and parts[1] not in overrides.policies:
+                notes.append(f"{text} does not run {parts[1]!r}: the file's sweep over "
+                             f"{axis} is dropped")
+                del sweep[axis]
+    for text, path in sets:
+        alias = {"experiment.budgets": "budgets", "budgets": "experiment.budgets"}
+        for axis in list(sweep):
+            same = {axis, alias.get(axis, axis)}
+            if path in same or axis.startswith(path + "."):
+                notes.append(f"{text} replaces the file's sweep over {axis} "
+                             f"({_toml(sweep[axis])})")
+                del sweep[axis]
+            elif _plain(path) in same or path.startswith(axis + ".") \
+                    or _plain(path).startswith(axis + "."):
+                raise KvsimError(f"expected a key the file's [sweep] does not overwrite, got "
+                                 f"{path} (the sweep varies {axis}; set {axis} itself to "
+                                 f"replace that axis)", text.split(" ")[0])
+    return sweep
+
+
+def _toml(value) -> str:
+    """A value as the command line would spell it."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return str(value)
 
 
 def _leaves(table: dict, prefix: str = "") -> list[tuple[str, object]]:

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim._version import __version__
 from kvsim.errors import KvsimError
 from kvsim.tools import models
+from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
 CAPTURE_VERSION = 2  # part of the on-demand cache key: bump when a capture would differ
@@ -166,12 +168,10 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             gguf_file: str | None = None, dtype=np.float16) -> Path:
     """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
     ``dtype``), save it atomically."""
-    import kvsim
-
     try:
-        raw = text.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KvsimError(f"--text: expected a readable text file ({exc})") from None
+        raw = read_text(text)
+    except ValueError as exc:
+        raise KvsimError(f"--text: expected a readable UTF-8 text file ({exc})") from None
     net, tokenizer = load_model(model, gguf_file)
     ids = np.asarray(tokenizer(raw)["input_ids"], np.int64)
     if ids.size < tokens:
@@ -182,7 +182,7 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "heads": int(trace["queries"].shape[1]), "kv_heads": int(trace["keys"].shape[1]),
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
-            "kvsim": kvsim.__version__, "capture_version": CAPTURE_VERSION}
+            "kvsim": __version__, "capture_version": CAPTURE_VERSION}
     if models.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
         meta["licence"] = models.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)

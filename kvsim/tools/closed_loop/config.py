@@ -7,6 +7,7 @@ scenario. Every problem is one line ``FILE: key.path: expected ..., got ...``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
+from kvsim.tools import preflight
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
 from kvsim.tools import models
@@ -80,14 +82,14 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     chk = _Checker(path)
     chk.unknown_keys(doc, TOP_KEYS, "")
     name, description = read_name(chk, doc, path)
-    table = chk.table(doc, "closed_loop", "closed_loop")
+    table = chk.table(doc, "closed_loop", "closed_loop") or {}
     if "closed_loop" not in doc:
         chk.add("closed_loop", "expected a [closed_loop] table")
     s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets",))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
         if s["model"] and models.preset(s["model"]) is None:
-            model = (path.parent / s["model"]).resolve()
+            model = Path(os.path.realpath(path.parent / s["model"]))
             if not model.is_dir():
                 chk.add("closed_loop.model", f"expected a model folder or one of "
                                              f"{', '.join(models.PRESETS)}, got {s['model']!r}")
@@ -100,9 +102,15 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
             gguf = s["gguf_file"] or gguf
         if model is not None and gguf and not (model / gguf).is_file():
             chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
-        text = (path.parent / s["text"]).resolve() if s["text"] else None
-        if text is None or not text.is_file():
+        text = Path(os.path.realpath(path.parent / s["text"])) if s["text"] else None
+        if text is None or not text.exists():
             chk.add("closed_loop.text", f"expected an existing text file, got {s['text']!r}")
+        else:
+            preflight.check_text(chk, "closed_loop.text", text, "closed_loop.tokens",
+                                 s["tokens"])
+        if model is not None:
+            preflight.check_model_folder(chk, "closed_loop.model", model, gguf)
+        preflight.check_extra(chk, "closed_loop", bool(gguf))
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")
@@ -111,7 +119,12 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     configs = _read_policies(chk, doc)
     for label, cfg in configs.items():
         policy = get_policy(cfg.kind)
-        reason = policy.closed_loop(cfg.params)
+        reason = policy.closed_loop(cfg.params) or (
+            "it has no step code" if policy.steps is None else None)
+        problem = policy.check(s.get("tokens", 1), s.get("prompt_len", 0), cfg.params) \
+            if len(s) == len(SETTINGS) else None
+        if problem:
+            chk.add(f"policies.{label}.{problem.key}", problem.message)
         if reason:
             chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
                                          f"{cfg.kind} cannot: {reason}")
@@ -125,7 +138,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                                             f"got {focus}")
     elif not focus and budgets:
         focus = sorted(budgets)[min(1, len(budgets) - 1)]
-    output = chk.table(doc, "output", "output")
+    output = chk.table(doc, "output", "output") or {}
     chk.unknown_keys(output, ("formats", "dpi"), "output.")
     formats = output.get("formats", ["png"])
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):

@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing as mp
-import signal
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
+from concurrent.futures import as_completed
 from queue import Empty
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
+from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
 from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
+from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
                                            stores)
@@ -50,8 +50,8 @@ class Series:
 def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
     """The first ``tokens`` token ids of the text."""
     try:
-        raw = cfg.text.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = read_text(cfg.text)
+    except ValueError as exc:
         raise KvsimError(f"closed_loop.text: expected a readable UTF-8 text file ({exc})") \
             from None
     ids = np.asarray(tokenizer(raw)["input_ids"], np.int64)
@@ -107,28 +107,13 @@ _FORKED: dict = {}  # what forked workers inherit: the model, the full run, the 
 
 
 def _worker_init(queue=None) -> None:
-    # The parent stops the workers: they neither turn Ctrl-C into an exception of their
-    # own nor keep the parent's SIGTERM handler (which would wait for the batch to end).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _FORKED["queue"] = queue
 
 
-@contextmanager
 def forked_pool(workers: int, queue=None):
-    """A pool of ``workers`` forked processes that an interrupt stops at once: on any
-    exception in the block (Ctrl-C, or SIGTERM turned into one by the command line) the
-    workers are terminated and their batches dropped, instead of awaited."""
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
-                               initializer=_worker_init, initargs=(queue,))
-    try:
-        yield pool
-    except BaseException:
-        for process in list(pool._processes.values()):  # the executor's own workers
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    """A pool of ``workers`` forked processes that an interrupt stops at once
+    (:func:`kvsim.forked.forked_pool`), each given ``queue``."""
+    return _forked_pool(workers, _worker_init, (queue,))
 
 
 def _worker(members: list[int]) -> list[tuple]:

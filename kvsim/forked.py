@@ -1,0 +1,46 @@
+"""Forked worker processes that leave interrupts to their parent.
+
+Ctrl-C reaches every process of the terminal's process group: workers that kept Python's
+SIGINT handler would each print a traceback. Here the workers ignore SIGINT and take
+SIGTERM's default action, and the parent, on any exception in the ``with`` block (Ctrl-C,
+or SIGTERM that the command line turns into one), terminates them instead of awaiting
+their jobs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+
+_STOP = {signal.SIGINT, signal.SIGTERM}
+
+
+def _worker_init(initializer, initargs) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+@contextmanager
+def forked_pool(workers: int, initializer=None, initargs: tuple = ()):
+    """A ``ProcessPoolExecutor`` of ``workers`` forked processes, all started at once
+    with SIGINT and SIGTERM blocked (so none can receive them before it ignores them)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
+                                   initializer=_worker_init, initargs=(initializer, initargs))
+        pool.submit(int)  # forks every worker now (fork starts them all on the first job)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        yield pool
+    except BaseException:
+        for process in list(pool._processes.values()):  # the executor's own workers
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()

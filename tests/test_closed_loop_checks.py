@@ -1,0 +1,117 @@
+"""Closed-loop files: everything checkable is checked before torch is imported, one line
+per problem, exit 2; ``validate`` accepts them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.tools import preflight
+
+ROOT = Path(__file__).parents[1]
+TEXT = "The quick brown fox jumps over the lazy dog. " * 20  # 900 bytes
+
+
+def write(tmp_path: Path, closed_loop: str = "", policies: str = "[policies.window]\n",
+          text: str | bytes | None = TEXT) -> Path:
+    if isinstance(text, str):
+        (tmp_path / "t.txt").write_text(text)
+    elif isinstance(text, bytes):
+        (tmp_path / "t.txt").write_bytes(text)
+    path = tmp_path / "c.toml"
+    path.write_text(f'name = "c"\n[closed_loop]\ntext = "t.txt"\ntokens = 64\n'
+                    f'prompt_len = 48\nbudgets = [16, 32]\n{closed_loop}\n{policies}')
+    return path
+
+
+def run_before_torch(*args) -> tuple[int, str, str]:
+    """The command in a fresh process, which fails if torch was imported."""
+    code = ("import sys\nfrom kvsim.cli import main\nstatus = main(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(status)")
+    done = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_validate_accepts_a_closed_loop_file(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: ok (closed-loop file: 1 policies x 2 budgets, tokens = 64")
+    assert main(["validate", str(path), "--seeds", "0:2"]) == 2
+    assert "--seeds: expected only with scenario files, got a [closed_loop] file" in \
+        capsys.readouterr().err
+
+
+def test_shipped_closed_loop_files_validate(capsys):
+    for name in ("closed_loop_smollm2_short.toml", "closed_loop_smollm2.toml"):
+        assert main(["validate", str(ROOT / "scenarios" / name)]) == 0, capsys.readouterr().err
+
+
+def test_snapkv_without_protect_window_fails_before_the_model(tmp_path):
+    path = write(tmp_path, policies="[policies.snap]\nkind = \"snapkv\"\nwindow = 8\n"
+                                    "protect_window = false\n")
+    for command in (["closed-loop", path, "--out", tmp_path / "r"], ["validate", path]):
+        status, stdout, stderr = run_before_torch(*command)
+        assert (status, stdout) == (2, "")
+        assert stderr == (f"{path}: policies.snap.protect_window: expected true when there "
+                          f"are decode steps (prompt_len 48 < T 64), got false\n")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("short text", "closed_loop.tokens: expected at most the text's tokens, got 64 for a "
+                   "text of 10 bytes (a token covers at least one byte)"),
+    (b"\xff\xfe not utf-8" * 20, "closed_loop.text: expected a readable UTF-8 text file, "
+                                 "got '{text}' (not UTF-8 (byte 0))"),
+    ("folder", "closed_loop.text: expected a readable UTF-8 text file, got '{text}' "
+               "(a folder, not a file)"),
+    ("fifo", "closed_loop.text: expected a readable UTF-8 text file, got '{text}' "
+             "(not a regular file)"),
+])
+def test_unusable_texts_are_one_line(tmp_path, text, message):
+    if text == "folder":
+        (tmp_path / "t.txt").mkdir()
+    elif text == "fifo":
+        os.mkfifo(tmp_path / "t.txt")  # opening it would block
+    path = write(tmp_path, text=None if text in ("folder", "fifo") else text)
+    status, stdout, stderr = run_before_torch("closed-loop", path, "--out", tmp_path / "r")
+    want = message.format(text=(tmp_path / "t.txt").resolve())
+    assert (status, stdout, stderr) == (2, "", f"{path}: {want}\n")
+
+
+def test_model_folders_without_config_or_weights(tmp_path):
+    (tmp_path / "m").mkdir()
+    path = write(tmp_path, 'model = "m"')
+    status, _, stderr = run_before_torch("validate", path)
+    assert status == 2 and stderr == (f"{path}: closed_loop.model: expected a model folder "
+                                      f"with config.json, got '{tmp_path / 'm'}'\n")
+    (tmp_path / "m" / "config.json").write_text("{}")
+    status, _, stderr = run_before_torch("validate", path)
+    assert status == 2 and "closed_loop.model: expected a model folder with weights" in stderr
+
+
+def test_every_problem_is_its_own_line(tmp_path):
+    path = write(tmp_path, 'model = "nowhere"', text="tiny",
+                 policies='[policies.oracle]\n[policies.snap]\nkind = "snapkv"\n'
+                          'protect_window = false\n')
+    status, stdout, stderr = run_before_torch("closed-loop", path)
+    keys = [line.split(": ")[1] for line in stderr.splitlines()]
+    assert status == 2 and stdout == ""
+    assert keys == ["closed_loop.model", "closed_loop.tokens", "policies.oracle",
+                    "policies.snap.protect_window"]
+
+
+def test_a_missing_capture_extra_is_named(tmp_path, monkeypatch, capsys):
+    real = preflight.importlib.util.find_spec
+    monkeypatch.setattr(preflight.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "gguf") else real(name, *a))
+    assert main(["validate", str(write(tmp_path))]) == 2
+    assert capsys.readouterr().err.endswith(
+        'closed_loop: expected the capture extra (pip install -e ".[capture]"); missing: '
+        'torch, gguf\n')
