@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import zipfile
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.report.columns import result_columns
+from kvsim.engine.records import parse_steps, read_rows, write_rows
 
 METRICS = ("mass", "cache_size", "recall", "error")
 
@@ -137,10 +136,7 @@ class Results:
     def to_csv(self, path: str | Path | None = None) -> str | Path:
         """The rows as CSV: a string, or written to ``path`` (returned)."""
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=result_columns(self.rows) if self.rows else [],
-                                restval="")
-        writer.writeheader()
-        writer.writerows(self.rows)
+        write_rows(buffer, self.rows)
         if path is None:
             return buffer.getvalue()
         path = Path(path)
@@ -196,18 +192,6 @@ class Results:
         return rows, self._arrays[key], (steps, at_focus), focus
 
 
-def _typed(text: str):
-    """A CSV cell as the value the run wrote: int, float, bool, or the string."""
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def load_report(path: str | Path) -> Results:
     """The :class:`Results` of a report folder written by ``kvsim run`` or :func:`kvsim.run`.
 
@@ -227,7 +211,7 @@ def load_report(path: str | Path) -> Results:
             raise KvsimError(f"{p}: expected a report file (results.csv and steps.npz), "
                              f"got no such file")
     with open(csv_path, newline="") as f:
-        rows = [{k: _typed(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = read_rows(f)
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     meta = {}
     if (folder / "scenario.json").is_file():
@@ -236,24 +220,9 @@ def load_report(path: str | Path) -> Results:
     for i, variant in enumerate(meta.get("variants", [])[:len(variants)]):
         for exp in variant.get("experiments", []):
             focus[variants[i], exp["name"]] = exp.get("focus_budget")
-    arrays: dict = {}
-    kept: dict = {}
     try:
         with np.load(npz_path, allow_pickle=False) as data:
-            for name in data.files:
-                parts = name.split("/")
-                prefix = int(parts[0][1:]) if len(variants) > 1 else 0
-                if len(variants) > 1:
-                    parts = parts[1:]
-                key = (variants[prefix], parts[0])
-                if parts[1] == "snapshots":
-                    label, seed, kv = parts[2], int(parts[3][4:]), int(parts[4][2:])
-                    budget = focus.get(key)
-                    kept.setdefault(key, [None, {}])[1][label, budget, seed, kv] = data[name]
-                elif parts[1] == "snap_steps":
-                    kept.setdefault(key, [None, {}])[0] = data[name]
-                else:
-                    arrays.setdefault(key, {})[parts[1]] = data[name]
+            arrays, kept = parse_steps(data, variants, focus)
     except (OSError, ValueError, IndexError, zipfile.BadZipFile) as exc:
         raise KvsimError(f"{npz_path}: expected steps.npz as kvsim writes it ({exc})") from None
     for r in rows:
