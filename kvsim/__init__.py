@@ -24,7 +24,7 @@ def __getattr__(name: str):
     """``kvsim.run``, imported on first use: the report writer brings matplotlib, which
     the simulation API does not need (``import kvsim`` stays fast)."""
     if name == "run":
-        from kvsim.report.writer import run
+        from kvsim.api.run import run
         return run
     raise AttributeError(f"module 'kvsim' has no attribute {name!r}")
 

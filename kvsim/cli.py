@@ -182,7 +182,7 @@ def _policies(argv: list[str]) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    from kvsim.report.writer import run
+    from kvsim.api.run import run
     from kvsim.scenario.load import load_sweep
 
     args = _run_parser().parse_args(argv)

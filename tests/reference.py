@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+# The parameters' defaults each single-head reference (below) was written for; the
+# registry's must equal them. The references run on sources carry theirs in their entry
+# (SOURCE_RULES, at the end), and are added here.
 DEFAULTS = {
     "full": {},
     "window": {},
@@ -23,11 +27,6 @@ DEFAULTS = {
     "tova": {},
     "random": {},
     "oracle": {},
-    "knorm": {"recent_ratio": 0.0},
-    "keydiff": {"recent_ratio": 0.0},
-    "scissorhands": {"recent_ratio": 0.5, "history": 32},
-    "caote": {},
-    "quest": {"page_size": 16},
 }
 
 
@@ -308,13 +307,14 @@ def normalise_rows(attention):
 
 def reference_simulate(attention, policy, budget, prompt_len, important=None, seed=0, **params):
     """Reference simulation; returns a RefResult with the same fields as kvsim's."""
-    if policy not in DEFAULTS:
+    if policy not in DEFAULTS and policy not in SOURCE_RULES:
         raise ValueError(f"unknown policy {policy!r}")
-    unknown = set(params) - set(DEFAULTS[policy])
+    defaults = SOURCE_RULES[policy].defaults if policy in SOURCE_RULES else DEFAULTS[policy]
+    unknown = set(params) - set(defaults)
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)} for {policy}")
-    prm = {**DEFAULTS[policy], **params}
-    if policy in NEEDS and (policy != "snapkv" or prm["refresh"] > 0):
+    prm = {**defaults, **params}
+    if policy in SOURCE_RULES and (policy != "snapkv" or prm["refresh"] > 0):
         return _from_run(attention, policy, budget, prompt_len, important, params)
     p = normalise_rows(attention)
     _near_ties.clear()
@@ -392,10 +392,6 @@ def _from_run(attention, policy, budget, prompt_len, important, params):
 # heads sharing one KV head, with their full causal attention and, where the source has
 # them, the query/key/value vectors. Everything below is plain Python over float64.
 
-# The policies of section 6 (and snapkv, with refresh), run on sources by reference_run;
-# what each reads besides the attention rows.
-NEEDS = {"knorm": ("keys",), "keydiff": ("keys",), "scissorhands": (), "caote": ("values",),
-         "snapkv": (), "quest": ("queries", "keys")}
 
 
 @dataclass
@@ -516,6 +512,12 @@ def _static_keep(score, P, T, B, r):
 def policy_knorm(src, P, T, B, gqa, recent_ratio):
     """Knorm: score = -||k||; static."""
     score = [-l2_norm(src.keys[k]) for k in range(T)]
+    return _static_keep(score, P, T, B, _recent_count(recent_ratio, B))
+
+
+def policy_vnorm(src, P, T, B, gqa, recent_ratio):
+    """The example of docs/adding-a-policy.md: score = ||v||; static."""
+    score = [l2_norm(src.values[k]) for k in range(T)]
     return _static_keep(score, P, T, B, _recent_count(recent_ratio, B))
 
 
@@ -718,9 +720,10 @@ def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, *
     """Run a section-6 policy (or, on one query head, any policy above) on a source;
     ``important``: optional ground-truth positions, for recall."""
     P, B, T = int(prompt_len), int(budget), src.T
-    if policy in NEEDS:
-        prm = {**DEFAULTS[policy], **params}
-        for need in NEEDS[policy]:
+    entry = SOURCE_RULES.get(policy)
+    if entry is not None:
+        prm = {**entry.defaults, **params}
+        for need in entry.needs:
             if getattr(src, need) is None:
                 raise ValueError(f"{policy} needs {need}; the source has none")
         if B < min_budget(policy, prm):
@@ -728,11 +731,8 @@ def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, *
         if policy == "snapkv" and not prm["protect_window"] and P < T:
             raise ValueError("protect_window=False needs prompt_len == T")
     _near_ties.clear()
-    if policy in NEEDS:
-        rule = {"knorm": policy_knorm, "keydiff": policy_keydiff, "caote": policy_caote,
-                "scissorhands": policy_scissorhands, "snapkv": policy_snapkv_refresh,
-                "quest": policy_quest}[policy]
-        prefill, steps = rule(src, P, T, B, gqa, **prm)
+    if entry is not None:
+        prefill, steps = entry.rule(src, P, T, B, gqa, **prm)
     else:  # the single-head reference above
         if src.G != 1 and policy not in ("full", "window", "streaming_llm", "random"):
             raise ValueError(f"the reference of {policy} is single-head")
@@ -752,7 +752,7 @@ def _single_head_caches(p, policy, B, P, params):
              "oracle": policy_oracle}
     if policy == "random":
         return policy_random(p, P, T, B, seed)[1]
-    return rules[policy](p, P, T, B, *prm.values())[1]
+    return rules[policy](p, P, T, B, **prm)[1]
 
 
 def _metrics(src, steps, kept, near_tie, important=None):
@@ -775,3 +775,34 @@ def _metrics(src, steps, kept, near_tie, important=None):
                 error[g, i] = l2_norm(output(src, w) - full) / norm if norm > 0 else 0.0
     return RefRun([sorted(c) for c in steps], mass, np.array([len(c) for c in steps], np.int64),
                   error, kept, near_tie, recall)
+
+
+# ================================================================ the references on sources
+@dataclass(frozen=True)
+class SourceRule:
+    """A policy's reference on a source (one KV head and its G query heads):
+    ``rule(src, P, T, B, gqa, **params) -> (prefill cache, cache after each step)``, the
+    parameters' ``defaults`` it was written for (the registry's must equal them), and the
+    vectors it reads besides the attention rows."""
+
+    rule: Callable
+    defaults: dict
+    needs: tuple[str, ...] = ()
+
+
+# One entry per policy, keyed by its name (snapkv: with refresh; without, the single-head
+# reference above). A new policy's reference is its rule and one entry here.
+SOURCE_RULES = {
+    "knorm": SourceRule(policy_knorm, {"recent_ratio": 0.0}, ("keys",)),
+    "keydiff": SourceRule(policy_keydiff, {"recent_ratio": 0.0}, ("keys",)),
+    "scissorhands": SourceRule(policy_scissorhands, {"recent_ratio": 0.5, "history": 32}),
+    "caote": SourceRule(policy_caote, {}, ("values",)),
+    "snapkv": SourceRule(policy_snapkv_refresh, DEFAULTS["snapkv"]),
+    "quest": SourceRule(policy_quest, {"page_size": 16}, ("queries", "keys")),
+    "vnorm": SourceRule(policy_vnorm, {"recent_ratio": 0.0}, ("values",)),
+}
+DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
+
+# The policies whose reference runs on every query head of a group: those on sources, and
+# those whose cache does not depend on attention.
+MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matrices import make_attention
-from test_stepping import T as T_STEP
-from test_stepping import check_stepper, qkv_field
+from policy_checks import T as T_STEP
+from policy_checks import check_stepper, qkv_field
 
 import kvsim
 from kvsim.cli import main

@@ -10,21 +10,20 @@ it is then reported as a NearTieWarning, the cache sizes still compared.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 from matrices import make_attention
-from reference import dense_source, qk_source, reference_run
+from policy_checks import check, field_source, qk_field
+from reference import MULTI_HEAD, dense_source
 
 import kvsim
 from kvsim import ScenarioError, load_scenario
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, dense_field, empty_field
-from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.policies.run import resolve_params
 
 TRACE = Path(__file__).parent.parent / "scenarios" / "traces" / "smollm2_gpl3.npz"
 
@@ -42,9 +41,6 @@ VARIANTS = {
     "scissorhands": [{"history": 4}, {"history": 1, "recent_ratio": 0.0}],
     "quest": [{"page_size": 4}, {"page_size": 1}, {"page_size": 3}],
 }
-# Policies whose reference is single-head (the original seven): run on one query head.
-MULTI_HEAD = {"knorm", "keydiff", "scissorhands", "caote", "snapkv", "quest", "full", "window",
-              "streaming_llm"}
 
 
 def cases(attention_only=False):
@@ -60,68 +56,6 @@ def cases(attention_only=False):
 
 CASES = cases()
 ATTENTION_ONLY = cases(attention_only=True)
-
-
-class NearTieWarning(UserWarning):
-    """Kernel and reference broke a rounding-level near tie differently."""
-
-
-def qk_field(rng, T, G, d=4, dv=3, kind="gauss") -> FieldData:
-    """One KV head shared by G query heads: random queries, keys and values, scales."""
-    f = empty_field(G, T, 1)
-    if kind == "gauss":
-        q, k = rng.standard_normal((G, T, d)), rng.standard_normal((1, d, T))
-    elif kind == "ints":  # small integers: exact products, many exact ties
-        q, k = rng.integers(-2, 3, (G, T, d)), rng.integers(-2, 3, (1, d, T))
-    else:  # keys from a pool of 3 vectors (duplicates tie exactly), some zero keys
-        q = rng.standard_normal((G, T, d))
-        pool = np.vstack([rng.standard_normal((2, d)), np.zeros((1, d))])
-        k = pool[rng.integers(0, 3, T)].T[None]
-    f["queries"] = np.asarray(q, np.float32)
-    f["keys"] = np.ascontiguousarray(k, np.float32)
-    f["values"] = rng.standard_normal((1, T, dv)).astype(np.float32)
-    f["value_heads"] = np.ones(1, bool)
-    f["qk_scale"] = rng.choice([-1.0, 1.0], G) * rng.uniform(0.3, 2.0, G)
-    return FieldData(**f)
-
-
-def field_source(field: FieldData):
-    """The reference's source for KV head 0 of a q.k field."""
-    values = field.values[0] if field.has_values(0) else None
-    return qk_source(field.queries, field.keys[0].T, values, field.qk_scale)
-
-
-def run_kvsim(field, name, params, budget, prompt_len, gqa, important):
-    T = field.T
-    mask = np.zeros((field.heads, T), bool)
-    mask[:, important] = True
-    group = make_group(field, 0, prompt_len, mask, {}, GQA_MODES[gqa], snap_budget=budget,
-                       snap_steps=np.arange(T - prompt_len))
-    policy = POLICIES[name]
-    return run_policy(policy, group, budget, resolve_params(policy, params))
-
-
-def check(field, src, name, params, budget, prompt_len, gqa="mean", important=(0,)):
-    important = sorted(set(int(i) for i in important if i < field.T))
-    got = run_kvsim(field, name, params, budget, prompt_len, gqa, important)
-    ref = reference_run(src, name, budget, prompt_len, gqa, important=important, **params)
-    ctx = f"{name} {params} T={field.T} P={prompt_len} B={budget} G={field.heads} gqa={gqa}"
-    assert np.array_equal(got.cache_size, ref.cache_size), ctx
-    try:
-        caches = [sorted(int(k) for k in row if k >= 0) for row in got.snapshots]
-        for step, (a, b) in enumerate(zip(caches, ref.caches)):
-            assert a == b, f"{ctx}: cache at step {step}: {a} != ref {b}"
-        assert np.array_equal(got.kept, ref.kept), f"{ctx}: kept {got.kept} != {ref.kept}"
-        np.testing.assert_allclose(got.mass, ref.mass, rtol=0, atol=1e-9, err_msg=ctx)
-        if ref.error is not None:
-            np.testing.assert_allclose(got.error, ref.error, rtol=0, atol=1e-9, err_msg=ctx)
-        for g in range(field.heads):
-            np.testing.assert_allclose(got.recall[g], ref.recall, rtol=0, atol=1e-9,
-                                       err_msg=ctx)
-    except AssertionError as exc:
-        if not ref.near_tie:
-            raise
-        warnings.warn(NearTieWarning(f"near tie, results differ: {exc}"), stacklevel=2)
 
 
 def budgets(name, params, T, rng):

@@ -326,7 +326,7 @@ def test_heads_can_be_named(path):
 
 def test_results_csv_floats_hold_12_significant_digits():
     """Sums whose last bits differ between CPUs write the same results.csv cell."""
-    from kvsim.report.columns import csv_row
+    from kvsim.engine.records import csv_row
     a = 0.24612345678901234
     assert csv_row({"m": a})["m"] == csv_row({"m": a * (1 + 2e-15)})["m"] == "0.246123456789"
     assert csv_row({"m": 1.0, "n": float("nan"), "k": 3, "s": "h2o"}) == {

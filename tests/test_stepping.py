@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from matrices import make_attention
+from policy_checks import T, check_stepper, qkv_field, steppable
 
 from kvsim.errors import KvsimError
-from kvsim.numerics.decode import observed_outputs
-from kvsim.numerics.field import dense_field
-from kvsim.numerics.kernels import GQA_MODES
-from kvsim.numerics.lanes import lane_sum
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params
+from kvsim.policies.run import resolve_params
 from kvsim.policies.stepping import Stepper
 
 # Extra parameter sets (every registered policy also runs with its defaults).
@@ -28,12 +24,6 @@ VARIANTS = {
     "h2o": [{"recent_ratio": 0.0}, {"recent_ratio": 0.25, "normalize": True}],
     "snapkv": [{"window": 3, "kernel": 3}, {"window": 1, "pooling": "avg"}],
 }
-T = 24
-
-
-def steppable(name: str, params: dict) -> bool:
-    policy = POLICIES[name]
-    return policy.steps is not None and policy.closed_loop(params) is None
 
 
 def cases():
@@ -42,50 +32,6 @@ def cases():
             params = resolve_params(policy, raw)
             if steppable(name, params) and policy.check(T, 0, params) is None:
                 yield pytest.param(name, params, id=f"{name}-{raw}".replace(" ", ""))
-
-
-def qkv_field(heads: int, kv_heads: int, seed: int):
-    """Dense probabilities (with exact ties) plus key, query and value vectors."""
-    rng = np.random.default_rng(seed)
-    recipes = ("quantised", "heavy", "onehot", "softmax")
-    A = np.stack([make_attention(T, recipes[(seed + h) % 4], seed * 7 + h) for h in range(heads)])
-    d = 4
-    return dense_field(A, kv_heads)._replace(
-        keys=rng.standard_normal((kv_heads, d, T)).astype(np.float32),
-        queries=rng.standard_normal((heads, T, d)).astype(np.float32),
-        values=rng.standard_normal((kv_heads, T, d)).astype(np.float32),
-        value_heads=np.ones(kv_heads, bool))
-
-
-def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, gqa: str):
-    """The Stepper against the simulator on KV head ``kv``: per-step caches, slot for slot."""
-    policy = POLICIES[name]
-    steps = np.arange(T - P)
-    group = make_group(field, kv, P, np.zeros((field.heads, T), bool), {}, GQA_MODES[gqa],
-                       seed=5, snap_budget=budget, snap_steps=steps)
-    trace = policy.run(group, budget, params)
-    A = field.probs[group.heads]
-    keys, values = field.keys[kv].T, field.values[kv]  # (T, d) rows, as a model has them
-    stepper = Stepper(name, budget, params, prompt_attention=A[:, :P, :P].copy(), keys=keys,
-                      values=values, gqa=gqa, seed=5, capacity_T=T)
-    if P == T:
-        assert np.array_equal(np.sort(stepper.cache), trace.kept)
-    for step, t in enumerate(range(P, T)):
-        before = set(stepper.cache.tolist())
-        evicted = stepper.admit(t)
-        cache = stepper.cache
-        n = len(cache)
-        assert np.array_equal(cache, trace.snapshots[step, :n]), (name, t)
-        assert (trace.snapshots[step, n:] == -1).all()
-        assert t in cache and n <= budget
-        assert set(cache.tolist()) == (before | {t}) - {evicted}
-        assert evicted == -1 if n > len(before) else evicted in before
-        obs = np.ascontiguousarray(A[:, t, cache])  # the open loop: full rows over the cache
-        mass = np.array([lane_sum(row, n) for row in obs])
-        output = np.empty((len(obs), values.shape[1]))
-        observed_outputs(values, cache, n, obs, mass, output)  # the loop's own o~
-        stepper.observe(obs, output)
-    assert np.array_equal(np.sort(stepper.cache), trace.kept)
 
 
 @pytest.mark.parametrize("name, params", list(cases()))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.engine.experiments import ExperimentSteps
+from kvsim.engine.records import ExperimentSteps
 from kvsim.errors import KvsimError
 from kvsim.report import figures
 from kvsim.report.plotting import available, missing

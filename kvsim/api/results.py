@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.report.columns import csv_row, result_columns
+from kvsim.engine.records import parse_steps, read_rows, write_rows
 
 METRICS = ("mass", "cache_size", "recall", "error")
 # Series that exist only with some data: the summary column that is nan without it, and what.
@@ -145,10 +145,7 @@ class Results:
     def to_csv(self, path: str | Path | None = None) -> str | Path:
         """The rows as CSV: a string, or written to ``path`` (returned)."""
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=result_columns(self.rows) if self.rows else [],
-                                restval="")
-        writer.writeheader()
-        writer.writerows(csv_row(r) for r in self.rows)
+        write_rows(buffer, self.rows)
         if path is None:
             return buffer.getvalue()
         path = Path(path)
@@ -205,18 +202,6 @@ class Results:
         return rows, self._arrays[key], (steps, at_focus), focus
 
 
-def _typed(text: str):
-    """A CSV cell as the value the run wrote: int, float, bool, or the string."""
-    if text in ("True", "False"):
-        return text == "True"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
 def load_report(path: str | Path) -> Results:
     """The :class:`Results` of a report folder written by ``kvsim run`` or :func:`kvsim.run`.
 
@@ -237,16 +222,7 @@ def load_report(path: str | Path) -> Results:
                              f"got no such file")
     try:
         with open(csv_path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = []
-            for n, row in enumerate(reader, 2):
-                if None in row or None in row.values():
-                    raise ValueError(f"line {n} does not have the header's "
-                                     f"{len(reader.fieldnames)} fields")
-                rows.append({k: _typed(v) for k, v in row.items()})
-                if not isinstance(rows[-1].get("unit"), int) or "variant" not in row \
-                        or "experiment" not in row:
-                    raise ValueError(f"line {n} lacks a variant, experiment or integer unit")
+            rows = read_rows(f)
     except (OSError, UnicodeDecodeError, csv.Error, ValueError) as exc:
         raise KvsimError(f"{csv_path}: expected results.csv as kvsim writes it ({exc})") \
             from None
@@ -262,24 +238,9 @@ def load_report(path: str | Path) -> Results:
                 KeyError) as exc:
             raise KvsimError(f"{folder / 'scenario.json'}: expected scenario.json as kvsim "
                              f"writes it ({type(exc).__name__}: {exc})") from None
-    arrays: dict = {}
-    kept: dict = {}
     try:
         with np.load(npz_path, allow_pickle=False) as data:
-            for name in data.files:
-                parts = name.split("/")
-                prefix = int(parts[0][1:]) if len(variants) > 1 else 0
-                if len(variants) > 1:
-                    parts = parts[1:]
-                key = (variants[prefix], parts[0])
-                if parts[1] == "snapshots":
-                    label, seed, kv = parts[2], int(parts[3][4:]), int(parts[4][2:])
-                    budget = focus.get(key)
-                    kept.setdefault(key, [None, {}])[1][label, budget, seed, kv] = data[name]
-                elif parts[1] == "snap_steps":
-                    kept.setdefault(key, [None, {}])[0] = data[name]
-                else:
-                    arrays.setdefault(key, {})[parts[1]] = data[name]
+            arrays, kept = parse_steps(data, variants, focus)
     except (OSError, ValueError, IndexError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise KvsimError(f"{npz_path}: expected steps.npz as kvsim writes it ({exc})") from None
     for r in rows:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +12,8 @@ import numpy as np
 from kvsim.api import arguments
 from kvsim.api.attention import Attention
 from kvsim.api.results import Results
-from kvsim.engine.experiments import _summary, random_seed
+from kvsim.engine.experiments import random_seed
+from kvsim.engine.records import ExperimentSteps, result_row
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
@@ -334,7 +334,7 @@ class _Run:
     def _collect(self, tasks, done) -> Results:
         att, P = self.att, self.P
         rows: list[dict] = []
-        series: dict = {m: [] for m in ("mass", "cache_size", "recall", "error")}
+        series = ExperimentSteps()
         kept: dict = {}
         group = att.heads // att.kv_heads
         for (seed, kv, config), traces in zip(tasks, done):
@@ -344,25 +344,14 @@ class _Run:
                 if "kept" in self.record:
                     kept[config.label, budget, seed, kv] = trace.snapshots
                 for g, h in enumerate(range(kv * group, (kv + 1) * group)):
-                    row = {"variant": "", "experiment": "simulate", "unit": len(rows),
-                           "policy": config.label, "kind": config.kind, "budget": budget,
-                           "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
-                           "T": att.T, "prompt_len": P, "steps": att.T - P}
-                    row.update({f"{config.kind}.{name}": value  # as in results.csv
-                                for name, value in sorted(config.params.items())})
-                    row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g],
-                                        trace.kept, truth[h], has_truth, att.T))
-                    rows.append(row)
-                    series["mass"].append(trace.mass[g])
-                    series["cache_size"].append(trace.cache_size)
-                    series["recall"].append(trace.recall[g] if has_truth
-                                            else np.full(trace.mass.shape[1], math.nan))
-                    series["error"].append(trace.error[g])
-        steps = att.T - P
-        arrays = {"mass": np.array(series["mass"], np.float64).reshape(len(rows), steps),
-                  "cache_size": np.array(series["cache_size"], np.int64).reshape(len(rows), steps),
-                  "recall": np.array(series["recall"], np.float64).reshape(len(rows), steps),
-                  "error": np.array(series["error"], np.float64).reshape(len(rows), steps)}
+                    ident = {"variant": "", "experiment": "simulate", "unit": len(rows),
+                             "policy": config.label, "kind": config.kind, "budget": budget,
+                             "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
+                             "T": att.T, "prompt_len": P, "steps": att.T - P}
+                    rows.append(result_row(ident, config.kind, config.params, trace, g,
+                                           truth[h], has_truth, att.T))
+                    series.add(trace, g, has_truth)
+        arrays = series.series(att.T - P)
         key = ("", "simulate")
         return Results("simulate", rows, {key: arrays}, {key: (self.steps, kept)} if kept else {})
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -13,49 +12,15 @@ from tqdm import tqdm
 from kvsim.numerics import kernels
 from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
-from kvsim.policies.run import final_recall, get_policy, make_group, run_budgets, run_capped
+from kvsim.policies.run import get_policy, make_group, run_budgets, run_capped
 from kvsim.engine.allocation import layer_caps
+from kvsim.engine.records import ExperimentSteps, result_row
 from kvsim.engine.resume import UnitStore, unit_key
 
 COMPILING = "compiling kernels (first run only)"
 SNAPSHOTS = 64  # cache snapshots per run at the focus budget (kept-position rasters)
 HEATMAP_ROWS = 256  # rows of the field heatmap
 HEATMAP_BINS = 512  # key bins of the field heatmap (max over each bin)
-
-
-@dataclass
-class ExperimentSteps:
-    """Per-step series of every run of one experiment, one row per results row.
-
-    ``snapshots[(policy label, seed, kv head)]`` holds the cache at ``snap_steps`` for
-    the focus budget.
-    """
-
-    mass: list = field(default_factory=list)
-    cache_size: list = field(default_factory=list)
-    recall: list = field(default_factory=list)
-    error: list = field(default_factory=list)
-    kept: list = field(default_factory=list)
-    snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    snapshots: dict = field(default_factory=dict)
-    _stacked: tuple = (0, None)  # (rows stacked, arrays): figures ask many times
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """Stacked arrays; ``kept`` padded with -1 to the largest final cache."""
-        if self._stacked[0] == len(self.mass) and self._stacked[1] is not None:
-            return self._stacked[1]
-        width = max((k.shape[0] for k in self.kept), default=0)
-        kept = np.full((len(self.kept), width), -1, np.int64)
-        for i, k in enumerate(self.kept):
-            kept[i, :k.shape[0]] = k
-        rows = len(self.mass)
-        arrays = {"mass": np.array(self.mass, np.float64).reshape(rows, -1),
-                  "cache_size": np.array(self.cache_size, np.int64).reshape(rows, -1),
-                  "recall": np.array(self.recall, np.float64).reshape(rows, -1),
-                  "error": np.array(self.error, np.float64).reshape(rows, -1),
-                  "kept": kept, "snap_steps": self.snap_steps}
-        self._stacked = (rows, arrays)
-        return arrays
 
 
 @dataclass
@@ -82,27 +47,6 @@ def random_seed(seed: int, head: int, layer: int = 0) -> int:
     independent streams; the first layer's are those of a one-layer run."""
     key = [seed, head] + ([layer] if layer else [])
     return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
-
-
-def _summary(mass: np.ndarray, recall: np.ndarray, error: np.ndarray, kept: np.ndarray,
-             important: np.ndarray, has_truth: bool, T: int) -> dict:
-    nan = float("nan")
-    stats = {"mass_mean": nan, "mass_min": nan, "mass_p10": nan, "mass_median": nan,
-             "kl_mean": nan}
-    if mass.size:
-        stats.update(mass_mean=float(mass.mean()), mass_min=float(mass.min()),
-                     mass_p10=float(np.quantile(mass, 0.1)),
-                     mass_median=float(np.median(mass)),
-                     kl_mean=float(np.mean(-np.log(np.maximum(mass, 1e-300)))))
-    stats["kept"] = int(kept.shape[0])
-    stats["compression"] = 1.0 - kept.shape[0] / T
-    defined = recall[~np.isnan(recall)]
-    stats["recall_mean"] = float(defined.mean()) if has_truth and defined.size else nan
-    stats["final_recall"] = final_recall(kept, important) if has_truth else nan
-    defined = error[~np.isnan(error)]
-    stats["error_mean"] = float(defined.mean()) if defined.size else nan
-    stats["error_max"] = float(defined.max()) if defined.size else nan
-    return stats
 
 
 def count_runs(scenario: Scenario) -> int:
@@ -272,21 +216,13 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
             if budget == exp.focus_budget and trace.snapshots.size:
                 steps.snapshots[config.label, seed, kv] = trace.snapshots
             for g, h in enumerate(heads):
-                row = {"variant": scenario.variant_label, "experiment": exp.name,
-                       "unit": len(steps.mass), "policy": config.label,
-                       "kind": config.kind, "budget": budget, "budget_spec": spec,
-                       "allocation": exp.allocation, "b_h": int(caps[i, j, kv]),
-                       "seed": seed, "layer": layer, "head": h, "kv_head": kv, "T": scenario.T,
-                       "prompt_len": exp.prompt_len, "steps": scenario.T - exp.prompt_len}
-                # A parameter's column names its policy: snapkv.window is not window.window.
-                row.update({f"{config.kind}.{name}": value
-                            for name, value in sorted(config.params.items())})
-                row.update(_summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept,
-                                    truth[h], scenario.has_truth, scenario.T))
-                rows.append(row)
-                steps.mass.append(trace.mass[g])
-                steps.cache_size.append(trace.cache_size)
-                steps.recall.append(trace.recall[g] if scenario.has_truth
-                                    else np.full(trace.mass.shape[1], math.nan))
-                steps.error.append(trace.error[g])
-                steps.kept.append(trace.kept)
+                ident = {"variant": scenario.variant_label, "experiment": exp.name,
+                         "unit": len(steps.mass), "policy": config.label,
+                         "kind": config.kind, "budget": budget, "budget_spec": spec,
+                         "allocation": exp.allocation, "b_h": int(caps[i, j, kv]),
+                         "seed": seed, "layer": layer, "head": h, "kv_head": kv,
+                         "T": scenario.T, "prompt_len": exp.prompt_len,
+                         "steps": scenario.T - exp.prompt_len}
+                rows.append(result_row(ident, config.kind, config.params, trace, g, truth[h],
+                                       scenario.has_truth, scenario.T))
+                steps.add(trace, g, scenario.has_truth)

@@ -144,6 +144,13 @@ def count_important(important, prompt_len):
 
 
 @jit_inline
+def observe_nothing(state, cache, n, obs, mass, outputs):
+    """The ``observe`` of a policy that learns nothing from attention (a ring, static
+    scores, scores of the vectors only)."""
+    return None
+
+
+@jit_inline
 def decode_loop(ctx, out, cache, n, state, admit, observe):
     """Simulate decode steps ``prompt_len .. T-1`` of one KV head; fill ``out``.
 

@@ -1,31 +1,95 @@
-"""Numba options used by every kernel, kept in one place.
+"""Numba options used by every kernel, kept in one place, and where their cache lives.
 
 Numba's on-disk cache notices a change to the file that defines a kernel but not to
-the kernels it calls from other files. kvsim therefore caches under a folder named by
-a digest of all its sources (unless ``NUMBA_CACHE_DIR`` is set), so an edit anywhere
-in the package recompiles everything that might depend on it.
+the kernels it calls from other files. kvsim's kernels therefore carry a source stamp of
+their module *and every kvsim module it imports* (transitively, read from the import
+statements): editing ``policies/knorm.py`` recompiles knorm's kernels and those of the
+modules importing it, and an edit elsewhere (``report/``, say) recompiles nothing. The
+cache lives in ``NUMBA_CACHE_DIR`` if set, else in the user's cache folder.
 """
 
+import ast
+import functools
 import hashlib
 import os
 from pathlib import Path
 
 import numba
 from numba import njit
+from numba.core import caching
+
+_PACKAGE = Path(__file__).resolve().parent.parent  # the kvsim package
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of kvsim module ``name`` (a package's ``__init__.py``), or None."""
+    path = _PACKAGE.parent.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def _imports(path: Path) -> frozenset[Path]:
+    """The kvsim modules that ``path`` imports, anywhere in it (a name imported from a
+    package counts as its submodule if there is one, else as the package)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_bytes())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{alias.name}" if _module_file(f"{node.module}.{alias.name}")
+                     else node.module for alias in node.names]
+        else:
+            continue
+        found.update(f for name in names if name.split(".")[0] == "kvsim"
+                     and (f := _module_file(name)) is not None)
+    return frozenset(found)
+
+
+@functools.cache
+def source_stamp(path: Path) -> str:
+    """Digest of the module at ``path`` and every kvsim module it imports, transitively."""
+    seen, todo = set(), [path]
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(_imports(current))
+    digest = hashlib.sha256()
+    for file in sorted(seen):
+        digest.update(str(file.relative_to(_PACKAGE)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
 
 
 def _source_digest() -> str:
-    root = Path(__file__).parent.parent  # the whole kvsim package
+    """Digest of every kvsim source file (Dask workers must run the sources the client runs)."""
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode())
+    for path in sorted(_PACKAGE.rglob("*.py")):
+        digest.update(str(path.relative_to(_PACKAGE)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
+class _KernelLocator(caching.UserProvidedCacheLocator):
+    """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`."""
+
+    def get_source_stamp(self):
+        return source_stamp(Path(self._py_file).resolve())
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if _PACKAGE not in Path(py_file).resolve().parents:
+            return None
+        return super().from_function(py_func, py_file)
+
+
 if not os.environ.get("NUMBA_CACHE_DIR"):
     _base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    numba.config.CACHE_DIR = str(_base / "kvsim" / f"numba-{_source_digest()}")
+    numba.config.CACHE_DIR = str(_base / "kvsim" / "numba")
+if _KernelLocator not in caching.CacheImpl._locator_classes:
+    caching.CacheImpl._locator_classes.insert(0, _KernelLocator)
 
 # No fastmath: kept sets must match the NumPy reference exactly, and reassociated or
 # contracted arithmetic can turn an exact tie between two scores into a strict order.
@@ -43,6 +107,6 @@ would keep a large one as a call, and a loop with a call does not vectorise)."""
 
 
 def cache_is_warm() -> bool:
-    """Whether compiled kernels of this exact source are already on disk."""
+    """Whether compiled kernels are already on disk (of this source or an earlier one)."""
     folder = numba.config.CACHE_DIR
     return not folder or any(Path(folder).rglob("*.nbi"))  # unknown without a cache folder

@@ -1,7 +1,9 @@
 """Registry of eviction policies: the scenario name -> its implementation.
 
-A new policy is one module and one entry below; tests iterate over this registry. The
-module defines (see ``window``, ``tova``, ``h2o``):
+A new policy is one module and its name in :data:`MODULES`; tests iterate over this
+registry. A score-only rule is one function handed to
+:func:`kvsim.policies.scored.score_policy` (see ``knorm``). Otherwise the module defines
+(see ``window``, ``tova``, ``h2o``):
 
 - ``State``: a ``typing.NamedTuple`` of arrays and scalars (mutable counters as
   1-element arrays), defined at module level so that Numba types and caches it;
@@ -25,25 +27,28 @@ The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Step
 runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
 """
 
-from kvsim.policies import (caote, full, h2o, keydiff, knorm, oracle, quest, random_eviction,
-                            scissorhands, snapkv, streaming_llm, tova, window)
+import importlib
+
+# Bound before any policy module loads, so that one may import them from here.
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace
 
-POLICIES: dict[str, Policy] = {p.name: p for p in (
-    full.POLICY,
-    window.POLICY,
-    streaming_llm.POLICY,
-    h2o.ONLINE,
-    h2o.OFFLINE,
-    snapkv.POLICY,
-    tova.POLICY,
-    random_eviction.POLICY,
-    oracle.POLICY,
-    knorm.POLICY,
-    keydiff.POLICY,
-    scissorhands.POLICY,
-    caote.POLICY,
-    quest.POLICY,
-)}
+POLICIES: dict[str, Policy] = {}
 
-__all__ = ["POLICIES", "Group", "Param", "Policy", "Steps", "Trace"]
+
+def register(policy: Policy) -> Policy:
+    """Add ``policy`` to the registry under its name (a policy of that name is replaced)."""
+    POLICIES[policy.name] = policy
+    return policy
+
+
+MODULES = ("full", "window", "streaming_llm", "h2o", "snapkv", "tova", "random_eviction",
+           "oracle", "knorm", "keydiff", "scissorhands", "caote", "quest")
+"""The registered policy modules, in registry order: each defines ``POLICY``, or
+``POLICIES`` (a tuple) when it holds several."""
+
+for _name in MODULES:
+    _module = importlib.import_module(f"{__name__}.{_name}")
+    for _policy in getattr(_module, "POLICIES", None) or (_module.POLICY,):
+        register(_policy)
+
+__all__ = ["MODULES", "POLICIES", "Group", "Param", "Policy", "Steps", "Trace", "register"]

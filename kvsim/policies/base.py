@@ -156,13 +156,16 @@ class Steps:
     is a :class:`Group` of which only the prompt rows are read (the
     :class:`~kvsim.policies.stepping.Stepper` builds one from a prompt's attention).
     ``admit``/``observe``: the compiled steps; ``decode``: the policy's compiled loop,
-    ``decode_loop(ctx, out, cache, n, state, admit, observe)``.
+    ``decode_loop(ctx, out, cache, n, state, admit, observe)``. ``prepare(state, group,
+    params, t)``, where given, runs before ``admit`` of token ``t`` one step at a time
+    (the simulator's ``start`` has done its work for every position already).
     """
 
     start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]
     admit: Callable
     observe: Callable
     decode: Callable
+    prepare: Callable[[NamedTuple, Group, dict, int], None] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace, run_decode
+from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
-RECENT_RATIO = Param(float, 0.5, "share of the budget kept for the newest tokens",
-                     check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)")
+RECENT_RATIO = recent_ratio(0.5)
 
 ONLINE_PARAMS = {
     "recent_ratio": RECENT_RATIO,
@@ -30,18 +30,12 @@ class State(NamedTuple):
     score: np.ndarray     # (B,) float64
     seen: np.ndarray      # (B,) float64
     slot_of: np.ndarray   # (T,) int64
-    initial: np.ndarray   # (T,) float64: the score a token joins with
     ranking: np.ndarray   # (B,) float64 scratch: score / seen
     combined: np.ndarray  # (B,) float64 scratch: the step's combined attention
     recent: int           # the newest tokens (the incoming one included) never evicted
     normalize: bool       # rank by score / seen
     full: bool            # accumulate the full attention p, not the observed p~
     gqa: int
-
-
-def recent_count(budget: int, params: dict) -> int:
-    """Number of newest tokens protected from eviction."""
-    return int(params["recent_ratio"] * budget)
 
 
 @jit_inline
@@ -56,7 +50,7 @@ def admit(state, cache, n, t):
             value = state.ranking
         slot = kernels.lowest_ranked_slot(cache, n, value, t - state.recent + 1, state.slot_of)
     state.slot_of[t] = slot
-    state.score[slot] = state.initial[t]
+    state.score[slot] = 0.0
     state.seen[slot] = 0.0
     return slot
 
@@ -76,34 +70,15 @@ def observe(state, cache, n, obs, mass, outputs):
             state.seen[j] += 1.0
 
 
-@jit_inline
-def observe_nothing(state, cache, n, obs, mass, outputs):
-    """Static scores: nothing to learn."""
-    return None
-
-
 @jit
 def decode(ctx, out, cache, n, state):
     """The decode loop of ``h2o``."""
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-@jit
-def decode_offline(ctx, out, cache, n, state):
-    """The decode loop of ``h2o_offline``: static scores."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
-
-
-def _prefill(P: int, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray:
-    if P <= budget:
-        return np.arange(P)
-    heavy = kernels.top_ranked(ranking, 0, P - recent, budget - recent)
-    return np.concatenate((heavy, np.arange(P - recent, P)))
-
-
 def _state(budget: int, T: int, kept: np.ndarray, score: np.ndarray, seen: np.ndarray,
-           initial: np.ndarray, recent: int, params: dict, gqa: int) -> State:
-    state = State(np.zeros(budget), np.zeros(budget), np.zeros(T, np.int64), initial,
+           recent: int, params: dict, gqa: int) -> State:
+    state = State(np.zeros(budget), np.zeros(budget), np.zeros(T, np.int64),
                   np.zeros(budget), np.zeros(budget), recent, bool(params.get("normalize")),
                   params.get("accumulate") == "full", gqa)
     n = len(kept)
@@ -124,17 +99,9 @@ def _start_online(prompt: Group, budget: int, params: dict, T: int, recent: int 
     that of the mean budget whatever the head's cap)."""
     recent = recent_count(budget, params) if recent is None else recent
     score, seen, ranking = _online_ranking(prompt, params)
-    kept = _prefill(prompt.prompt_len, budget, recent, ranking)
-    return kept, _state(budget, T, kept, score[kept], seen[kept], np.zeros(T), recent, params,
+    kept = prefill(prompt.prompt_len, budget, recent, ranking)
+    return kept, _state(budget, T, kept, score[kept], seen[kept], recent, params,
                         prompt.gqa)
-
-
-def _start_offline(group: Group, budget: int, params: dict, T: int, recent: int | None = None):
-    recent = recent_count(budget, params) if recent is None else recent
-    score = group.global_scores()
-    kept = _prefill(group.prompt_len, budget, recent, score)
-    return kept, _state(budget, T, kept, score[kept], np.zeros(len(kept)), score, recent,
-                        params, group.gqa)
 
 
 # Budget allocation: the recent tokens are the fixed part, the older prompt keys selectable.
@@ -142,24 +109,14 @@ def _fixed(budget: int, prompt_len: int, params: dict) -> int:
     return recent_count(budget, params)
 
 
-def _selectable(group: Group, budget: int, params: dict) -> int:
-    """Prompt keys older than the recent ones (none when those cover the prompt)."""
-    return max(group.prompt_len - recent_count(budget, params), 0)
-
-
 def _online_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
-    return _online_ranking(group, params)[2][:_selectable(group, budget, params)]
+    return _online_ranking(group, params)[2][:selectable(group, budget, params)]
 
 
-def _offline_prefill_score(group: Group, budget: int, params: dict) -> np.ndarray:
-    return group.global_scores()[:_selectable(group, budget, params)]
-
-
-def run_capped(steps: Steps, group: Group, cap: int, budget: int, params: dict) -> Trace:
-    """A run with ``cap`` slots and the recent count of the mean budget ``budget`` (for
-    policies whose ``start`` takes a ``recent`` override)."""
-    kept, state = steps.start(group, cap, params, group.T, recent_count(budget, params))
-    return run_decode(group, cap, kept, steps.decode, state)
+def _run_capped(group: Group, cap: int, budget: int, params: dict) -> Trace:
+    """A run with ``cap`` slots and the recent count of the mean budget ``budget``."""
+    kept, state = _start_online(group, cap, params, group.T, recent_count(budget, params))
+    return run_decode(group, cap, kept, decode, state)
 
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
@@ -167,14 +124,10 @@ ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed at
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
-                fixed=_fixed, prefill_score=_online_prefill_score,
-                run_capped=lambda group, cap, budget, params: run_capped(
-                    ONLINE.steps, group, cap, budget, params))
-OFFLINE = Policy("h2o_offline", "recent newest + heavy hitters by global column sums "
-                 "(clairvoyant)", {"recent_ratio": RECENT_RATIO},
-                 Steps(_start_offline, admit, observe_nothing, decode_offline),
-                 closed_loop=lambda params: "it is clairvoyant: it ranks keys by the attention "
-                 "of future queries",
-                 fixed=_fixed, prefill_score=_offline_prefill_score,
-                 run_capped=lambda group, cap, budget, params: run_capped(
-                     OFFLINE.steps, group, cap, budget, params))
+                fixed=_fixed, prefill_score=_online_prefill_score, run_capped=_run_capped)
+OFFLINE = score_policy("h2o_offline", "recent newest + heavy hitters by global column sums "
+                       "(clairvoyant)", lambda group, lo, hi, params: group.global_scores()[lo:hi],
+                       recent=RECENT_RATIO.default,
+                       closed_loop=lambda params: "it is clairvoyant: it ranks keys by the "
+                       "attention of future queries")
+POLICIES = (ONLINE, OFFLINE)

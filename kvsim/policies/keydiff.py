@@ -11,11 +11,11 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps
-from kvsim.policies.h2o import _prefill, recent_count
-from kvsim.policies.knorm import PARAMS, key_norm, key_norms
+from kvsim.policies.knorm import key_norm, key_norms
+from kvsim.policies.scored import prefill, recent_count, recent_ratio
 
 
 class State(NamedTuple):
@@ -73,31 +73,26 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit_inline
-def observe(state, cache, n, obs, mass, outputs):
-    """The anchor depends on the keys only: nothing to learn."""
-    return None
-
-
 @jit
 def decode(ctx, out, cache, n, state):
     """The decode loop of ``keydiff``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
     P, recent = prompt.prompt_len, recent_count(budget, params)
     keys = prompt.keys
-    norms = key_norms(keys, P)
+    norms = key_norms(keys, 0, P)
     state = State(keys, np.zeros(budget + 1), np.zeros(T, np.int64), recent,
                   np.zeros(budget + 1, np.int64), np.zeros(keys.shape[0]), np.zeros(budget + 1))
     score = np.zeros(P)
     if P > budget:
         anchor_scores(keys, norms, np.arange(P), P, state.anchor, score)
-    kept = _prefill(P, budget, recent, score)
+    kept = prefill(P, budget, recent, score)
     state.norm[:len(kept)], state.slot_of[kept] = norms[kept], np.arange(len(kept))
     return kept, state
 
 
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
-                dict(PARAMS), Steps(_start, admit, observe, decode), needs=frozenset({"keys"}))
+                {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode),
+                needs=frozenset({"keys"}))

@@ -3,7 +3,85 @@
 import numpy as np
 
 from kvsim.numerics import kernels
+from kvsim.numerics.decode import cached_important, copy_kept, count_important, record, snapshot
+from kvsim.numerics.field import probs_row
+from kvsim.numerics.jit import jit
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace
+
+
+@jit
+def oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
+                snap_steps, snapshots):
+    """Per step and budget, cache the best-ranked keys of the group's combined full row.
+
+    Every budget ``budgets[i]`` (``by_size``: their indices, largest budget first) shares
+    one evaluation of each row; its outputs are ``out_*[i]``, ``snapshots[i]`` its caches
+    at ``snap_steps``, and ``out_kept[i, :n]`` its last cached set (the prefill selection
+    when there are no decode steps). Returns the number of kept keys per budget.
+    """
+    f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
+    T = f.key_bias.shape[1]
+    G = heads.shape[0]
+    rows = np.empty((G, T))
+    work = np.empty(T)
+    keys = np.arange(T)
+    combined = np.empty(T)
+    cache = np.empty(T, np.int64)
+    chosen = np.empty(T, np.int64)
+    value = np.empty(T)
+    guess = 0.0
+    hits = np.empty(G, np.int64)
+    obs = np.empty((G, T))
+    mass = np.empty(G)
+    outputs = np.empty((G, ctx.full_output.shape[2]))
+    values = f.values[heads[0] // f.group]
+    kept = np.zeros(budgets.shape[0], np.int64)
+    n_important = count_important(important, prompt_len)
+    snap = 0
+    advanced = 0
+    for t in range(max(prompt_len - 1, 0), T):
+        step = t - prompt_len
+        if t >= prompt_len:
+            for g in range(G):
+                if important[g, t]:
+                    n_important[g] += 1
+        for g in range(G):
+            probs_row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)
+        kernels.combine_rows(rows, t + 1, gqa, combined)
+        # Budgets from the largest down: each one's keys are the best-ranked of the
+        # previous (larger) selection, which holds them all, as the ranking is total.
+        m = t + 1
+        for r in range(budgets.shape[0]):
+            i = by_size[r]
+            if r == 0:
+                n, kth = kernels._top_ranked_above(combined, m, budgets[i], guess, chosen, cache, value)
+                guess = 0.9 * kth  # rows change slowly: near the last threshold
+                for j in range(n):
+                    cache[j] = chosen[j]
+                    value[j] = combined[chosen[j]]
+            else:
+                n = kernels._top_ranked_linear(value, m, budgets[i], chosen)
+                for j in range(n):  # in place: chosen is ascending, chosen[j] >= j
+                    cache[j] = cache[chosen[j]]
+                    value[j] = value[chosen[j]]
+            m = n
+            kept[i] = n
+            if t < prompt_len:
+                copy_kept(cache, n, out_kept[i])
+                continue  # the prefill selection, by the last prompt query
+            for g in range(G):
+                for j in range(n):
+                    obs[g, j] = rows[g, cache[j]]
+            out_size[i, step] = n
+            cached_important(important, cache, n, hits)
+            record(values, ctx.full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+                   out_mass[i], out_recall[i], out_error[i])
+            advanced = snapshot(cache, n, step, snap_steps, snapshots[i], snap)
+            if t == T - 1:
+                copy_kept(cache, n, out_kept[i])
+        if t >= prompt_len:
+            snap = advanced  # every budget recorded this step's snapshot, or none did
+    return kept
 
 
 def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
@@ -16,7 +94,7 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     snap_steps = group.snap_steps if group.snap_budget in budgets else np.zeros(0, np.int64)
     snapshots = np.full((len(budgets), snap_steps.shape[0], width), -1, np.int64)
     sizes = np.asarray(budgets, np.int64)
-    counts = kernels.oracle(context(group), sizes, np.argsort(-sizes, kind="stable"), group.gqa,
+    counts = oracle_loop(context(group), sizes, np.argsort(-sizes, kind="stable"), group.gqa,
                             mass, size, recall, error, kept, snap_steps, snapshots)
     for i, (budget, trace) in enumerate(zip(budgets, traces)):
         trace.mass, trace.cache_size, trace.recall, trace.error = mass[i], size[i], recall[i], error[i]

@@ -4,10 +4,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps
-from kvsim.policies.ring import observe
 
 
 class State(NamedTuple):
@@ -24,7 +23,7 @@ def admit(state, cache, n, t):
 @jit
 def decode(ctx, out, cache, n, state):
     """The decode loop of ``random``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
@@ -36,4 +35,4 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
-                Steps(_start, admit, observe, decode))
+                Steps(_start, admit, observe_nothing, decode))

@@ -6,7 +6,6 @@ import dataclasses
 import difflib
 import numpy as np
 
-from kvsim.attention.sources import positions_mask
 from kvsim.errors import InvariantError, KvsimError
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
@@ -150,16 +149,6 @@ def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.nd
     if not field.is_dense:
         group.row_max  # noqa: B018 - every policy needs the row statistics: compute them now
     return group
-
-
-def important_mask(important, T: int) -> np.ndarray:
-    """Boolean mask of length ``T`` from a list of positions (checked)."""
-    if important is None:
-        return np.zeros(T, dtype=bool)
-    pos = np.asarray(important)
-    if pos.ndim != 1 or (pos.size and not np.issubdtype(pos.dtype, np.integer)):
-        raise KvsimError("expected a 1-D array of integer positions", "important")
-    return positions_mask(pos, 1, T)[0]
 
 
 def final_recall(kept: np.ndarray, important: np.ndarray) -> float:

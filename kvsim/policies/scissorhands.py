@@ -15,7 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps
-from kvsim.policies.h2o import _prefill, recent_count
+from kvsim.policies.scored import prefill, recent_count
 from kvsim.policies.rows import head_rows
 
 PARAMS = {
@@ -77,7 +77,7 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     for i, q in enumerate(queries):
         flags[i, :q + 1] = prompt.combine(head_rows(prompt, int(q))) >= 1.0 / (q + 1)
     count = flags.sum(axis=0).astype(np.float64)
-    kept = _prefill(P, budget, recent, count)
+    kept = prefill(P, budget, recent, count)
     state = State(np.zeros((history, budget), np.uint8), np.zeros(budget),
                   np.zeros(T, np.int64), np.zeros(1, np.int64), np.zeros(budget), recent,
                   prompt.gqa)

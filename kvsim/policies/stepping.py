@@ -90,7 +90,7 @@ class Stepper:
             empty if self._keys is None else self._keys.T,  # by dimension, like a field's
             empty if self._values is None else self._values))
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
-        self._steps = spec.steps
+        self._steps, self._prompt, self._params = spec.steps, prompt, resolved
         self._name, self._needs = policy, spec.needs
         self._cache = np.zeros(int(budget), np.int64)
         self._n = len(kept)
@@ -125,6 +125,8 @@ class Stepper:
                              f"capacity_T = {self._capacity}), got {t!r}")
         if not self._observed:
             raise KvsimError(f"admit: token {t - 1} was admitted but not observed")
+        if self._steps.prepare is not None:
+            self._steps.prepare(self._state, self._prompt, self._params, t)
         slot = int(self._steps.admit(self._state, self._cache, self._n, t))
         evicted = int(self._cache[slot]) if slot < self._n else -1
         self._n += slot == self._n

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Param, Policy, Steps
 
@@ -20,6 +21,6 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS,
-                Steps(_start, ring.admit, ring.observe, ring.decode),
+                Steps(_start, ring.admit, observe_nothing, ring.decode),
                 min_budget=lambda params: params["sinks"] + 1,
                 fixed=lambda budget, prompt_len, params: params["sinks"])

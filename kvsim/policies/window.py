@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Policy, Steps
 
@@ -13,4 +14,4 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("window", "last B tokens (sliding window)", {},
-                Steps(_start, ring.admit, ring.observe, ring.decode))
+                Steps(_start, ring.admit, observe_nothing, ring.decode))

@@ -52,16 +52,6 @@ def estimate(values) -> Estimate:
     return Estimate(float(v.mean()), float(stdtrit(v.size - 1, 0.5 + LEVEL / 2) * sem), v.size)
 
 
-def seed_band(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """(low, high) of the 95 % interval of the mean over axis 0 (seeds); None with one seed."""
-    n = values.shape[0]
-    if n < 2:
-        return None
-    mean = values.mean(axis=0)
-    half = stdtrit(n - 1, 0.5 + LEVEL / 2) * values.std(axis=0, ddof=1) / math.sqrt(n)
-    return mean - half, mean + half
-
-
 def twins(curves: dict[str, np.ndarray], tol: float = COINCIDE_TOL) -> dict[str, tuple[str, bool]]:
     """``{label: (earlier label, exactly equal)}`` for every curve within ``tol`` of an
     earlier one wherever both are defined; chains point at their first curve."""

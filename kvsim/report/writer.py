@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import multiprocessing as mp
@@ -13,7 +12,6 @@ import stat
 import subprocess
 import sys
 import zipfile
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +19,13 @@ from tqdm import tqdm
 
 from kvsim._version import __version__
 from kvsim.report import figures, markdown
-from kvsim.report.columns import csv_row, result_columns
 from kvsim.report.studies import STUDIES
-from kvsim.engine.cost import check as check_cost
-from kvsim.engine.distributed import connect, simulate_variants
-from kvsim.engine.experiments import ScenarioResults, simulate_scenario
+from kvsim.engine.experiments import ScenarioResults
+from kvsim.engine.records import steps_arrays, write_rows
 from kvsim.errors import KvsimError
 from kvsim.forked import forked_pool
-from kvsim.scenario.overrides import Overrides
-from kvsim.scenario.load import Scenario, load_sweep
-from kvsim.engine.resume import UnitStore
-from kvsim.report.lock import ReportLock, clean_leftovers, sibling
+from kvsim.scenario.load import Scenario
+from kvsim.report.lock import sibling
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -105,7 +99,7 @@ def _versions() -> dict:
             "matplotlib": matplotlib.__version__, "python": platform.python_version()}
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
     """The last commit that changed kvsim's sources (not HEAD: committing a report must not
     change what its rerun writes), ``+`` marking uncommitted changes; None outside git."""
     root = Path(__file__).resolve().parent.parent.parent
@@ -145,20 +139,9 @@ def _savez_fast(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def _write_results(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
                    provenance: markdown.Provenance) -> None:
-    rows = [r for res in results for r in res.rows]
     with open(folder / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=result_columns(rows), restval="")
-        writer.writeheader()
-        writer.writerows(csv_row(r) for r in rows)
-    arrays = {}
-    for i, res in enumerate(results):
-        prefix = f"v{i}/" if len(variants) > 1 else ""
-        for exp, steps in res.steps.items():
-            arrays.update({f"{prefix}{exp}/{name}": value
-                           for name, value in steps.arrays().items()})
-            for (label, seed, kv), snaps in steps.snapshots.items():
-                arrays[f"{prefix}{exp}/snapshots/{label}/seed{seed}/kv{kv}"] = snaps
-    _savez_fast(folder / "steps.npz", arrays)
+        write_rows(f, [r for res in results for r in res.rows])
+    _savez_fast(folder / "steps.npz", steps_arrays([res.steps for res in results]))
     meta = {"variants": [_scenario_json(v) for v in variants], "versions": _versions(),
             "command": provenance.command, "commit": provenance.commit}
     (folder / "scenario.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
@@ -251,80 +234,4 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
         shutil.rmtree(old, ignore_errors=True)
     if note:
         print(note, file=sys.stderr)
-    return out
-
-
-def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None = None, *,
-        force: bool = False, progress: bool = False, workers: int | None = None,
-        resume: bool = False, overrides: Overrides | None = None, dask: str | None = None,
-        command: str | None = None) -> Path:
-    """Run every experiment of a scenario (every variant of its sweep) and write the report.
-
-    Parameters
-    ----------
-    scenario : a :class:`Scenario`, a list of sweep variants, or a scenario file's path.
-    out : report folder (default ``reports/<scenario name>``).
-    force : replace a report kvsim wrote for another scenario file (a report of the same
-        file is replaced anyway, a folder kvsim did not write never is).
-    progress : show a progress bar on stderr.
-    workers : threads running policies, then processes drawing figures, in parallel
-        (default: every core).
-    resume : reuse the units an interrupted run of the same report already finished.
-    overrides : command-line changes applied to a scenario file before validation.
-    dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
-        ``local:N`` (a local cluster of N worker processes); same results as a local run.
-
-    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
-    same folder is refused, and leftovers of killed runs are cleaned (or, with
-    ``resume``, their finished units reused). A run that is interrupted or fails removes
-    its finished units, unless started with ``resume``: then they stay, and the
-    exception's ``kept_units`` names their folder. A run whose estimated peak memory exceeds
-    the limit is refused before any work (:mod:`kvsim.engine.cost`).
-    command : the command line to record in the report (default: the Python call).
-
-    Returns
-    -------
-    Path
-        The report folder.
-
-    Notes
-    -----
-    The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
-    same folder is refused, and leftovers of killed runs are cleaned (or, with
-    ``resume``, their finished units reused). A run whose estimated peak memory exceeds
-    the limit is refused before any work (:mod:`kvsim.engine.cost`).
-    """
-    if isinstance(scenario, Scenario):
-        variants = [scenario]
-    elif isinstance(scenario, list):
-        variants = scenario
-    else:
-        variants = load_sweep(scenario, overrides)
-    figures.check(variants)
-    out = Path(out) if out is not None else default_out(variants[0])
-    check_out(out, force, variants[0])
-    cost = check_cost(variants, workers)
-    workers = workers or os.cpu_count() or 1
-    provenance = markdown.Provenance.start(command, workers)
-    provenance.commit = _git_commit()
-    with connect(dask) if dask else nullcontext() as client, ReportLock(out):
-        clean_leftovers(out, keep_units=resume)
-        check_out(out, force, variants[0])
-        store = UnitStore(sibling(out, ".units"), resume)
-        try:
-            with tqdm(total=cost.runs, unit="run", disable=not progress, dynamic_ncols=True,
-                      desc=variants[0].name) as bar:
-                if client:
-                    results = simulate_variants(client, variants, store=store, bar=bar)
-                else:
-                    results = [simulate_scenario(v, workers=workers, store=store, bar=bar,
-                                                 progress=progress) for v in variants]
-            write_report(out, variants, results, force, workers, provenance, progress)
-        except BaseException as exc:  # interrupted or failed: the units only serve --resume
-            if resume:
-                exc.kept_units = store.folder  # the command line says where they are
-            else:
-                shutil.rmtree(store.folder, ignore_errors=True)
-            raise
-        shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
     return out

@@ -10,10 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def _masses(attn: np.ndarray, prompt_len: int, caches) -> np.ndarray:
-    return np.array([attn[t, c].sum() for t, c in caches])
-
-
 def streaming_llm(attn: np.ndarray, prompt_len: int, budget: int, sinks: int = 4):
     """Per-step mass and final cache of StreamingLLM (sinks + window)."""
     T = attn.shape[0]

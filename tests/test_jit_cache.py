@@ -1,0 +1,64 @@
+"""The Numba cache key is per kernel module and what it imports (kvsim.numerics.jit): an
+edit recompiles the kernels of the edited module and of those importing it, nothing else."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+
+# Per module, its stamp; and one small kernel called, with its cache hits and misses.
+PROBE = """
+from pathlib import Path
+import numpy as np
+from kvsim.numerics import jit
+from kvsim.numerics.lanes import lane_sum
+lane_sum(np.ones(3), 3)
+package = Path(jit.__file__).resolve().parents[1]
+for name in ("policies/knorm.py", "policies/h2o.py", "numerics/lanes.py"):
+    print(name, jit.source_stamp(package / name))
+print("lane_sum", len(lane_sum.stats.cache_hits), len(lane_sum.stats.cache_misses))
+"""
+
+
+@pytest.fixture
+def package(tmp_path):
+    """A copy of the kvsim package, its own Numba cache, and a way to run the probe."""
+    shutil.copytree(ROOT / "kvsim", tmp_path / "kvsim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def probe() -> dict[str, str]:
+        proc = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+
+    return tmp_path / "kvsim", probe
+
+
+def comment(path: Path) -> None:
+    path.write_text(path.read_text() + "\n# an edit\n")
+
+
+def test_an_edit_recompiles_its_module_and_its_importers_only(package):
+    root, probe = package
+    first = probe()
+    assert first["lane_sum"] == "0 1"  # compiled into an empty cache
+    comment(root / "report" / "markdown.py")
+    assert probe() == dict(first, lane_sum="1 0")  # nothing imports the report: a hit
+    comment(root / "policies" / "knorm.py")
+    after = probe()
+    assert after["policies/knorm.py"] != first["policies/knorm.py"]
+    assert after["policies/h2o.py"] == first["policies/h2o.py"]
+    assert after["lane_sum"] == "1 0"
+    comment(root / "numerics" / "lanes.py")
+    last = probe()
+    assert last["lane_sum"] == "0 1"  # its own module changed: compiled again
+    assert last["policies/h2o.py"] != after["policies/h2o.py"]  # h2o imports lanes (via decode)
