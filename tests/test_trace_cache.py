@@ -86,7 +86,8 @@ def test_a_capture_lands_in_one_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(capture, "load_model", lambda model, gguf: (None, lambda raw: {
         "input_ids": list(range(len(raw.split())))}))
     monkeypatch.setattr(capture, "record", lambda net, ids, layers, dtype: {
-        "layers": np.array([0]), "queries": np.zeros((1, 2, len(ids), 4), dtype),
+        "layers": np.array([0]), "windows": np.array([0]),
+        "queries": np.zeros((1, 2, len(ids), 4), dtype),
         "keys": np.zeros((1, 1, len(ids), 4), dtype)})
     moves = []
     real = capture.os.replace
