@@ -1,6 +1,6 @@
 """The cost of a run, estimated before any work: runs, logit evaluations, peak memory.
 
-The estimate follows the engine's shape (DESIGN section 5): one sequence's field and full
+The estimate follows the engine's shape: one sequence's field and full
 passes live at a time, each policy run keeps per-step series until the report is written.
 A run whose peak would exceed the memory limit (:mod:`kvsim.resources`) is refused,
 naming the scenario key that drives the cost: the key whose reduction to a typical value

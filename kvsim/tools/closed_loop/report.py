@@ -143,7 +143,7 @@ def _caches(facts: dict) -> str:
         return "Every layer and KV head holds its own cache under the hard budget"
     return ("Every global layer and KV head holds its own cache under the hard budget (budgets "
             "are per global layer); every sliding-window layer keeps exactly its window, as "
-            "the stock model does, under every policy (DESIGN section 11)")
+            "the stock model does, under every policy")
 
 
 def _load(facts: dict) -> str:
