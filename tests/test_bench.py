@@ -68,8 +68,8 @@ def test_pass_floor_counts_the_flagship_passes():
     from kvsim.tools.bench.ratios import pass_floor
 
     floor = pass_floor(Path(SCENARIO), rate=1e9)
-    assert floor["passes"] == 2 * 4  # two seeds, four heads, one prompt length
-    assert floor["seconds"] == floor["entries"] / 1e9 == 8 * 34816 * 34817 / 2 / 1e9
+    assert floor["passes"] == 5 * 4  # five seeds, four heads, one prompt length
+    assert floor["seconds"] == floor["entries"] / 1e9 == 20 * 34816 * 34817 / 2 / 1e9
 
 
 def test_full_pass_rate_is_timed_with_its_ceiling():

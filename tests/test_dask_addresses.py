@@ -14,7 +14,7 @@ import pytest
 from broken import document, to_toml
 from kvsim.cli import main
 from kvsim.engine import distributed
-from kvsim.report import writer
+from kvsim.api import run as api_run
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def refused(path, tmp_path, capsys, address) -> str:
                                      "udp://h:8786", "tcp://h:8786/x"])
 def test_malformed_addresses_fail_before_anything_starts(path, tmp_path, capsys, monkeypatch,
                                                          address):
-    monkeypatch.setattr(writer, "connect", lambda a: pytest.fail("connect was called"))
+    monkeypatch.setattr(api_run, "connect", lambda a: pytest.fail("connect was called"))
     err, took = refused(path, tmp_path, capsys, address)
     assert "expected" in err and repr(address) in err and took < 5
 

@@ -205,9 +205,10 @@ def test_closed_loop_report_on_a_sliding_window_model(tmp_path, monkeypatch):
     net = tiny_gemma()
     monkeypatch.setattr(command, "load_model", lambda model, gguf: (
         net, lambda raw: {"input_ids": [ord(c) % 50 for c in raw]}))
+    net.save_pretrained(tmp_path / "m")  # the load-time check looks for config and weights
     (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 2)
     (tmp_path / "c.toml").write_text(
-        f'name = "g"\n[closed_loop]\nmodel = "."\ntext = "text.txt"\ntokens = {T}\n'
+        f'name = "g"\n[closed_loop]\nmodel = "m"\ntext = "text.txt"\ntokens = {T}\n'
         f'prompt_len = {P}\nbudgets = [4, 8]\n[policies.window]\n[policies.h2o]\n')
     out = command.closed_loop_report(tmp_path / "c.toml", tmp_path / "r", progress=False)
     with open(out / "results.csv") as f:

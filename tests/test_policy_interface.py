@@ -73,13 +73,13 @@ def test_needs_are_declared_from_a_known_set():
 
 
 # ---------------------------------------------------------------------------------------
-# The README's "Adding a policy" example, run as written
+# The manual's example of a policy with a state of its own (docs/policies.md), as written
 
 
 def readme_example(tmp_path: Path):
-    """The README's example policy module, imported from a file (so that Numba caches it)."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("### Adding a policy", 1)[1]
+    """The manual's example policy module, imported from a file (so that Numba caches it)."""
+    readme = (Path(__file__).parents[1] / "docs" / "policies.md").read_text()
+    section = readme.split("## Adding a policy", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert len(code.splitlines()) <= 60
     path = tmp_path / "decayed_example.py"

@@ -39,18 +39,21 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     overrides : command-line changes applied to a scenario file before validation.
     dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or
         ``local:N`` (a local cluster of N worker processes); same results as a local run.
+    command : the command line to record in the report (default: the Python call).
 
+    Returns
+    -------
+    Path
+        The report folder.
+
+    Notes
+    -----
     The run owns ``out`` while it works (:mod:`kvsim.report.lock`): a second run on the
     same folder is refused, and leftovers of killed runs are cleaned (or, with
     ``resume``, their finished units reused). A run that is interrupted or fails removes
     its finished units, unless started with ``resume``: then they stay, and the
     exception's ``kept_units`` names their folder. A run whose estimated peak memory exceeds
     the limit is refused before any work (:mod:`kvsim.engine.cost`).
-    command : the command line to record in the report (default: the Python call).
-
-    Returns
-    -------
-    Path of the report folder.
     """
     if isinstance(scenario, Scenario):
         variants = [scenario]

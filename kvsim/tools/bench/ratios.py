@@ -17,6 +17,7 @@ import numpy as np
 from kvsim.attention import components
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.fullpass import full_pass
+from kvsim.scenario.load import load_scenario
 
 
 def qk_field(T: int, d: int) -> FieldData:
@@ -67,9 +68,7 @@ def qk_versus_numpy(T: int, d: int, repeats: int) -> dict:
 def pass_floor(scenario: Path, rate: float) -> dict:
     """Seconds the full passes of ``scenario`` take at ``rate`` logit evaluations per
     second: one pass per (seed, layer, query head, prompt length)."""
-    import kvsim
-
-    s = kvsim.load_scenario(scenario)
+    s = load_scenario(scenario)
     prompts = {e.prompt_len for e in s.experiments}
     passes = len(s.seeds) * len(s.layers) * s.heads * len(prompts)
     entries = passes * s.T * (s.T + 1) / 2
