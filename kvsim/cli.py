@@ -227,7 +227,8 @@ def _closed_loop(argv: list[str]) -> int:
                         "depend on it)")
     args = p.parse_args(argv)
     print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet,
-                             workers=args.workers))
+                             workers=args.workers,
+                             command=shlex.join(["python", "-m", "kvsim", "closed-loop", *argv])))
     return 0
 
 

@@ -52,8 +52,8 @@ def test_inputs_are_deterministic_and_the_needle_lands_at_its_depth():
         assert text.endswith("\nWhat is the pass key? The pass key is")
         for digits in a.digits:
             assert tok.decode(a.ids[digits].tolist()) == a.key
-        # a sentence boundary nearest the depth: within one sentence (< 110 characters)
-        assert abs(a.depth - depth) * (600 - a.question_len - a.needle_len) < 110
+        # the sentence boundary nearest the depth: within a sentence (at most 22 characters)
+        assert abs(a.depth - depth) * (600 - a.question_len - a.needle_len) <= 22
     other = build(tok, 600, 0.5, trial_rng(8, 600, 0.5, 2))
     assert not np.array_equal(other.ids, build(tok, 600, 0.5, trial_rng(7, 600, 0.5, 2)).ids)
 
@@ -291,3 +291,37 @@ def test_smollm2_passkey_report(tmp_path):
     text = (out / "report.md").read_text()
     assert "command:" in text and "Wilson" in text
     assert (out / "heatmap_before_question.png").is_file()
+
+
+def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
+    import kvsim.tools.capture
+    from kvsim.tools.task.command import task_report
+
+    monkeypatch.setattr(kvsim.tools.capture, "load_model",
+                        lambda model, gguf=None: (tiny_net(), CharTokenizer()))
+    (tmp_path / "t.toml").write_text(
+        'name = "tiny"\n[task]\nmodel = "."\nlengths = [160, 200]\ndepths = [0.0, 1.0]\n'
+        'trials = 2\nbudgets = [8, 12]\n[policies.window]\n[policies.h2o]\n'
+        '[policies.snapkv]\nwindow = 4\n')
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, workers=2,
+                      command="kvsim task t.toml")
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2 * 2 * (1 + 3 * 2 * 2)  # cells x (full + policies x budgets x 2)
+    assert {r["protocol"] for r in rows} == {"full", "before_question", "after_question"}
+    for r in rows:
+        limit = int(r["budget"]) + (int(r["question_len"]) if r["protocol"] ==
+                                    "before_question" else 0)
+        assert r["policy"] == "full" or int(r["peak_cache"]) <= limit
+    text = (out / "report.md").read_text()
+    assert text.startswith("# Passkey task: tiny\n\nAt budget 12")
+    assert "- command: `kvsim task t.toml`" in text and "Wilson" in text
+    for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
+                 "retention_vs_accuracy"):
+        assert (out / f"{name}.png").is_file()
+    with pytest.raises(Exception, match="use --force"):
+        task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, force=True,
+                        command="kvsim task t.toml")
+    with open(again / "results.csv") as f:
+        assert list(csv.DictReader(f)) == rows  # deterministic, whatever the workers

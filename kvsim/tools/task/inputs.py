@@ -9,8 +9,8 @@ A prompt of exactly ``n`` tokens (the model's tokenizer, no special tokens added
 - ``question``: "\\nWhat is the pass key? The pass key is" (its ``Q`` tokens are the
   question of the protocols);
 - ``filler``: ``n - Q - len(needle)`` tokens of haystack, either sentences drawn from a
-  fixed word list by a NumPy generator seeded with the trial's seed (``seeded``), or a
-  text shipped with kvsim cut at a seeded offset;
+  fixed list (the classic passkey haystack) by a NumPy generator seeded with the trial's
+  seed (``seeded``), or a text shipped with kvsim cut at a seeded offset;
 - ``a``: the filler's sentence boundary (a position after a token ending in ".", or 0)
   nearest to ``d * len(filler)``: the needle's relative depth is ``d`` up to half a
   sentence.
@@ -26,12 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 QUESTION = "\nWhat is the pass key? The pass key is"
-WORDS = (
-    "the grass is green the sky is blue the sun is warm a river runs to the sea a bird "
-    "sings in the morning the hills are quiet the road goes on a farmer walks to town "
-    "the wind moves the trees children play by the old wall a boat rests on the lake "
-    "bread is baked at dawn the market opens late the stars come out at night rain "
-    "falls on the roof a dog sleeps by the door").split()
+SENTENCES = (  # the classic passkey haystack (Mohtashami and Jaggi 2023), and three alike
+    "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+    "There and back again.", "The river is wide.", "The night is dark.", "The road is long.")
 
 
 @dataclass(frozen=True)
@@ -64,12 +61,11 @@ def _encode(tokenizer, text: str) -> list[int]:
 
 
 def seeded_filler(tokenizer, rng: np.random.Generator, tokens: int) -> list[int]:
-    """``tokens`` ids of sentences of 6 to 14 words drawn from :data:`WORDS` by ``rng``."""
+    """``tokens`` ids of sentences drawn uniformly from :data:`SENTENCES` by ``rng``."""
+    encoded = [_encode(tokenizer, " " + s) for s in SENTENCES]
     ids: list[int] = []
     while len(ids) < tokens:
-        words = rng.choice(len(WORDS), size=int(rng.integers(6, 15)))
-        sentence = " ".join(WORDS[w] for w in words)
-        ids += _encode(tokenizer, " " + sentence[0].upper() + sentence[1:] + ".")
+        ids += encoded[int(rng.integers(len(SENTENCES)))]
     return ids[:tokens]
 
 
