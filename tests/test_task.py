@@ -314,7 +314,7 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
                                     "before_question" else 0)
         assert r["policy"] == "full" or int(r["peak_cache"]) <= limit
     text = (out / "report.md").read_text()
-    assert text.startswith("# Passkey task: tiny\n\nAt budget 12")
+    assert text.startswith("# Passkey task: tiny\n\nPolicies that keep the needle at budget 12")
     assert "- command: `kvsim task t.toml`" in text and "Wilson" in text
     for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
                  "retention_vs_accuracy"):
@@ -325,3 +325,44 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
                         command="kvsim task t.toml")
     with open(again / "results.csv") as f:
         assert list(csv.DictReader(f)) == rows  # deterministic, whatever the workers
+
+
+def synthetic_rows(cfg) -> list[dict]:
+    """Rows as run_trial writes them, with seeded outcomes (for the report alone)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for n, d, i in [(n, d, i) for n in cfg.lengths for d in cfg.depths
+                    for i in range(cfg.trials)]:
+        base = {"length": n, "depth": d, "trial": i, "key": "12345", "needle_start": 3,
+                "actual_depth": d, "question_len": 10}
+        rows.append({**base, "policy": "full", "kind": "full", "budget": n, "protocol": "full",
+                     "peak_cache": n + 7, "retention": 1.0, "digit_share": 1.0,
+                     "kept_needle_mass": 0.2, "answer": " 12345.", "number": "12345",
+                     "success": 1, "question_needle_mass": 0.2})
+        for protocol in cfg.compress:
+            for pc in cfg.policies:
+                for b in cfg.budgets:
+                    ret = float(rng.random())
+                    ok = int(rng.random() < ret)
+                    rows.append({**base, "policy": pc.label, "kind": pc.kind, "budget": b,
+                                 "protocol": protocol, "peak_cache": b, "retention": ret,
+                                 "digit_share": ret, "kept_needle_mass": ret / 5,
+                                 "answer": " 12345." if ok else " a door", "number":
+                                 "12345" if ok else "", "success": ok,
+                                 "question_needle_mass": 0.2})
+    return rows
+
+
+def test_report_files_from_rows(tmp_path):
+    from kvsim.tools.task.report import write_files
+
+    cfg = task_config(configs(8))
+    cfg = type(cfg)(**{**vars(cfg), "lengths": (160, 320), "depths": (0.0, 0.5, 1.0),
+                       "trials": 3})
+    facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
+             "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
+             "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
+    write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert text.count("| snapkv |") == 2 and "ρ retention" in text
+    assert (tmp_path / "retention_vs_accuracy.png").is_file()

@@ -8,7 +8,6 @@ question's attention on the kept needle) predicts the model's answers.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections import defaultdict
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.tools.closed_loop.metrics import spearman_ci
+from kvsim.tools.closed_loop.report import _csv
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.run import FULL
 
@@ -186,15 +186,14 @@ def cells_of(rows: list[dict]) -> set:
 
 
 def _save(fig, folder: Path, stem: str, cfg: TaskConfig) -> list[str]:
+    """Save ``fig`` in every format of ``cfg`` as laid out (no second tight layout)."""
     import matplotlib.pyplot as plt
 
-    names = []
     for fmt in cfg.formats:
         fig.savefig(folder / f"{stem}.{fmt}", dpi=cfg.dpi,
                     metadata={"Software": None} if fmt == "png" else None)
-        names.append(f"{stem}.{fmt}")
     plt.close(fig)
-    return names
+    return [f"{stem}.{fmt}" for fmt in cfg.formats]
 
 
 def _pct(a: dict) -> str:
@@ -206,17 +205,17 @@ def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
     parts = []
     for protocol in cfg.compress:
         at = [a for a in acc if a["protocol"] == protocol and a["budget"] == cfg.focus_budget]
-        keep = [a["policy"] for a in sorted(at, key=lambda a: -a["accuracy"])
+        keep = [f"{a['policy']} ({100 * a['accuracy']:.0f}%)"
+                for a in sorted(at, key=lambda a: -a["accuracy"])
                 if a["accuracy"] >= 0.8 * ceiling["accuracy"] and a["accuracy"] > 0]
-        parts.append(f"{_label(protocol)}: "
-                     + (", ".join(keep) if keep else "no policy")
-                     + " (at least 80% of the full cache's accuracy)")
+        parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
     rule = next(q for q in quality if q["protocol"] == "all")
-    return (f"At budget {cfg.focus_budget}, the policies that keep the needle are, "
-            f"{'; '.join(parts)}; the full cache answers {_pct(ceiling)} of "
-            f"{ceiling['trials']} trials. The simulator's retention, computed without the "
-            f"model, predicts the answer with accuracy {100 * rule['rule_accuracy']:.0f}% "
-            f"(\"retained ⇒ answered\" over {rule['runs']} runs).")
+    return (f"Policies that keep the needle at budget {cfg.focus_budget} (at least 80% of the "
+            f"full cache's accuracy, which is {_pct(ceiling)} over {ceiling['trials']} "
+            f"trials): {'; '.join(parts)}. The simulator's needle retention, computed without "
+            f"the model, predicts the answer with accuracy "
+            f"{100 * rule['rule_accuracy']:.0f}% (\"retained ⇒ answered\" over "
+            f"{rule['runs']} compressed runs).")
 
 
 def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
@@ -289,13 +288,6 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
               "the answer and the prediction columns), `accuracy.csv` (the tables above), "
               "`task.json` (settings and facts).", ""]
     return "\n".join(lines)
-
-
-def _csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) -> None:
