@@ -71,6 +71,47 @@ def test_wilson_interval_known_values():
     assert np.allclose(wilson(81, 263), (0.2553, 0.3662), atol=1e-4)
 
 
+def test_plan_of_each_protocol():
+    from kvsim.protocols.question import plan
+
+    assert plan("after_question", 100, 10, 32) == (100, 0, 32)
+    assert plan("before_question", 100, 10, 32) == (90, 10, 42)
+    assert plan("before_question", 100, 0, 32) == (100, 0, 32)
+    with pytest.raises(Exception, match="compress"):
+        plan("during", 100, 10, 32)
+
+
+def test_widened_steppers_take_the_question_without_eviction():
+    from kvsim.policies import POLICIES
+    from kvsim.policies.run import resolve_params
+    from kvsim.policies.stepping import Stepper
+
+    rng = np.random.default_rng(1)
+    P, Q, B, T, d = 40, 6, 10, 60, 5
+    A = np.tril(rng.random((2, P - Q, P - Q)) + 0.1)
+    A /= A.sum(axis=-1, keepdims=True)
+    keys, values = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+    names = [n for n, p in POLICIES.items()
+             if p.steps is not None and p.closed_loop(resolve_params(p, {})) is None]
+    assert {"window", "h2o", "snapkv", "random", "keydiff", "caote"} <= set(names)
+    for name in names:
+        s = Stepper(name, B, {"window": 4} if name == "snapkv" else {}, prompt_attention=A,
+                    keys=keys, values=values, capacity_T=T)
+        before = s.cache
+        s.widen(Q)
+        assert np.array_equal(s.cache, before)
+        for t in range(P - Q, T):
+            evicted = s.admit(t)
+            cache = s.cache
+            assert len(cache) <= B + Q and t in cache
+            if t < P:
+                assert evicted == -1, (name, t)  # the question joins without eviction
+            elif t >= P + 1:
+                assert len(cache) == B + Q  # the decode budget is B + Q
+            a = rng.random((2, len(cache)))
+            s.observe(a / a.sum(axis=1, keepdims=True), rng.standard_normal((2, d)))
+
+
 GOOD = """name = "t"
 [task]
 lengths = [128]
