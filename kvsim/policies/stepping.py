@@ -100,6 +100,19 @@ class Stepper:
         self._next = P  # the next token to admit
         self._capacity = int(capacity_T)
         self._observed = True
+        self._policy, self._params, self._seed = policy, resolved, int(seed)
+
+    def widen(self, extra: int) -> None:
+        """``extra`` more cache slots from now on, the fixed parts (recent tokens, sinks,
+        windows) unchanged: the question of the ``before_question`` protocol
+        (:func:`kvsim.protocols.question.widen`)."""
+        from kvsim.protocols.question import slot_fields, widen
+
+        budget = self._cache.shape[0]
+        self._state = widen(self._state, slot_fields(self._policy, self._params), budget,
+                            extra, self._seed)
+        self._cache = np.concatenate((self._cache, np.zeros(extra, np.int64)))
+        self._obs = np.zeros((self._obs.shape[0], budget + extra))
 
     @staticmethod
     def _vectors(name: str, x, capacity_T: int, policy: str, needed: bool):

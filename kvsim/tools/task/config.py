@@ -1,0 +1,156 @@
+"""Task files: TOML -> a validated, frozen :class:`TaskConfig` (before torch is imported).
+
+A task file holds a ``[task]`` table (the model, the grid of lengths x depths x trials, the
+budgets, the protocols, the filler) and ``[policies.NAME]`` tables read exactly as in a
+scenario or closed-loop file. Every problem is one line ``FILE: key.path: expected ...``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvsim.errors import ScenarioError
+from kvsim.params import Param
+from kvsim.policies.run import budget_problem, get_policy
+from kvsim.protocols.question import COMPRESS
+from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_policies,
+                                 read_document, read_name)
+from kvsim.texts import SHIPPED, shipped_text
+from kvsim.tools.closed_loop.config import MODEL_SETTINGS, read_model
+
+TOP_KEYS = ("name", "description", "task", "policies", "output")
+FILLERS = ("seeded", *SHIPPED)
+MIN_LENGTH = 64  # room for the needle, the question and some filler
+
+SETTINGS = {
+    **MODEL_SETTINGS,
+    "trials": Param(int, 5, "trials per length x depth cell (a new key and filler each)",
+                    check=lambda v: v >= 1, expect="an integer >= 1"),
+    "seed": Param(int, 0, "seed of the keys, the filler and seeded policies",
+                  check=lambda v: v >= 0, expect="an integer >= 0"),
+    "focus_budget": Param(int, 0, "budget of the depth x length heatmaps (0: the second "
+                          "smallest)", check=lambda v: v >= 0, expect="an integer >= 0"),
+    "filler": Param(str, "seeded", "the haystack: 'seeded' (sentences drawn from a word list "
+                    "by the seed) or a text shipped with kvsim, cut at a seeded offset",
+                    choices=FILLERS),
+    "answer_tokens": Param(int, 8, "tokens generated greedily from each cache",
+                           check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
+    "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
+                 choices=("mean", "max", "sum")),
+    "bootstrap": Param(int, 2000, "bootstrap resamples for the interval of rho",
+                       check=lambda v: v >= 100, expect="an integer >= 100"),
+}
+LISTS = ("lengths", "depths", "budgets", "compress")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """A validated task file."""
+
+    path: Path
+    name: str
+    description: str
+    model: Path
+    gguf_file: str | None
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    trials: int
+    seed: int
+    budgets: tuple[int, ...]
+    focus_budget: int
+    compress: tuple[str, ...]
+    filler: str
+    answer_tokens: int
+    gqa: str
+    bootstrap: int
+    policies: tuple[PolicyConfig, ...]
+    formats: tuple[str, ...]
+    dpi: int
+
+    @property
+    def filler_path(self) -> Path | None:
+        """The shipped text of the filler, or None for seeded sentences."""
+        return shipped_text(self.filler)
+
+
+def _int_list(chk: _Checker, raw, where: str, low: int) -> list[int]:
+    if not isinstance(raw, list) or not raw or any(not _is_int(v) or v < low for v in raw) \
+            or len(set(raw)) != len(raw):
+        chk.add(where, f"expected a non-empty list of distinct integers >= {low}, got {raw!r}")
+        return []
+    return sorted(raw)
+
+
+def _depths(chk: _Checker, raw) -> list[float]:
+    if not isinstance(raw, list) or not raw or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1
+            for v in raw) or len(set(raw)) != len(raw):
+        chk.add("task.depths", f"expected a non-empty list of distinct numbers in [0, 1] "
+                               f"(relative depth of the needle in the context), got {raw!r}")
+        return []
+    return sorted(float(v) for v in raw)
+
+
+def _compress(chk: _Checker, raw) -> list[str]:
+    if not isinstance(raw, list) or not raw or any(v not in COMPRESS for v in raw) \
+            or len(set(raw)) != len(raw):
+        chk.add("task.compress", f"expected a non-empty list of distinct protocols among "
+                                 f"{', '.join(COMPRESS)}, got {raw!r}")
+        return []
+    return list(raw)
+
+
+def load_config(path: str | Path) -> TaskConfig:
+    """Read and validate a task file; problems raise :class:`ScenarioError`."""
+    path = Path(path)
+    doc = read_document(path)
+    chk = _Checker(path)
+    chk.unknown_keys(doc, TOP_KEYS, "")
+    name, description = read_name(chk, doc, path)
+    table = chk.table(doc, "task", "task")
+    if "task" not in doc:
+        chk.add("task", "expected a [task] table")
+    table = table if isinstance(table, dict) else {}
+    s = chk.params(table, SETTINGS, "task.", skip=LISTS)
+    lengths = _int_list(chk, table.get("lengths"), "task.lengths", MIN_LENGTH)
+    depths = _depths(chk, table.get("depths"))
+    budgets = _int_list(chk, table.get("budgets"), "task.budgets", 1)
+    compress = _compress(chk, table.get("compress", list(COMPRESS)))
+    if lengths and budgets and max(budgets) >= min(lengths):
+        chk.add("task.budgets", f"expected budgets below the shortest length "
+                                f"({min(lengths)} tokens), got {max(budgets)}")
+    model, gguf = None, None
+    if "model" in s and "gguf_file" in s:
+        model, gguf = read_model(chk, "task", s, path.parent)
+    configs = _read_policies(chk, doc)
+    for label, cfg in configs.items():
+        policy = get_policy(cfg.kind)
+        reason = policy.closed_loop(cfg.params)
+        if reason:
+            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
+                                         f"{cfg.kind} cannot: {reason}")
+        for b in budgets:
+            problem = budget_problem(policy, b, cfg.params)
+            if problem:
+                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+    focus = s.get("focus_budget", 0)
+    if focus and budgets and focus not in budgets:
+        chk.add("task.focus_budget", f"expected one of the budgets {budgets}, got {focus}")
+    elif not focus and budgets:
+        focus = budgets[min(1, len(budgets) - 1)]
+    output = chk.table(doc, "output", "output")
+    output = output if isinstance(output, dict) else {}
+    chk.unknown_keys(output, ("formats", "dpi"), "output.")
+    formats = output.get("formats", ["png"])
+    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
+        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
+    dpi = output.get("dpi", 120)
+    if not _is_int(dpi) or not 30 <= dpi <= 600:
+        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    if chk.problems:
+        raise ScenarioError(chk.problems)
+    return TaskConfig(path.resolve(), name, description, model, gguf, tuple(lengths),
+                      tuple(depths), s["trials"], s["seed"], tuple(budgets), focus,
+                      tuple(compress), s["filler"], s["answer_tokens"], s["gqa"],
+                      s["bootstrap"], tuple(configs.values()), tuple(formats), dpi)

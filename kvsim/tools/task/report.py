@@ -1,0 +1,307 @@
+"""The task report folder: report.md, results.csv, task.json and figures.
+
+Accuracy per policy x budget x protocol with Wilson 95% intervals; the needle-in-a-haystack
+heatmaps (depth x length at the focus budget, one shared colour scale); accuracy against
+budget with interval bands; and how well the simulator's prediction (needle retention, the
+question's attention on the kept needle) predicts the model's answers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.tools.closed_loop.metrics import spearman_ci
+from kvsim.tools.closed_loop.report import _csv
+from kvsim.tools.task.config import TaskConfig
+from kvsim.tools.task.run import FULL
+
+Z95 = 1.959963984540054
+RETAINED = 0.5  # "retained": at least this share of the (layer, KV head) caches hold the key
+PREDICTORS = {"retention": "needle retention (share of caches holding the key)",
+              "kept_needle_mass": "question's full-cache attention on the kept key digits"}
+
+
+def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (``(nan, nan)`` without trials)."""
+    if trials == 0:
+        return math.nan, math.nan
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials ** 2))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def accuracy_rows(rows: list[dict]) -> list[dict]:
+    """Per (protocol, policy, budget): trials, successes, accuracy, Wilson interval, mean
+    retention (the full cache: one line, budget "all")."""
+    groups: dict = defaultdict(list)
+    for r in rows:
+        budget = "all" if r["policy"] == FULL else r["budget"]
+        groups[r["protocol"], r["policy"], budget].append(r)
+    out = []
+    for (protocol, policy, budget), rs in groups.items():
+        k, n = sum(r["success"] for r in rs), len(rs)
+        lo, hi = wilson(k, n)
+        out.append({"protocol": protocol, "policy": policy, "budget": budget, "trials": n,
+                    "successes": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi,
+                    "retention": float(np.mean([r["retention"] for r in rs]))})
+    return out
+
+
+def prediction_quality(rows: list[dict], reps: int, seed: int) -> list[dict]:
+    """How well each predictor orders success (Spearman rho, bootstrap CI) over the
+    compressed runs of each protocol and all together, and the accuracy of
+    "retained => answered" (retained: retention >= RETAINED)."""
+    out = []
+    protocols = sorted({r["protocol"] for r in rows if r["policy"] != FULL})
+    for protocol in [*protocols, "all"]:
+        rs = [r for r in rows if r["policy"] != FULL and protocol in ("all", r["protocol"])]
+        y = np.array([r["success"] for r in rs], np.float64)
+        retained = np.array([r["retention"] >= RETAINED for r in rs])
+        entry = {"protocol": protocol, "runs": len(rs),
+                 "rule_accuracy": float((retained == (y > 0)).mean()),
+                 "answered_if_retained": float(y[retained].mean()) if retained.any()
+                 else math.nan,
+                 "failed_if_lost": float(1 - y[~retained].mean()) if (~retained).any()
+                 else math.nan}
+        for name in PREDICTORS:
+            x = np.array([r[name] for r in rs], np.float64)
+            if np.ptp(x) == 0 or np.ptp(y) == 0:
+                entry[name] = (math.nan, math.nan, math.nan)
+            else:
+                entry[name] = spearman_ci(x, y, reps, seed)
+        out.append(entry)
+    return out
+
+
+def _label(protocol: str) -> str:
+    return {"before_question": "before question (query-agnostic)",
+            "after_question": "after question (query-aware)", FULL: "full cache"}[protocol]
+
+
+def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], folder: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [p.label for p in cfg.policies]
+    colors = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
+    markers = dict(zip(labels, "osD^vP*Xh<>p"))
+    names = []
+    full = [r for r in rows if r["policy"] == FULL]
+    for protocol in cfg.compress:
+        panels = [(FULL, full)] + [(lab, [r for r in rows if r["policy"] == lab
+                                          and r["protocol"] == protocol
+                                          and r["budget"] == cfg.focus_budget])
+                                   for lab in labels]
+        ncols = 3
+        nrows = math.ceil(len(panels) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(10, 2.3 * nrows + 0.8), squeeze=False,
+                                 sharex=True, sharey=True)
+        image = None
+        for ax, (lab, rs) in zip(axes.flat, panels):
+            grid = np.full((len(cfg.depths), len(cfg.lengths)), np.nan)
+            for i, d in enumerate(cfg.depths):
+                for j, n in enumerate(cfg.lengths):
+                    hits = [r["success"] for r in rs if r["depth"] == d and r["length"] == n]
+                    if hits:
+                        grid[i, j] = np.mean(hits)
+            image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto",
+                              origin="upper")
+            ax.set_title(lab if lab != FULL else "full cache", fontsize=9)
+            ax.set_xticks(range(len(cfg.lengths)), [str(n) for n in cfg.lengths], fontsize=8)
+            ax.set_yticks(range(len(cfg.depths)), [f"{d:.2g}" for d in cfg.depths], fontsize=8)
+        for ax in axes.flat[len(panels):]:
+            ax.axis("off")
+        for ax in axes[-1]:
+            ax.set_xlabel("context length (tokens)", fontsize=8)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("needle depth", fontsize=8)
+        fig.suptitle(f"{cfg.name}: passkey accuracy, {_label(protocol)}, budget "
+                     f"{cfg.focus_budget} (mean of {cfg.trials} trials per cell)", fontsize=10)
+        fig.tight_layout(rect=(0, 0, 0.9, 1))
+        bar = fig.add_axes((0.92, 0.15, 0.02, 0.7))
+        fig.colorbar(image, cax=bar, label="accuracy")
+        names += _save(fig, folder, f"heatmap_{protocol}", cfg)
+    fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5.5 * len(cfg.compress), 4.6),
+                             squeeze=False, sharey=True)
+    ceiling = next(a for a in acc if a["policy"] == FULL)
+    for ax, protocol in zip(axes[0], cfg.compress):
+        ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0)
+        ax.axhline(ceiling["accuracy"], color="0.3", ls="--", lw=1, label="full cache")
+        for k, lab in enumerate(labels):
+            pts = sorted((a for a in acc if a["policy"] == lab and a["protocol"] == protocol),
+                         key=lambda a: a["budget"])
+            x = np.array([a["budget"] for a in pts], float) * (1 + 0.02 * (k - len(labels) / 2))
+            ax.fill_between(x, [a["ci_low"] for a in pts], [a["ci_high"] for a in pts],
+                            color=colors[lab], alpha=0.08, lw=0)
+            ax.plot(x, [a["accuracy"] for a in pts], marker=markers[lab], color=colors[lab],
+                    lw=1.2, ms=5, label=lab)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cfg.budgets, [str(b) for b in cfg.budgets])
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlabel("budget (keys per layer and KV head)")
+        ax.set_title(_label(protocol), fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0, 0].set_ylabel("passkey accuracy (Wilson 95% bands)")
+    handles, texts = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, texts, loc="center right", fontsize=8)
+    fig.suptitle(f"{cfg.name}: accuracy against budget ({len(cells_of(rows))} trials per point)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    names += _save(fig, folder, "accuracy_vs_budget", cfg)
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for protocol, face in zip(cfg.compress, ("none", "full")):
+        for lab in labels:
+            pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
+            ax.scatter([a["retention"] for a in pts], [a["accuracy"] for a in pts], s=36,
+                       marker=markers[lab], edgecolors=colors[lab],
+                       facecolors=colors[lab] if face == "full" else "none",
+                       label=lab if protocol == cfg.compress[0] else None)
+    ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
+    ax.axvline(RETAINED, color="0.6", lw=0.8)
+    ax.set_xlabel("simulator: needle retention (share of layer x KV head caches holding the key)")
+    ax.set_ylabel("model: passkey accuracy")
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    leg = ax.legend(fontsize=7, ncol=2, loc="upper left", title="policy (one point per budget)",
+                    title_fontsize=7)
+    ax.add_artist(leg)
+    styles = [plt.Line2D([], [], ls="", marker="o", mfc=mfc, mec="0.3", label=_label(p))
+              for p, mfc in zip(cfg.compress, ("none", "0.3"))]
+    ax.legend(handles=styles, fontsize=7, loc="lower right")
+    ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
+    names += _save(fig, folder, "retention_vs_accuracy", cfg)
+    return names
+
+
+def cells_of(rows: list[dict]) -> set:
+    return {(r["length"], r["depth"], r["trial"]) for r in rows}
+
+
+def _save(fig, folder: Path, stem: str, cfg: TaskConfig) -> list[str]:
+    """Save ``fig`` in every format of ``cfg`` as laid out (no second tight layout)."""
+    import matplotlib.pyplot as plt
+
+    for fmt in cfg.formats:
+        fig.savefig(folder / f"{stem}.{fmt}", dpi=cfg.dpi,
+                    metadata={"Software": None} if fmt == "png" else None)
+    plt.close(fig)
+    return [f"{stem}.{fmt}" for fmt in cfg.formats]
+
+
+def _pct(a: dict) -> str:
+    return f"{100 * a['accuracy']:.0f}% [{100 * a['ci_low']:.0f}, {100 * a['ci_high']:.0f}]"
+
+
+def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
+    ceiling = next(a for a in acc if a["policy"] == FULL)
+    parts = []
+    for protocol in cfg.compress:
+        at = [a for a in acc if a["protocol"] == protocol and a["budget"] == cfg.focus_budget]
+        keep = [f"{a['policy']} ({100 * a['accuracy']:.0f}%)"
+                for a in sorted(at, key=lambda a: -a["accuracy"])
+                if a["accuracy"] >= 0.8 * ceiling["accuracy"] and a["accuracy"] > 0]
+        parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
+    rule = next(q for q in quality if q["protocol"] == "all")
+    return (f"Policies that keep the needle at budget {cfg.focus_budget} (at least 80% of the "
+            f"full cache's accuracy, which is {_pct(ceiling)} over {ceiling['trials']} "
+            f"trials): {'; '.join(parts)}. The simulator's needle retention, computed without "
+            f"the model, predicts the answer with accuracy "
+            f"{100 * rule['rule_accuracy']:.0f}% (\"retained ⇒ answered\" over "
+            f"{rule['runs']} compressed runs).")
+
+
+def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
+             facts: dict, figures: list[str]) -> str:
+    """The report's text."""
+    n_cells = len(cells_of(rows))
+    lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, acc, quality), ""]
+    if cfg.description:
+        lines += [cfg.description, ""]
+    one, _, fifteen = facts["load_average"]
+    lines += [
+        f"- command: `{facts['command']}`",
+        f"- kvsim {facts['kvsim']}, {facts['commit'] or 'no git checkout'}; "
+        f"{facts['date']}; wall time {facts['wall_seconds']:.0f} s "
+        f"({facts['wall_seconds'] / 60:.1f} min) for the whole command, on {facts['cores']} "
+        f"cores with {facts['workers']} worker process{'es' if facts['workers'] > 1 else ''} "
+        f"(torch on one thread each); load average {one:.1f} over the last minute and "
+        f"{fifteen:.1f} over 15 minutes, at the end",
+        f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
+        f"{facts['layers']} layers, {facts['heads']} query heads sharing {facts['kv_heads']} "
+        f"KV heads; every layer and KV head holds its own cache (GQA `{cfg.gqa}`)",
+        f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
+        f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
+        f"{cfg.trials} trials per cell ({n_cells} trials, seed {cfg.seed}); filler "
+        f"`{cfg.filler}`; budgets {list(cfg.budgets)}; answers of {cfg.answer_tokens} "
+        f"greedy tokens; success: the first 5-digit number of the answer is the key",
+        "- protocols: `after_question` compresses the whole prompt after a full prefill; "
+        "`before_question` compresses the context before the question from its own queries, "
+        "then the question joins without eviction (decode budget B + Q)",
+        "", "## Accuracy", "",
+        "Accuracy over trials with its Wilson 95% interval, and the simulator's mean needle "
+        "retention (share of layer × KV head caches holding every digit token of one of the "
+        "key's two occurrences when the answer starts).", ""]
+    ceiling = next(a for a in acc if a["policy"] == FULL)
+    lines += [f"Full cache (the ceiling): {_pct(ceiling)} of {ceiling['trials']} trials.", ""]
+    for protocol in cfg.compress:
+        lines += [f"### {_label(protocol)}", "",
+                  "| policy | " + " | ".join(f"B = {b}" for b in cfg.budgets) + " |",
+                  "| --- |" + " ---: |" * len(cfg.budgets)]
+        for pc in cfg.policies:
+            cells = []
+            for b in cfg.budgets:
+                a = next(a for a in acc if a["policy"] == pc.label and a["budget"] == b
+                         and a["protocol"] == protocol)
+                cells.append(f"{_pct(a)}, ret. {a['retention']:.2f}")
+            lines.append(f"| {pc.label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Does the simulator predict the answer?", "",
+              "Over every compressed run (trial × policy × budget), the simulator's two "
+              "predictors, computed on the full-cache attention without the model: Spearman ρ "
+              f"with success (95% bootstrap interval, {cfg.bootstrap} resamples), and the rule "
+              f"\"retained ⇒ answered\" (retained: at least {RETAINED:.0%} of the caches hold "
+              "the key).", "",
+              "| protocol | runs | ρ retention | ρ kept needle mass | rule accuracy "
+              "| answered if retained | failed if lost |",
+              "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+
+    def rho(t):
+        return "n/a" if math.isnan(t[0]) else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
+
+    def share(x):
+        return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+    for q in quality:
+        lines.append(f"| {q['protocol']} | {q['runs']} | {rho(q['retention'])} | "
+                     f"{rho(q['kept_needle_mass'])} | {share(q['rule_accuracy'])} | "
+                     f"{share(q['answered_if_retained'])} | {share(q['failed_if_lost'])} |")
+    lines += ["", "## Figures", ""]
+    lines += [f"![{f}]({f})" for f in figures if f.endswith((".png", ".svg"))]
+    lines += ["", "Files: `results.csv` (one row per trial × policy × budget × protocol, with "
+              "the answer and the prediction columns), `accuracy.csv` (the tables above), "
+              "`task.json` (settings and facts).", ""]
+    return "\n".join(lines)
+
+
+def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) -> None:
+    """Every file of the report into ``folder`` (an empty temporary folder)."""
+    acc = accuracy_rows(rows)
+    quality = prediction_quality(rows, cfg.bootstrap, cfg.seed)
+    _csv(folder / "results.csv", rows)
+    _csv(folder / "accuracy.csv", acc)
+    figures = _figures(cfg, rows, acc, folder)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
+                if k not in ("policies", "path")}
+    settings["model"] = cfg.model.name
+    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
+    info = {"settings": settings, "facts": facts,
+            "prediction": [{k: v for k, v in q.items()} for q in quality]}
+    (folder / "task.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    (folder / "report.md").write_text(markdown(cfg, rows, acc, quality, facts, figures))

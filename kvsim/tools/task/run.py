@@ -1,0 +1,195 @@
+"""One passkey trial inside the model, every policy x budget x protocol, and its prediction.
+
+Per trial (a length ``n``, a depth ``d``, a trial index):
+
+1. The prompt (:mod:`~kvsim.tools.task.inputs`) runs once with full attention
+   (:func:`~kvsim.tools.closed_loop.model.prefill`); its last logits give the first answer
+   token of the full cache and of ``after_question`` (whose compression follows the prefill).
+2. Per protocol (:mod:`kvsim.protocols.question`), every policy x budget is a
+   :class:`~kvsim.policies.stepping.Stepper` per layer and KV head, its prefill selection
+   made from the full-cache attention of the queries before the compression point. That
+   selection is the simulator's prediction, made without the model: whether each cache
+   holds the key's digits when the answer starts, and how much of the question's
+   full-cache attention falls on the digits it holds.
+3. All caches of a protocol then decode together (one forward pass per step): the
+   question's tokens (``before_question``: they join without eviction), then the greedy
+   answer, each generated token joining under the policy as at decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.policies.stepping import Stepper
+from kvsim.protocols.question import plan
+from kvsim.tools.closed_loop.model import Decoder, FullCache, FullRun, prefill, stores
+from kvsim.tools.task import inputs
+from kvsim.tools.task.config import TaskConfig
+
+FULL = "full"
+
+
+def cells(cfg: TaskConfig) -> list[tuple[int, float, int]]:
+    """Every (length, depth, trial) of the grid, in report order."""
+    return [(n, d, i) for n in cfg.lengths for d in cfg.depths for i in range(cfg.trials)]
+
+
+def decode_answers(decoder: Decoder, logits: np.ndarray, steps: int) -> tuple[np.ndarray,
+                                                                                np.ndarray]:
+    """Greedy answers of ``steps`` tokens, the first from ``logits`` (C, V); each token then
+    joins every cache (one decoder step) to give the next. Returns the (C, steps) tokens
+    and each cache's peak size over the steps."""
+    C = logits.shape[0]
+    tokens = np.zeros((C, steps), np.int64)
+    tokens[:, 0] = logits.argmax(axis=-1)
+    peak = decoder.sizes.max(axis=1) if decoder.t > decoder.P else np.zeros(C, np.int64)
+    for s in range(1, steps):
+        logits = decoder.step(tokens[:, s - 1])
+        peak = np.maximum(peak, decoder.sizes.max(axis=1))
+        tokens[:, s] = logits.argmax(axis=-1)
+    return tokens, peak
+
+
+def question_rows(prompt: inputs.Prompt, attention: np.ndarray) -> np.ndarray:
+    """(P,) the question queries' full-cache attention per key, summed over the question's
+    queries and averaged over the group's query heads."""
+    P, Q = prompt.ids.size, prompt.question_len
+    return attention[:, P - Q:P].sum(axis=1).mean(axis=0)
+
+
+def _holds(cache: np.ndarray, digits: tuple[np.ndarray, ...]) -> bool:
+    return any(np.isin(d, cache).all() for d in digits)
+
+
+@dataclass
+class Caches:
+    """Every policy x budget of one protocol on one prompt, compressed and ready to decode.
+
+    ``steppers[c][layer][kv_head]``; ``keys``/``values``: their stores; ``at``: the
+    compression point; ``free``: the question tokens that join without eviction;
+    ``budgets[c]``: each cache's decode budget (its peak); ``held``, ``share``, ``mass``
+    (C, L, H_kv): the prediction, from the selections alone.
+    """
+
+    runs: list
+    steppers: list
+    keys: np.ndarray
+    values: np.ndarray
+    at: int
+    free: int
+    budgets: np.ndarray
+    held: np.ndarray
+    share: np.ndarray
+    mass: np.ndarray
+
+
+def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
+             rows_of: dict) -> Caches:
+    """The compressed caches of every policy x budget under ``protocol`` (the full-cache
+    attention of the queries before the compression point decides; no model runs here),
+    and what they predict."""
+    P, Q = prompt.ids.size, prompt.question_len
+    runs = [(pc, b) for pc in cfg.policies for b in cfg.budgets]
+    plans = [plan(protocol, P, Q, b) for _, b in runs]
+    at, free = plans[0].compress_at, plans[0].free
+    capacity = P + cfg.answer_tokens
+    keys, values = stores(full, len(runs), at, capacity)
+    L, H_kv = full.keys.shape[:2]
+    layers = full.global_layers  # a sliding-window layer keeps its window, under no policy
+    digits = np.concatenate(prompt.digits)
+    held, share, mass = (np.zeros((len(runs), len(layers), H_kv)) for _ in range(3))
+    steppers: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
+    for i, layer in enumerate(layers):
+        for j in range(H_kv):
+            attention = full.prompt_attention(layer, j, at)
+            if (layer, j) not in rows_of:  # at == P: the question's rows are in it
+                assert at == P
+                rows_of[layer, j] = question_rows(prompt, attention)
+            on_digits = rows_of[layer, j][digits]
+            for c, (pc, b) in enumerate(runs):
+                s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
+                            keys=keys[layer, c, j], values=values[layer, c, j], gqa=cfg.gqa,
+                            seed=cfg.seed, capacity_T=capacity)
+                cache = s.cache
+                held[c, i, j] = _holds(cache, prompt.digits)
+                kept = np.isin(digits, cache)
+                share[c, i, j] = kept.mean()
+                mass[c, i, j] = on_digits[kept].sum()
+                if free:
+                    s.widen(free)
+                steppers[c][layer][j] = s
+    return Caches(runs, steppers, keys, values, at, free,
+                  np.array([p.budget for p in plans]), held, share, mass)
+
+
+def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.ndarray,
+                                                                            np.ndarray]:
+    """Decode the question (if it joins after the compression) and the greedy answers of
+    every cache together; returns the (C, answer_tokens) tokens and each cache's peak."""
+    C = len(caches.runs)
+    decoder = Decoder(net, full, caches.at, caches.steppers, caches.keys, caches.values,
+                      int(caches.budgets.max()))
+    logits = np.repeat(full.logits[-1:], C, axis=0)
+    peak = np.zeros(C, np.int64)
+    for _ in range(caches.free):  # the question, teacher-forced, joining without eviction
+        logits = decoder.step()
+        peak = np.maximum(peak, decoder.sizes.max(axis=1))
+    tokens, answer_peak = decode_answers(decoder, logits, answer_tokens)
+    peak = np.maximum(peak, answer_peak)
+    if (peak > caches.budgets).any():
+        raise AssertionError("a cache exceeded its budget")
+    return tokens, peak
+
+
+def run_protocol(net, full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
+                 rows_of: dict) -> list[dict]:
+    """Every policy x budget of ``cfg`` under ``protocol``: prediction and answer."""
+    caches = compress(full, prompt, cfg, protocol, rows_of)
+    tokens, peak = answer(net, full, caches, cfg.answer_tokens)
+    return [{"policy": pc.label, "kind": pc.kind, "budget": b, "protocol": protocol,
+             "peak_cache": int(peak[c]), "tokens": tokens[c],
+             "retention": float(caches.held[c].mean()),
+             "digit_share": float(caches.share[c].mean()),
+             "kept_needle_mass": float(caches.mass[c].mean())}
+            for c, (pc, b) in enumerate(caches.runs)]
+
+
+def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
+              text_ids: np.ndarray | None) -> list[dict]:
+    """Every row of one trial: the full cache, then each protocol's policies x budgets."""
+    length, depth, trial = cell
+    prompt = inputs.build(tokenizer, length, depth,
+                          inputs.trial_rng(cfg.seed, length, depth, trial), text_ids)
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    P = prompt.ids.size
+    L, H_kv = full.keys.shape[:2]
+    digits = np.concatenate(prompt.digits)
+    rows_of: dict = {}  # (global layer, KV head): the question's full-cache attention per key
+    for layer in full.global_layers:
+        for j in range(H_kv):
+            if "after_question" not in cfg.compress:
+                rows_of[layer, j] = question_rows(prompt, full.prompt_attention(layer, j, P))
+    keys, values = stores(full, 1, P, P + cfg.answer_tokens)
+    reference = Decoder(net, full, P, [[[FullCache(P) for _ in range(H_kv)] for _ in range(L)]],
+                        keys, values, P + cfg.answer_tokens)
+    tokens, _ = decode_answers(reference, full.logits[-1:], cfg.answer_tokens)
+    rows = []
+    for protocol in sorted(cfg.compress):  # after_question first: it fills rows_of
+        rows += run_protocol(net, full, prompt, cfg, protocol, rows_of)
+    question_mass = float(np.mean([r[digits].sum() for r in rows_of.values()]))
+    rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
+                    "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens[0],
+                    "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass})
+    out = []
+    for r in rows:
+        tokens = r.pop("tokens")
+        answer = tokenizer.decode(tokens.tolist())
+        number = inputs.first_number(answer)
+        out.append({"length": length, "depth": depth, "trial": trial, "key": prompt.key,
+                    "needle_start": prompt.needle_start, "actual_depth": round(prompt.depth, 4),
+                    "question_len": prompt.question_len, **r, "answer": answer,
+                    "number": number or "", "success": int(number == prompt.key),
+                    "question_needle_mass": question_mass})
+    return out

