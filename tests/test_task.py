@@ -126,6 +126,7 @@ budgets = [16]
     ("budgets = [16]", "budgets = [500]"), ("[task]", "[task]\ncompress = ['during']"),
     ("[task]", "[task]\nfiller = 'war-and-peace'"), ("[task]", "[task]\ntrials = 0"),
     ("[policies.window]", "[policies.window]\nsinks = 3"),
+    ("[policies.window]", "[policies.snapkv]\nwindow = 4\nprotect_window = false"),
 ])
 def test_bad_task_files_give_one_line_errors(tmp_path, change, where):
     bad = tmp_path / "bad.toml"

@@ -58,6 +58,43 @@ def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | N
     return model, gguf
 
 
+def read_steppable_policies(chk: _Checker, doc: dict, budgets, T: int, P: int,
+                            sizes_known: bool = True) -> dict[str, PolicyConfig]:
+    """The ``[policies.NAME]`` tables of a file run inside a model: each must be able to
+    step (no clairvoyant score, step code present), pass its own check for ``T`` tokens and
+    ``P`` prompt tokens (when ``sizes_known``), and fit every budget."""
+    configs = _read_policies(chk, doc)
+    for label, cfg in configs.items():
+        policy = get_policy(cfg.kind)
+        reason = policy.closed_loop(cfg.params) or (
+            "it has no step code" if policy.steps is None else None)
+        problem = policy.check(T, P, cfg.params) if sizes_known else None
+        if problem:
+            chk.add(f"policies.{label}.{problem.key}", problem.message)
+        if reason:
+            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
+                                         f"{cfg.kind} cannot: {reason}")
+        for b in budgets:
+            problem = budget_problem(policy, b, cfg.params)
+            if problem:
+                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+    return configs
+
+
+def read_output(chk: _Checker, doc: dict) -> tuple[list[str], int]:
+    """The ``[output]`` table: figure formats and dpi."""
+    output = chk.table(doc, "output", "output")
+    output = output if isinstance(output, dict) else {}
+    chk.unknown_keys(output, ("formats", "dpi"), "output.")
+    formats = output.get("formats", ["png"])
+    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
+        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
+    dpi = output.get("dpi", 120)
+    if not _is_int(dpi) or not 30 <= dpi <= 600:
+        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    return formats, dpi
+
+
 def _positive(v) -> bool:
     return v >= 1
 
@@ -134,36 +171,15 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                                               f"({s['tokens']}), got {s['prompt_len']}")
     budgets, _ = _read_budgets(chk, table.get("budgets"), "closed_loop.budgets",
                                s.get("prompt_len", 1), s.get("tokens", 1))
-    configs = _read_policies(chk, doc)
-    for label, cfg in configs.items():
-        policy = get_policy(cfg.kind)
-        reason = policy.closed_loop(cfg.params) or (
-            "it has no step code" if policy.steps is None else None)
-        problem = policy.check(s.get("tokens", 1), s.get("prompt_len", 0), cfg.params) \
-            if len(s) == len(SETTINGS) else None
-        if problem:
-            chk.add(f"policies.{label}.{problem.key}", problem.message)
-        if reason:
-            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
-                                         f"{cfg.kind} cannot: {reason}")
-        for b in budgets:
-            problem = budget_problem(policy, b, cfg.params)
-            if problem:
-                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+    configs = read_steppable_policies(chk, doc, budgets, s.get("tokens", 1),
+                                      s.get("prompt_len", 0), len(s) == len(SETTINGS))
     focus = s.get("focus_budget", 0)
     if focus and budgets and focus not in budgets:
         chk.add("closed_loop.focus_budget", f"expected one of the budgets {budgets}, "
                                             f"got {focus}")
     elif not focus and budgets:
         focus = sorted(budgets)[min(1, len(budgets) - 1)]
-    output = chk.table(doc, "output", "output") or {}
-    chk.unknown_keys(output, ("formats", "dpi"), "output.")
-    formats = output.get("formats", ["png"])
-    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
-        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
-    dpi = output.get("dpi", 120)
-    if not _is_int(dpi) or not 30 <= dpi <= 600:
-        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    formats, dpi = read_output(chk, doc)
     if chk.problems:
         raise ScenarioError(chk.problems)
     return ClosedLoopConfig(path.resolve(), name, description, model, gguf, text, s["tokens"],

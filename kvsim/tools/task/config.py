@@ -12,12 +12,12 @@ from pathlib import Path
 
 from kvsim.errors import ScenarioError
 from kvsim.params import Param
-from kvsim.policies.run import budget_problem, get_policy
 from kvsim.protocols.question import COMPRESS
-from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_policies,
+from kvsim.scenario.load import (PolicyConfig, _Checker, _is_int,
                                  read_document, read_name)
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools.closed_loop.config import MODEL_SETTINGS, read_model
+from kvsim.tools.closed_loop.config import (MODEL_SETTINGS, read_model, read_output,
+                                            read_steppable_policies)
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
 FILLERS = ("seeded", *SHIPPED)
@@ -123,31 +123,16 @@ def load_config(path: str | Path) -> TaskConfig:
     model, gguf = None, None
     if "model" in s and "gguf_file" in s:
         model, gguf = read_model(chk, "task", s, path.parent)
-    configs = _read_policies(chk, doc)
-    for label, cfg in configs.items():
-        policy = get_policy(cfg.kind)
-        reason = policy.closed_loop(cfg.params)
-        if reason:
-            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
-                                         f"{cfg.kind} cannot: {reason}")
-        for b in budgets:
-            problem = budget_problem(policy, b, cfg.params)
-            if problem:
-                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+    answer = s.get("answer_tokens", 1)
+    shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
+    configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
+                                      bool(lengths) and "answer_tokens" in s)
     focus = s.get("focus_budget", 0)
     if focus and budgets and focus not in budgets:
         chk.add("task.focus_budget", f"expected one of the budgets {budgets}, got {focus}")
     elif not focus and budgets:
         focus = budgets[min(1, len(budgets) - 1)]
-    output = chk.table(doc, "output", "output")
-    output = output if isinstance(output, dict) else {}
-    chk.unknown_keys(output, ("formats", "dpi"), "output.")
-    formats = output.get("formats", ["png"])
-    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
-        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
-    dpi = output.get("dpi", 120)
-    if not _is_int(dpi) or not 30 <= dpi <= 600:
-        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    formats, dpi = read_output(chk, doc)
     if chk.problems:
         raise ScenarioError(chk.problems)
     return TaskConfig(path.resolve(), name, description, model, gguf, tuple(lengths),
