@@ -356,8 +356,9 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(), CharTokenizer()))
+    tiny_net().save_pretrained(tmp_path / "m")  # the load-time check: config and weights
     (tmp_path / "t.toml").write_text(
-        'name = "tiny"\n[task]\nmodel = "."\nlengths = [160, 200]\ndepths = [0.0, 1.0]\n'
+        'name = "tiny"\n[task]\nmodel = "m"\nlengths = [160, 200]\ndepths = [0.0, 1.0]\n'
         'trials = 2\nbudgets = [8, 12]\n[policies.window]\n[policies.h2o]\n'
         '[policies.snapkv]\nwindow = 4\n')
     out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, workers=2,

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from kvsim._version import __version__
 from kvsim.errors import KvsimError
 from kvsim.report.writer import check_out
 from kvsim.tools.capture import load_model
@@ -26,7 +27,6 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     machine's core count and load average at the end go beside it, with the command line
     (``command``), kvsim's version and commit and the date, as in a scenario report.
     """
-    import kvsim
     from kvsim.report.writer import git_commit
 
     start, started = time.perf_counter(), time.time()
@@ -41,7 +41,7 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     facts["cores"] = os.cpu_count()
     facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
     facts["command"] = command or f"kvsim closed-loop {path}"
-    facts["kvsim"] = kvsim.__version__
+    facts["kvsim"] = __version__
     facts["commit"] = git_commit()
     facts["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
     return write_report(cfg, series, facts, out)

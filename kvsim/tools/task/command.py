@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from kvsim._version import __version__
 from kvsim.errors import KvsimError
 from kvsim.report.lock import ReportLock, clean_leftovers, sibling
 from kvsim.report.writer import git_commit, check_out
@@ -79,7 +80,6 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
                 progress: bool = True, workers: int = 1, command: str | None = None) -> Path:
     """Run a task file and write its report (default ``reports/<name>/``); the trials run on
     ``workers`` forked processes. Returns the report folder."""
-    import kvsim
 
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)  # every problem before torch is imported
@@ -99,7 +99,7 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
             rows = run_all(cfg, net, tokenizer, workers, progress)
         finally:
             torch.set_num_threads(threads)
-        facts = {"command": command or f"kvsim task {path}", "kvsim": kvsim.__version__,
+        facts = {"command": command or f"kvsim task {path}", "kvsim": __version__,
                  "commit": git_commit(),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
                  "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
