@@ -279,6 +279,20 @@ def test_tiny_field_matches_dense_twin_exactly():
                               run_policy(policy, gd, 6, params)), (name, P)
 
 
+def test_a_group_showing_progress_reads_its_own_vectors():
+    """``progress`` is the group's own setting, never taken for its vectors (a run with a
+    progress bar on a field with keys used to fail)."""
+    field, _, _ = build_field("[attention.qk]\ndim = 4\nclusters = 2\nvalues = true\n",
+                              T=12, seed=0)
+    important = np.zeros((field.group, 12), bool)  # one KV head of one query head
+    quiet, shown = (make_group(field, 0, 6, important, {}, progress=p) for p in (False, True))
+    assert shown.progress and shown.vectors == ()
+    assert np.array_equal(shown.keys, quiet.keys) and np.array_equal(shown.values, quiet.values)
+    params = resolve_params(POLICIES["knorm"], {})
+    assert same_trace(run_policy(POLICIES["knorm"], shown, 6, params),
+                      run_policy(POLICIES["knorm"], quiet, 6, params))
+
+
 # ---------------------------------------------------------------------------------------
 # 2. Each component does what it says
 

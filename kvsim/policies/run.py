@@ -145,7 +145,7 @@ def make_group(field: FieldData, kv_head: int, prompt_len: int, important: np.nd
     heads = np.arange(kv_head * field.group, (kv_head + 1) * field.group, dtype=np.int64)
     group = Group(field, heads, prompt_len, passes, np.ascontiguousarray(important[heads]), gqa,
                   seed, snap_budget, np.zeros(0, np.int64) if snap_steps is None else snap_steps,
-                  progress)
+                  progress=progress)
     if not field.is_dense:
         group.row_max  # noqa: B018 - every policy needs the row statistics: compute them now
     return group
