@@ -12,6 +12,7 @@ import fcntl
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from kvsim.errors import KvsimError
 
@@ -19,6 +20,23 @@ from kvsim.errors import KvsimError
 def sibling(out: Path, suffix: str) -> Path:
     """``out.parent / ".NAME<suffix>"``: the hidden files of a report target."""
     return out.parent / f".{out.name}{suffix}"
+
+
+def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """``write`` the folder's files into ``.NAME.tmp-PID``, then put it at ``out`` in one
+    rename (a previous ``out`` moves aside to ``.NAME.old-PID`` first): a reader sees the
+    old folder or the new one, never half of one."""
+    tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class ReportLock:

@@ -7,7 +7,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import shutil
 import stat
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from kvsim.engine.records import steps_arrays, write_rows
 from kvsim.errors import KvsimError
 from kvsim.forked import forked_pool
 from kvsim.scenario.load import Scenario
-from kvsim.report.lock import sibling
+from kvsim.report.lock import replace_folder
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -219,19 +218,8 @@ def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResu
     """
     note = check_out(out, force, variants[0])
     provenance = provenance or markdown.Provenance.start(None, workers)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = sibling(out, f".tmp-{os.getpid()}")
-    old = sibling(out, f".old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        _write_files(tmp, variants, results, workers, provenance, progress)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    replace_folder(out, lambda tmp: _write_files(tmp, variants, results, workers, provenance,
+                                                 progress))
     if note:
         print(note, file=sys.stderr)
     return out

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from tqdm import tqdm
 
 from kvsim._version import __version__
 from kvsim.errors import KvsimError
-from kvsim.report.lock import ReportLock, clean_leftovers, sibling
+from kvsim.report.lock import ReportLock, clean_leftovers, replace_folder
 from kvsim.report.writer import git_commit, check_out
 from kvsim.tools.task.config import TaskConfig, load_config
 
@@ -110,15 +109,5 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
                  "question_len": rows[0]["question_len"]}
         from kvsim.tools.task.report import write_files
 
-        tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            write_files(cfg, rows, facts, tmp)
-            if out.exists():
-                out.rename(old)
-            tmp.rename(out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
+        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
     return out
