@@ -29,6 +29,7 @@ from kvsim.scenario.load import Experiment, Scenario
 __all__ = ["FIGURES", "Needs", "Target", "check", "field_figures", "policy_colors", "select"]
 
 RASTER_BINS = 256
+SINK_STRIP = 0.05  # height of the enlarged first-bin strip of the kept raster, as a share of T
 CROWDED = 0.9  # a mass above this crowds near 1 on a linear axis
 MAX_RAW_POINTS = 4000  # faint per-step series longer than this are drawn every k-th step
 
@@ -306,14 +307,22 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
         image, width = _occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS)
         # Log scale from one key per bin to a full bin: a scattered selection stays visible.
         norm = LogNorm(vmin=1 / width, vmax=1) if width > 8 else Normalize(0, 1)
-        shown = ax.imshow(np.ma.masked_equal(image, 0), origin="lower", aspect="auto", cmap=cmap,
-                          norm=norm, extent=(t[0], t[-1] + 1, 0, image.shape[0] * width),
-                          interpolation="nearest")
+        top = image.shape[0] * width
+        masked = np.ma.masked_equal(image, 0)
+        shown = ax.imshow(masked, origin="lower", aspect="auto", cmap=cmap, norm=norm,
+                          extent=(t[0], t[-1] + 1, 0, top), interpolation="nearest")
+        # The first bin (the sinks) is one pixel row at this scale: repeat it, enlarged, as a
+        # strip below 0 so that a held sink is seen.
+        ax.imshow(masked[:1], origin="lower", aspect="auto", cmap=cmap, norm=norm,
+                  extent=(t[0], t[-1] + 1, -SINK_STRIP * top, 0), interpolation="nearest")
+        ax.axhline(0, color="0.3", lw=0.5)
+        ax.set_ylim(-SINK_STRIP * top, top)
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
         ax.set_title(label, color=colors[label])
         ax.set(xlabel="decode step t", ylabel="key position")
     layout.finish(fig, _title(scenario, exp, f"cached positions at B = {exp.focus_budget}\n"
-                              f"seed {seed}, KV head 0; red line: the current token t"),
+                              f"seed {seed}, KV head 0; red line: the current token t;\n"
+                              f"strip below 0: positions 0-{width - 1} enlarged"),
                   colorbar=(shown, f"fraction of a {width}-position bin cached"
                                    f"{' (log)' if width > 8 else ''}; white: none"))
     return save(fig, out, f"{exp.name}_kept_raster", scenario)
