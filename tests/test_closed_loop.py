@@ -188,21 +188,23 @@ def test_kl_smoothing_averages_only_the_points_that_exist():
     assert np.isclose(smooth[-1], x[-3:].mean())
 
 
-def test_a_closed_loop_report_is_replaced_only_with_force(tmp_path):
+def test_a_closed_loop_report_of_another_study_is_replaced_only_with_force(tmp_path):
     from kvsim.tools.closed_loop.command import _check_out
 
     report = tmp_path / "report"
     report.mkdir()
-    (report / "closed_loop.json").write_text(json.dumps({"settings": {}, "token_ids_sha256": "0"}))
-    with pytest.raises(KvsimError, match="use --force to replace it"):
-        _check_out(report, force=False)
-    _check_out(report, force=True)
-    _check_out(tmp_path / "new", force=False)
+    (report / "closed_loop.json").write_text(json.dumps({"settings": {"name": "a"},
+                                                         "token_ids_sha256": "0"}))
+    assert "an earlier closed-loop report of a" in _check_out(report, False, "a")
+    with pytest.raises(KvsimError, match="report of 'a' \\(use --force to replace it\\)"):
+        _check_out(report, False, "b")
+    assert "(--force)" in _check_out(report, True, "b")
+    assert _check_out(tmp_path / "new", False, "a") is None
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
     with pytest.raises(KvsimError, match="kvsim never replaces it"):
-        _check_out(other, force=True)
+        _check_out(other, True, "a")
 
 
 def _sleep(seconds: float) -> float:

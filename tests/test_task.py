@@ -352,7 +352,7 @@ def test_smollm2_passkey_report(tmp_path):
 
 def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
     import kvsim.tools.capture
-    from kvsim.tools.task.command import task_report
+    from kvsim.tools.task.command import check_task_out, task_report
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(), CharTokenizer()))
@@ -378,9 +378,9 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
                  "retention_vs_accuracy"):
         assert (out / f"{name}.png").is_file()
     with pytest.raises(Exception, match="use --force"):
-        task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
-    again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, force=True,
-                        command="kvsim task t.toml")
+        check_task_out(tmp_path / "r", False, "another")
+    again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False,
+                        command="kvsim task t.toml")  # its own earlier report: replaced
     with open(again / "results.csv") as f:
         assert list(csv.DictReader(f)) == rows  # deterministic, whatever the workers
 

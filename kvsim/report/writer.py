@@ -70,6 +70,22 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
     return f"kvsim: replacing {out}, a report of {source} (--force)"
 
 
+def check_study_out(out: Path, force: bool, marker: str, name: str, what: str) -> str | None:
+    """:func:`check_out` for a closed-loop or task report, which kvsim marks by its
+    ``marker`` file (``settings.name`` inside): a report of the same study ``name`` is
+    replaced, another needs ``force``. Returns the note for stderr when it replaces one."""
+    try:
+        written = json.loads((out / marker).read_text())["settings"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return check_out(out, force)  # new, empty, a scenario report, or not kvsim's
+    if written == name:
+        return f"kvsim: replacing {out}, an earlier {what} report of {name}"
+    if not force:
+        raise KvsimError(f"{out}: expected a new output folder, got the {what} report of "
+                         f"{written!r} (use --force to replace it)")
+    return f"kvsim: replacing {out}, the {what} report of {written!r} (--force)"
+
+
 def _check_place(out: Path) -> None:
     """``out`` can be created beside its siblings: not inside a file, not in a folder that
     cannot be written, not a name the system refuses. Checked before anything is written."""

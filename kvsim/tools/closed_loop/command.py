@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from kvsim._version import __version__
 from kvsim.errors import KvsimError
-from kvsim.report.writer import check_out
+from kvsim.report.lock import ReportLock, clean_leftovers
+from kvsim.report.writer import check_study_out
 from kvsim.tools.capture import load_model
 from kvsim.tools.closed_loop.config import load_config
 from kvsim.tools.closed_loop.report import write_report
@@ -32,31 +33,27 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)
     out = Path("reports") / cfg.name if out is None else Path(out)
-    _check_out(out, force)
-    net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
-    series, facts = run(cfg, net, tokenizer, progress, workers)
-    facts["workers"] = workers
-    facts["run_seconds"] = facts["wall_seconds"]
-    facts["wall_seconds"] = time.perf_counter() - start
-    facts["cores"] = os.cpu_count()
-    facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
-    facts["command"] = command or f"kvsim closed-loop {path}"
-    facts["kvsim"] = __version__
-    facts["commit"] = git_commit()
-    facts["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
-    return write_report(cfg, series, facts, out)
+    _check_out(out, force, cfg.name)
+    with ReportLock(out):
+        clean_leftovers(out, keep_units=False)
+        note = _check_out(out, force, cfg.name)
+        net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+        series, facts = run(cfg, net, tokenizer, progress, workers)
+        facts["workers"] = workers
+        facts["run_seconds"] = facts["wall_seconds"]
+        facts["wall_seconds"] = time.perf_counter() - start
+        facts["cores"] = os.cpu_count()
+        facts["load_average"] = os.getloadavg()  # 1, 5 and 15 minutes, at the end
+        facts["command"] = command or f"kvsim closed-loop {path}"
+        facts["kvsim"] = __version__
+        facts["commit"] = git_commit()
+        facts["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
+        write_report(cfg, series, facts, out)
+    if note:
+        print(note, file=sys.stderr)
+    return out
 
 
-def _check_out(out: Path, force: bool) -> None:
-    """``out`` may receive the report: a new or empty folder, or with ``force`` a closed-loop
-    report kvsim wrote (its ``closed_loop.json``); a folder kvsim did not write, never."""
-    try:
-        info = json.loads((out / "closed_loop.json").read_text())
-        ours = isinstance(info, dict) and {"settings", "token_ids_sha256"} <= info.keys()
-    except (OSError, ValueError):
-        ours = False
-    if not ours:
-        check_out(out, force)  # new, empty, a scenario report, or not kvsim's
-    elif not force:
-        raise KvsimError(f"{out}: expected a new output folder, got a closed-loop report "
-                         f"(use --force to replace it)")
+def _check_out(out: Path, force: bool, name: str) -> str | None:
+    """``out`` may receive the report (see :func:`~kvsim.report.writer.check_study_out`)."""
+    return check_study_out(out, force, "closed_loop.json", name, "closed-loop")

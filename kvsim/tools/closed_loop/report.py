@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
 
+from kvsim.report.lock import replace_folder
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.run import FULL, Series
@@ -235,35 +234,30 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
 
 
 def write_report(cfg: ClosedLoopConfig, series: list[Series], facts: dict, out: Path) -> Path:
-    """Write the report folder ``out`` (replacing nothing: the caller checked it)."""
+    """Write the report folder ``out`` in one rename (the caller checked that it may)."""
     rows = result_rows(series)
     policy_rows = [r for r in rows if r["policy"] != FULL]
     ranks = [r for target in TARGETS for r in
              metrics.rank_predictors(policy_rows, target, cfg.bootstrap, cfg.seed)]
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        _csv(tmp / "results.csv", rows)
-        _csv(tmp / "predictors.csv", ranks)
-        steps = [{"policy": s.label, "budget": s.budget, "t": cfg.prompt_len + i,
-                  "kl": float(s.kl[i]), "nll": float(s.nll[i]), "open_mass": float(s.mass[i])}
-                 for s in series for i in range(s.kl.shape[0])]
-        _csv(tmp / "steps.csv", steps)
-        figures = _figures(cfg, series, rows, tmp)
-        settings = {k: (str(v) if isinstance(v, Path) else v)
-                    for k, v in vars(cfg).items() if k not in ("policies", "path")}
-        settings["model"] = cfg.model.name
-        settings["text"] = cfg.text.name
-        settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
-        info = {"settings": settings, **{k: v for k, v in facts.items() if k != "token_ids"},
-                "token_ids_sha256": facts["token_ids_sha256"]}
-        (tmp / "closed_loop.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
-        (tmp / "report.md").write_text(_markdown(cfg, rows, ranks, facts, figures))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    replace_folder(out, lambda tmp: _write_files(cfg, series, rows, ranks, facts, tmp))
     return out
+
+
+def _write_files(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict],
+                 ranks: list[dict], facts: dict, tmp: Path) -> None:
+    _csv(tmp / "results.csv", rows)
+    _csv(tmp / "predictors.csv", ranks)
+    steps = [{"policy": s.label, "budget": s.budget, "t": cfg.prompt_len + i,
+              "kl": float(s.kl[i]), "nll": float(s.nll[i]), "open_mass": float(s.mass[i])}
+             for s in series for i in range(s.kl.shape[0])]
+    _csv(tmp / "steps.csv", steps)
+    figures = _figures(cfg, series, rows, tmp)
+    settings = {k: (str(v) if isinstance(v, Path) else v)
+                for k, v in vars(cfg).items() if k not in ("policies", "path")}
+    settings["model"] = cfg.model.name
+    settings["text"] = cfg.text.name
+    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
+    info = {"settings": settings, **{k: v for k, v in facts.items() if k != "token_ids"},
+            "token_ids_sha256": facts["token_ids_sha256"]}
+    (tmp / "closed_loop.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    (tmp / "report.md").write_text(_markdown(cfg, rows, ranks, facts, figures))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -13,28 +13,15 @@ from tqdm import tqdm
 from kvsim._version import __version__
 from kvsim.errors import KvsimError
 from kvsim.report.lock import ReportLock, clean_leftovers, replace_folder
-from kvsim.report.writer import git_commit, check_out
+from kvsim.report.writer import check_study_out, git_commit
 from kvsim.tools.task.config import TaskConfig, load_config
 
 _FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
 
 
-def _ours(out: Path) -> bool:
-    try:
-        info = json.loads((out / "task.json").read_text())
-        return isinstance(info, dict) and {"settings", "facts"} <= info.keys()
-    except (OSError, ValueError):
-        return False
-
-
-def check_task_out(out: Path, force: bool) -> None:
-    """``out`` may receive the report: a new or empty folder, or with ``force`` a task report
-    kvsim wrote (its ``task.json``); a folder kvsim did not write, never."""
-    if not _ours(out):
-        check_out(out, force)  # new, empty, a scenario report, or not kvsim's
-    elif not force:
-        raise KvsimError(f"{out}: expected a new output folder, got a task report "
-                         f"(use --force to replace it)")
+def check_task_out(out: Path, force: bool, name: str) -> str | None:
+    """``out`` may receive the report (see :func:`~kvsim.report.writer.check_study_out`)."""
+    return check_study_out(out, force, "task.json", name, "task")
 
 
 def _trial(index: int) -> list[dict]:
@@ -83,10 +70,10 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)  # every problem before torch is imported
     out = Path("reports") / cfg.name if out is None else Path(out)
-    check_task_out(out, force)
+    check_task_out(out, force, cfg.name)
     with ReportLock(out):
         clean_leftovers(out, keep_units=False)
-        check_task_out(out, force)
+        note = check_task_out(out, force, cfg.name)
         import torch
 
         from kvsim.tools.capture import load_model
@@ -110,4 +97,6 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
         from kvsim.tools.task.report import write_files
 
         replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
+    if note:
+        print(note, file=sys.stderr)
     return out
