@@ -806,3 +806,92 @@ DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
 # The policies whose reference runs on every query head of a group: those on sources, and
 # those whose cache does not depend on attention.
 MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}
+
+
+# ---------------------------------------------------------------- protocols
+# A protocol changes when a policy compresses and with which queries (interval,
+# target_ratio, question_len with compress). A rule below is its per-step policy seen as
+# (prefill scores, protected positions, current scores, what a query teaches it).
+
+
+class _Rule:
+    """One policy's ranking under a protocol: ``score`` of cached keys now (a dict),
+    ``protected(k, t)`` (never evicted at step t), ``learn(t, cache)`` after query t."""
+
+    def __init__(self, policy, p, P0, T, B, params):
+        self.policy, self.p = policy, p
+        self.recent = _recent_count(params.get("recent_ratio", 0.0), B)
+        self.sinks = params.get("sinks", 0)
+        if policy == "h2o":
+            self.score = {k: s for k, s in enumerate(prompt_colsum(p, P0))}
+        elif policy == "h2o_offline":
+            self.score = {k: sum_seq(p[k:T, k]) for k in range(T)}
+        elif policy == "tova":
+            self.recent = 0
+            self.score = {k: p[P0 - 1, k] for k in range(P0)} if P0 else {}
+        else:  # window, streaming_llm: by position (the oldest ranks lowest)
+            self.recent = 0
+            self.score = {k: float(k) for k in range(T)}
+
+    def prefill(self, P0, B):
+        """The prefill selection of the prompt ``0 .. P0-1`` at budget B."""
+        if P0 <= B:
+            return list(range(P0))
+        if self.policy in ("window", "streaming_llm"):
+            return list(range(min(self.sinks, P0))) + list(range(P0 - (B - self.sinks), P0))
+        r = self.recent
+        return top_k(range(P0 - r), self.score, B - r) + list(range(P0 - r, P0))
+
+    def protected(self, k, t):
+        return k > t - self.recent or k < self.sinks
+
+    def joins(self, t):
+        if self.policy in ("h2o", "tova"):
+            self.score[t] = 0.0
+
+    def learn(self, t, cache):
+        if self.policy == "h2o":
+            for k, v in observed(self.p, t, cache).items():
+                self.score[k] += v
+        elif self.policy == "tova":
+            self.score = observed(self.p, t, cache)
+
+
+def compress_to(rule, cache, m, t):
+    """Keep the m best-ranked keys of ``cache`` at step t (before t joins), ranked once:
+    the protected ones always, then the top of the others by the total order."""
+    if len(cache) <= m:
+        return list(cache)
+    keep = [k for k in cache if rule.protected(k, t)]
+    others = [k for k in cache if not rule.protected(k, t)]
+    assert len(keep) <= m, "protected keys alone exceed the target"
+    return sorted(keep + top_k(others, rule.score, m - len(keep)))
+
+
+def protocol_caches(p, policy, P, T, B, params):
+    """(prefill selection, [C_t for t = P .. T-1]) of ``policy`` under the protocol of
+    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``)."""
+    N = params.get("interval", 1)
+    ratio = params.get("target_ratio", 1.0)
+    Q = params.get("question_len", 0) if params.get("compress") == "before_question" else 0
+    P0 = P - Q  # the prompt the prefill sees
+    rule = _Rule(policy, p, P0, T, B, params)
+    cache = rule.prefill(P0, B)
+    prefill = list(cache)
+    for t in range(P0, P):  # the question joins without eviction; the policy learns
+        cache.append(t)
+        rule.joins(t)
+        rule.learn(t, cache)
+    Bd = B + Q  # the decode budget
+    steps = []
+    for t in range(P, T):
+        if ratio != 1.0:
+            if (t - P + 1) % N == 0:
+                cache = compress_to(rule, cache, max(1, math.floor(ratio * (t + 1))) - 1, t)
+        elif len(cache) + 1 > Bd + N - 1:
+            cache = compress_to(rule, cache, Bd - 1, t)
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps

@@ -93,6 +93,15 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept, state
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """A compression at ``t`` ranks the cache by one anchor over the cache and token t."""
+    positions = np.append(cache[:n], t)
+    norms = np.append(state.norm[:n], key_norm(state.keys, t))
+    score = np.empty(n + 1)
+    anchor_scores(state.keys, norms, positions, n + 1, np.empty(state.keys.shape[0]), score)
+    return score[:n], t - state.recent + 1
+
+
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
-                {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode),
+                {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode, rank=_rank),
                 needs=frozenset({"keys"}))

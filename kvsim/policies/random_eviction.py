@@ -34,5 +34,11 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept.astype(np.int64), State(slots, P)
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """A compression at ``t`` ranks the cache in a uniformly random order (seeded by the
+    run's seed and ``t``)."""
+    return np.random.default_rng((seed, t)).random(n), t + 1
+
+
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
-                Steps(_start, admit, observe_nothing, decode))
+                Steps(_start, admit, observe_nothing, decode, rank=_rank))
