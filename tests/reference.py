@@ -895,3 +895,62 @@ def protocol_caches(p, policy, P, T, B, params):
         steps.append(list(cache))
         rule.learn(t, cache)
     return prefill, steps
+
+
+def _page_score(rule, cache, j, S, reduce):
+    """A page's score: its cached keys' scores, summed in position order and divided by S
+    (mean), or their max."""
+    values = [rule.score[k] for k in sorted(cache) if k // S == j]
+    return max(values) if reduce == "max" else sum_seq(values) / S
+
+
+def paged_caches(p, policy, P, T, B, params):
+    """(prefill selection, [C_t]) under ``page = S``: at most floor(B / S) pages held (the
+    receiving page included); a key opening a page at the cap evicts the lowest-ranked
+    complete unprotected page (lowest score, then highest page index) first."""
+    S, reduce = params["page"], params.get("page_reduce", "mean")
+    cap = B // S
+    rule = _Rule(policy, p, P, T, B, params)
+    pages = sorted({k // S for k in range(P)})
+    guarded = {j for j in pages if any(k >= P - rule.recent or k < rule.sinks
+                                       for k in range(j * S, min(j * S + S, P)))}
+    if P % S:
+        guarded.add((P - 1) // S)
+    assert len(guarded) <= cap, "protected pages exceed the cap"
+    others = sorted((j for j in pages if j not in guarded),
+                    key=lambda j: (-_page_score(rule, range(P), j, S, reduce), j))
+    kept_pages = guarded | set(others[:cap - len(guarded)])
+    cache = [k for k in range(P) if k // S in kept_pages]
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        held = sorted({k // S for k in cache})
+        if t % S == 0 and len(held) >= cap:
+            free = [j for j in held if not any(rule.protected(k, t) for k in cache if k // S == j)]
+            assert free, "protected pages exceed the cap"
+            worst = min(free, key=lambda j: (_page_score(rule, cache, j, S, reduce), -j))
+            cache = [k for k in cache if k // S != worst]
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps
+
+
+def threshold_caches(p, policy, P, T, params):
+    """(prefill selection, [C_t]) under ``threshold = tau``: the ``w`` newest keys held; key
+    ``t - w`` (at the prefill, every key before ``P - w``) stays iff its score >= tau."""
+    tau, w = params["threshold"], params.get("threshold_window", 128)
+    rule = _Rule(policy, p, P, T, P, params)
+    cache = [k for k in range(P) if k >= P - w or rule.score[k] >= tau]
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        k = t - w
+        if k >= 0 and k in cache and not rule.score[k] >= tau:
+            cache.remove(k)
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_checks import qkv_field
-from reference import protocol_caches
+from reference import paged_caches, protocol_caches, threshold_caches
 
 import kvsim
 from kvsim.errors import KvsimError
@@ -54,7 +54,12 @@ def check_reference(A, name, params, B, P):
     T = A.shape[0]
     full = {**REFERENCE[name], **params}
     got = run(A, name, full, B, P)
-    prefill, steps = protocol_caches(A, name, P, T, B, full)
+    if "page" in params:
+        prefill, steps = paged_caches(A, name, P, T, B, full)
+    elif "threshold" in params:
+        prefill, steps = threshold_caches(A, name, P, T, full)
+    else:
+        prefill, steps = protocol_caches(A, name, P, T, B, full)
     ctx = f"{name} {full} T={T} P={P} B={B}"
     caches = [sorted(int(k) for k in row if k >= 0) for row in got.snapshots]
     assert caches == [sorted(s) for s in steps], ctx
@@ -79,17 +84,46 @@ def test_protocols_match_the_reference(name):
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_pages_match_the_reference(name):
+    rng = np.random.default_rng(7 + sum(map(ord, name)))
+    for _ in range(25):
+        T = int(rng.integers(8, 48))
+        P = int(rng.integers(1, T))
+        S = int(rng.choice([2, 3, 4]))
+        B = int(rng.integers(2 * S, 6 * S + 1))  # S divides P or not, B or not
+        params = {"page": S, "page_reduce": str(rng.choice(["mean", "max"]))}
+        if problem(POLICIES[name], {**REFERENCE[name], **params}, B, P, T):
+            continue
+        check_reference(attention(rng, T), name, params, B, P)
+
+
+@pytest.mark.parametrize("name", ["h2o", "h2o_offline", "tova"])
+def test_thresholds_match_the_reference(name):
+    rng = np.random.default_rng(11 + sum(map(ord, name)))
+    for _ in range(25):
+        T = int(rng.integers(8, 40))
+        P = int(rng.integers(0, T))
+        tau = float(rng.choice([0.0, 0.05, 0.2, 0.5, 1.5, 1e9]))  # 1e9: above every score
+        params = {"threshold": tau, "threshold_window": int(rng.integers(1, 10))}
+        check_reference(attention(rng, T), name, params, 8, P)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
 @pytest.mark.parametrize("params", [
     {"interval": 100},  # N larger than the decode length: never compresses after prefill
     {"interval": 4, "target_ratio": 0.5},
     {"question_len": 12, "compress": "before_question"},  # Q = P
     {"question_len": 12, "compress": "before_question", "interval": 3},
+    {"page": 3},  # S divides P = 12
+    {"page": 5, "page_reduce": "max"},  # S does not divide P
 ])
 def test_protocol_edge_cases(name, params):
-    check_reference(attention(np.random.default_rng(3), 30), name, params, 6, 12)
+    B = 10 if params.get("page") == 5 else 6  # at least two pages
+    assert problem(POLICIES[name], {**REFERENCE[name], **params}, B, 12, 30) is None
+    check_reference(attention(np.random.default_rng(3), 30), name, params, B, 12)
 
 
-NEUTRAL = [{"interval": 1}, {"target_ratio": 1.0}, {"question_len": 0, "compress": "before_question"},
+NEUTRAL = [{"interval": 1}, {"target_ratio": 1.0}, {"page": 1}, {"page": 1, "page_reduce": "max"}, {"question_len": 0, "compress": "before_question"},
            {"question_len": 5, "compress": "after_question"}]
 
 
@@ -148,7 +182,67 @@ def test_protocol_invariants(name, seed, N, Q, P, B, ratio):
                 assert sizes[i] <= max(1, int(ratio * (t + 1)))
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(STEPPED), seed=st.integers(0, 3), S=st.integers(2, 5),
+       P=st.integers(0, 20), B=st.integers(4, 16), reduce=st.sampled_from(["mean", "max"]))
+def test_page_invariants(name, seed, S, P, B, reduce):
+    """At most floor(B / S) pages held, the receiving one included; pages leave whole, only
+    when a key opens a page."""
+    field = qkv_field(2, 1, seed=seed)
+    T = field.T
+    policy = POLICIES[name]
+    params = {**resolve_params(policy, {}), "page": S, "page_reduce": reduce}
+    if B < policy.min_budget(params) or policy.check(T, P, params) \
+            or problem(policy, params, B, P, T):
+        return
+    group = make_group(field, 0, P, np.zeros((2, T), bool), {}, snap_budget=B,
+                       snap_steps=np.arange(T - P))
+    trace = run_policy(policy, group, B, params)
+    before = None
+    for i, row in enumerate(trace.snapshots):
+        t, cache = P + i, set(int(k) for k in row if k >= 0)
+        pages = {k // S for k in cache}
+        assert len(pages) <= B // S and t in cache
+        if before is not None:
+            gone = before - cache
+            assert not gone or t % S == 0  # only a key opening a page evicts
+            assert all(j * S + d not in cache for j in {k // S for k in gone} for d in range(S))
+        before = cache
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(STEPPED), seed=st.integers(0, 3), w=st.integers(1, 8),
+       P=st.integers(0, 20), tau=st.sampled_from([0.0, 0.01, 0.1, 0.3, 2.0]))
+def test_threshold_invariants(name, seed, w, P, tau):
+    """Nothing kept is ever evicted: a key leaves only as it leaves the window; the w
+    newest are always held."""
+    field = qkv_field(2, 1, seed=seed)
+    T = field.T
+    policy = POLICIES[name]
+    params = {**resolve_params(policy, {}), "threshold": tau, "threshold_window": w}
+    if problem(policy, params, 8, P, T) or policy.check(T, P, params):
+        return
+    group = make_group(field, 0, P, np.zeros((2, T), bool), {}, snap_budget=8,
+                       snap_steps=np.arange(T - P))
+    trace = run_policy(policy, group, 8, params)
+    before = None
+    for i, row in enumerate(trace.snapshots):
+        t, cache = P + i, set(int(k) for k in row if k >= 0)
+        assert set(range(max(t - w + 1, 0), t + 1)) <= cache
+        if before is not None:
+            assert before - cache <= {t - w}
+        before = cache
+
+
 @pytest.mark.parametrize("kind, params, words", [
+    ("quest", {"page": 4}, "quest takes no protocol (page)"),
+    ("window", {"threshold": 0.1}, "window takes no threshold"),
+    ("snapkv", {"threshold": 0.1, "window": 4}, "snapkv takes no threshold"),
+    ("h2o", {"page": 16}, "at least 2 pages"),
+    ("h2o", {"page": 4, "interval": 4}, "got interval and page"),
+    ("h2o", {"threshold": 0.1, "question_len": 4, "compress": "before_question"},
+     "got threshold and question_len"),
+    ("h2o", {"page": 4, "recent_ratio": 0.9}, "protected pages"),
     ("oracle", {"interval": 4}, "oracle takes no protocol (interval)"),
     ("quest", {"question_len": 4, "compress": "before_question"}, "quest takes no protocol"),
     ("snapkv", {"interval": 4, "refresh": 8, "window": 4}, "refresh is itself"),

@@ -159,10 +159,10 @@ class Steps:
     ``decode_loop(ctx, out, cache, n, state, admit, observe)``. ``prepare(state, group,
     params, t)``, where given, runs before ``admit`` of token ``t`` one step at a time
     (the simulator's ``start`` has done its work for every position already).
-    ``rank(state, cache, n, t, seed) -> (value (n,), limit)``, where given, scores the
-    cached keys as a compression at step ``t`` ranks them once (positions ``>= limit``
-    protected; :mod:`kvsim.protocols.batched`): for rules whose scores depend on which
-    other keys are cached, or that draw at random.
+    ``rank(state, cache, n, t, seed) -> (value (n,), protected (n,) bool)``, where given,
+    scores the cached keys as a compression before token ``t`` joins ranks them once
+    (``t < 0``: the prefill's judgement of the prompt keys, nothing incoming;
+    :mod:`kvsim.protocols.batched`); pages and thresholds need it.
     """
 
     start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]
@@ -231,6 +231,15 @@ class Policy:
         if self.run_capped is not None:
             return self.run_capped(group, cap, budget, params)
         return self.run(group, cap, params)
+
+
+def current(value: np.ndarray, cache: np.ndarray, n: int, t: int,
+            recent: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A ``Steps.rank`` answer: the scores ``value[:n]`` of the cached keys and which are
+    protected, the ``recent`` newest positions ``t - recent + 1 .. t`` (none when ``t < 0``,
+    the prefill's judgement of every prompt key)."""
+    protected = cache[:n] > t - recent if t >= 0 else np.zeros(n, bool)
+    return np.array(value[:n], np.float64), protected
 
 
 def new_trace(group: Group) -> Trace:

@@ -13,7 +13,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Steps, current
 from kvsim.policies.knorm import key_norm, key_norms
 from kvsim.policies.scored import prefill, recent_count, recent_ratio
 
@@ -94,12 +94,14 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
-    """A compression at ``t`` ranks the cache by one anchor over the cache and token t."""
-    positions = np.append(cache[:n], t)
-    norms = np.append(state.norm[:n], key_norm(state.keys, t))
-    score = np.empty(n + 1)
-    anchor_scores(state.keys, norms, positions, n + 1, np.empty(state.keys.shape[0]), score)
-    return score[:n], t - state.recent + 1
+    """A compression before ``t`` joins ranks the cache by one anchor over the cache and
+    token t (the cache alone when ``t < 0``)."""
+    m = n + (t >= 0)
+    positions = np.append(cache[:n], t)[:m]
+    norms = np.append(state.norm[:n], key_norm(state.keys, max(t, 0)))[:m]
+    score = np.empty(m)
+    anchor_scores(state.keys, norms, positions, m, np.empty(state.keys.shape[0]), score)
+    return current(score, cache, n, t, state.recent)
 
 
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",

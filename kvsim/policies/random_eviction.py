@@ -35,9 +35,9 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
-    """A compression at ``t`` ranks the cache in a uniformly random order (seeded by the
-    run's seed and ``t``)."""
-    return np.random.default_rng((seed, t)).random(n), t + 1
+    """Uniform scores in [0, 1) (seeded by the run's seed and ``t``): a compression ranks
+    the cache in a uniformly random order."""
+    return np.random.default_rng((seed, t + 1)).random(n), np.zeros(n, bool)
 
 
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},

@@ -36,7 +36,7 @@ from kvsim.protocols.settings import before_question, split
 def peak_limit(budget: int, params: dict, T: int) -> int:
     """The most keys a run at ``budget`` may hold at once under the protocol of ``params``."""
     _, proto = split(params)
-    if proto["target_ratio"] != 1.0:
+    if proto["target_ratio"] != 1.0 or proto["threshold"] is not None:
         return T
     return budget + before_question(proto) + proto["interval"] - 1
 
@@ -78,30 +78,67 @@ class _Run:
             self.state = self.state._replace(start=t, width=self.n - self.state.base)
         return int(self.policy.steps.admit(self.state, self.cache[:self.n], self.n, t))
 
+    def scores(self, t: int, seed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(value, protected)`` of the cached keys before ``t`` joins (``t < 0``: the
+        prefill's judgement), from ``Steps.rank``, or by position for a ring (sinks and
+        pins, the slots below its base, protected); None if the policy gives neither."""
+        rank = self.policy.steps.rank
+        if rank is not None:
+            return rank(self.state, self.cache, self.n, t, seed)
+        if self.ring:
+            pos = self.cache[:self.n]
+            return pos.astype(np.float64), np.arange(self.n) < self.state.base
+        return None
+
     def compress(self, m: int, t: int, seed: int) -> None:
         """Keep the ``m`` best-ranked keys at step ``t`` (before ``t`` joins)."""
         if self.n <= m:
             return
-        rank = getattr(self.policy.steps, "rank", None)
-        if rank is not None:
-            value, limit = rank(self.state, self.cache, self.n, t, seed)
+        ranked = self.scores(t, seed)
+        if ranked is not None:
+            value, protected = ranked
             pos = self.cache[:self.n]
-            free = np.flatnonzero(pos < limit)
+            free = np.flatnonzero(~protected)
             if free.size < self.n - m:
-                raise _protected(self.policy, m)
+                raise _protected(self.policy, f"the target of {m} cached keys")
             order = free[np.lexsort((-pos[free], value[free]))]  # lowest-ranked first
             self.remove(np.sort(order[:self.n - m]))
             return
         while self.n > m:
             slot = self.lowest(t)
             if slot < 0 or slot >= self.n:
-                raise _protected(self.policy, m)
+                raise _protected(self.policy, f"the target of {m} cached keys")
             self.remove(np.array([slot]))
 
+    def page_scores(self, S: int, reduce: str, t: int, seed: int):
+        """``(pages, score, protected)``: the held pages ascending, each one's score (its
+        keys' scores reduced in position order) and whether it holds a protected key."""
+        value, protected = self.scores(t, seed)
+        pos = self.cache[:self.n]
+        order = np.argsort(pos, kind="stable")
+        page = pos[order] // S
+        pages, first = np.unique(page, return_index=True)
+        score = np.empty(pages.size)
+        guard = np.zeros(pages.size, bool)
+        for i, lo in enumerate(first):
+            hi = first[i + 1] if i + 1 < first.size else order.size
+            keys = order[lo:hi]
+            if reduce == "max":
+                score[i] = value[keys].max()
+            else:
+                total = 0.0
+                for v in value[keys]:
+                    total += float(v)
+                score[i] = total / S
+            guard[i] = protected[keys].any()
+        return pages, score, guard
 
-def _protected(policy: Policy, m: int) -> KvsimError:
-    return KvsimError(f"{policy.name}: its protected keys alone exceed the protocol's target "
-                      f"of {m} cached keys before the incoming one", "protocol")
+    def drop_pages(self, pages: np.ndarray, S: int) -> None:
+        self.remove(np.flatnonzero(np.isin(self.cache[:self.n] // S, pages)))
+
+
+def _protected(policy: Policy, what: str) -> KvsimError:
+    return KvsimError(f"{policy.name}: its protected keys alone exceed {what}", "protocol")
 
 
 def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
@@ -113,20 +150,25 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     cap = budget if cap is None else cap
     P, T = group.prompt_len, group.T
     Q = before_question(proto)
-    N, ratio = proto["interval"], proto["target_ratio"]
     start = policy.steps.start
     if cap != budget and policy.run_capped is not None \
             and "recent" in inspect.signature(start).parameters:
         start = functools.partial(start, recent=policy.fixed(budget, P, own))
     prompt = dataclasses.replace(group, prompt_len=P - Q) if Q else group
-    kept, state = start(prompt, cap, own, T)
-    slots = _slot_fields(policy, start, prompt, cap, own, T)
-    decode_budget = cap + Q
-    if ratio != 1.0:
-        capacity = max(decode_budget, len(kept) + Q + T - P)  # never full: compressions make room
+    append_only = proto["page"] != 1 or proto["threshold"] is not None
+    # Pages and thresholds judge every prompt key: the policy starts with all of them.
+    first = max(P, 1) if append_only else cap
+    kept, state = start(prompt, first, own, T)
+    if append_only and "recent" in state._fields and "recent_ratio" in own:
+        state = state._replace(recent=int(own["recent_ratio"] * budget))
+    slots = _slot_fields(policy, start, prompt, first, own, T)
+    if append_only:
+        capacity = first + T - P
+    elif proto["target_ratio"] != 1.0:
+        capacity = max(cap + Q, len(kept) + Q + T - P)  # never full: compressions make room
     else:
-        capacity = decode_budget + N - 1
-    state = widen(state, slots, cap, capacity - cap, group.seed)
+        capacity = cap + Q + proto["interval"] - 1
+    state = widen(state, slots, first, capacity - first, group.seed)
     cache = np.zeros(capacity, np.int64)
     cache[:len(kept)] = kept
     run = _Run(policy, state, cache, len(kept), slots)
@@ -135,34 +177,97 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     trace.snapshots = np.full((snap_steps.shape[0], capacity), -1, np.int64)
     out = Outputs(trace.mass, trace.cache_size, trace.recall, trace.error, snap_steps,
                   trace.snapshots)
-    decode = policy.steps.decode
     if Q:  # the question joins without eviction; its queries attend and the policy observes
         G, dv = len(group.heads), group.full_output.shape[2]
         ctx = Context(group.field, group.row_max, group.row_sum, group.heads, P - Q,
                       group.important, np.zeros((G, Q, dv)), P - Q, P)
         scratch = Outputs(np.zeros((G, Q)), np.zeros(Q, np.int64), np.zeros((G, Q)),
                           np.zeros((G, Q)), np.zeros(0, np.int64), np.zeros((0, capacity), np.int64))
-        run.n = decode(ctx, scratch, cache, run.n, run.state)
-    t = P
-    if N == 1 and ratio == 1.0:  # before the question only: the per-step rule at B + Q
-        t = T
-        run.n = decode(context(group), out, cache, run.n, run.state)
-    while t < T:
-        if ratio != 1.0:  # the next step t' >= t with (t' - P + 1) mod N = 0
-            stop = t + (-(t - P + 1)) % N
-        else:  # the step at which the cache is full
-            stop = t + capacity - run.n
-        stop = min(stop, T)
-        if stop > t:
-            run.n = decode(context(group, t, stop), out, cache, run.n, run.state)
-            t = stop
-        if t < T:
-            if ratio != 1.0:
-                target = max(1, int(ratio * (t + 1))) - 1
-            else:
-                target = decode_budget - 1
-            run.compress(target, t, group.seed)
-            run.n = decode(context(group, t, t + 1), out, cache, run.n, run.state)
-            t += 1
+        run.n = policy.steps.decode(ctx, scratch, cache, run.n, run.state)
+    if proto["page"] != 1:
+        _paged(run, group, out, proto["page"], proto["page_reduce"], cap)
+    elif proto["threshold"] is not None:
+        _thresholded(run, group, out, proto["threshold"], proto["threshold_window"])
+    elif proto["interval"] == 1 and proto["target_ratio"] == 1.0:  # before the question only:
+        run.n = policy.steps.decode(context(group), out, cache, run.n, run.state)  # per step
+    else:
+        _batched(run, group, out, cap + Q, proto["interval"], proto["target_ratio"])
     trace.kept = np.sort(cache[:run.n])
     return trace
+
+
+def _span(run: _Run, group: Group, out: Outputs, t: int, stop: int) -> None:
+    """The policy's own decode loop over tokens ``t .. stop-1`` (the cache never full)."""
+    run.n = run.policy.steps.decode(context(group, t, stop), out, run.cache, run.n, run.state)
+
+
+def _batched(run: _Run, group: Group, out: Outputs, B: int, N: int, ratio: float) -> None:
+    """``interval = N``: down to ``B - 1`` keys when ``t`` would exceed ``B + N - 1``; with
+    a ``ratio``, down to ``K - 1`` keys every ``N`` steps, ``K = max(1, floor(r (t + 1)))``."""
+    P, T, capacity = group.prompt_len, group.T, run.cache.shape[0]
+    t = P
+    while t < T:
+        if ratio != 1.0:  # the next step t' >= t with (t' - P + 1) mod N = 0
+            stop = min(t + (-(t - P + 1)) % N, T)
+        else:  # the step at which the cache is full
+            stop = min(t + capacity - run.n, T)
+        if stop > t:
+            _span(run, group, out, t, stop)
+            t = stop
+        if t < T:
+            run.compress(max(1, int(ratio * (t + 1))) - 1 if ratio != 1.0 else B - 1, t,
+                         group.seed)
+            _span(run, group, out, t, t + 1)
+            t += 1
+
+
+def _paged(run: _Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -> None:
+    """Whole pages of ``S`` positions, at most ``floor(B / S)`` held (the receiving page
+    included): the prefill keeps the protected pages, the receiving one and the best
+    complete ones; a key that opens a page when the cap is reached evicts the
+    lowest-ranked complete unprotected page first."""
+    P, T, cap, seed = group.prompt_len, group.T, B // S, group.seed
+    pages, score, guard = run.page_scores(S, reduce, -1, seed)
+    recent = run.state.recent if "recent" in run.state._fields else 0
+    guard |= np.isin(pages, np.unique(np.arange(max(P - recent, 0), P) // S))
+    if P % S:
+        guard |= pages == (P - 1) // S  # the receiving page
+    if guard.sum() > cap:
+        raise _protected(run.policy, f"the {cap} pages of B = {B}")
+    free = np.flatnonzero(~guard)
+    best = free[np.lexsort((pages[free], -score[free]))][:cap - int(guard.sum())]
+    run.drop_pages(np.setdiff1d(pages, pages[np.concatenate((np.flatnonzero(guard), best))]), S)
+    t = P
+    while t < T:
+        stop = min(t + (-t) % S, T) if t % S else t  # the next key that opens a page
+        if stop > t:
+            _span(run, group, out, t, stop)
+            t = stop
+        if t < T:
+            pages, score, guard = run.page_scores(S, reduce, t, seed)
+            if pages.size >= cap:
+                free = np.flatnonzero(~guard)
+                if free.size == 0:
+                    raise _protected(run.policy, f"the {cap} pages of B = {B}")
+                worst = free[np.lexsort((-pages[free], score[free]))][0]
+                run.drop_pages(pages[worst:worst + 1], S)
+            stop = min(t + S, T)
+            _span(run, group, out, t, stop)
+            t = stop
+
+
+def _thresholded(run: _Run, group: Group, out: Outputs, tau: float, w: int) -> None:
+    """Append-only: the ``w`` newest keys held; a key leaving the window (key ``t - w`` as
+    ``t`` joins; at the prefill every key before ``P - w``) stays for good iff its current
+    score is ``>= tau``."""
+    P, T, seed = group.prompt_len, group.T, group.seed
+    value, _ = run.scores(-1, seed)
+    pos = run.cache[:run.n]
+    run.remove(np.flatnonzero((pos < P - w) & ~(value >= tau)))
+    for t in range(P, T):
+        if t - w >= 0:
+            value, _ = run.scores(t, seed)
+            slot = np.flatnonzero(run.cache[:run.n] == t - w)
+            if slot.size and not value[slot[0]] >= tau:
+                run.remove(slot)
+        _span(run, group, out, t, t + 1)

@@ -18,6 +18,13 @@ PROTOCOL_PARAMS: dict[str, Param] = {
     "target_ratio": Param(float, 1.0, "compress to this kept fraction of the tokens seen, "
                           "every `interval` steps", check=lambda v: 0.0 < v <= 1.0,
                           expect="a number in (0, 1]"),
+    "page": Param(int, 1, "evict whole pages of S positions (at most floor(B / S) pages held)",
+                  low=1, high=2**31, expect="an integer >= 1"),
+    "page_reduce": Param(str, "mean", "a page's score from its keys' scores", choices=("mean", "max")),
+    "threshold": Param(float, None, "keep a key leaving the window for good iff its score >= "
+                       "this (append-only; no budget)"),
+    "threshold_window": Param(int, 128, "the newest keys always held under a threshold", low=1,
+                              high=2**31, expect="an integer >= 1"),
     "question_len": Param(int, 0, "the prompt's last Q tokens are the question", low=0,
                           high=2**31, expect="an integer >= 0"),
     "compress": Param(str, "after_question", "compress the prompt before or after the question",
@@ -35,7 +42,8 @@ def split(params: dict) -> tuple[dict, dict]:
 
 def is_neutral(proto: dict) -> bool:
     """True when the settings give exactly the per-step rule."""
-    return (proto["interval"] == 1 and proto["target_ratio"] == 1.0
+    return (proto["interval"] == 1 and proto["target_ratio"] == 1.0 and proto["page"] == 1
+            and proto["threshold"] is None
             and (proto["question_len"] == 0 or proto["compress"] == "after_question"))
 
 
@@ -54,6 +62,10 @@ def label(params: dict) -> str:
         parts.append(f"target_ratio={proto['target_ratio']:g}/interval={proto['interval']}")
     elif proto["interval"] != 1:
         parts.append(f"interval={proto['interval']}")
+    if proto["page"] != 1:
+        parts.append(f"page={proto['page']}/{proto['page_reduce']}")
+    if proto["threshold"] is not None:
+        parts.append(f"threshold={proto['threshold']:g}/window={proto['threshold_window']}")
     if before_question(proto):
         parts.append(f"before_question(Q={proto['question_len']})")
     return "+".join(parts) or "per_step"
@@ -72,20 +84,82 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
                                 f"{proto['question_len']}")
     if is_neutral(proto):
         return None
-    given = ", ".join(k for k in PROTOCOL_PARAMS if k in params and k != "compress") or "compress"
+    named = _named(params, proto)
     if not policy.budgeted or policy.steps is None or policy.run_budgets is not None:
-        return given.split(", ")[0], (f"{policy.name} takes no protocol ({given}): it has no "
-                                      f"per-step eviction to batch or delay")
+        return named[0], (f"{policy.name} takes no protocol ({named[0]}): it has no per-step "
+                          f"eviction to batch, page or delay")
+    if len(named) > 1 and named != ["interval", "question_len"] \
+            and named != ["target_ratio", "question_len"]:
+        return named[1], (f"expected one protocol (only question_len combines with interval), "
+                          f"got {' and '.join(named)}")
     if params.get("refresh"):
-        return "refresh", (f"expected refresh = 0 with a protocol ({given}): refresh is "
+        return "refresh", (f"expected refresh = 0 with a protocol ({named[0]}): refresh is "
                            f"itself a decode-time compression protocol")
+    position_rule = is_ring(policy)
+    if "page" in named:
+        if policy.steps.rank is None and not position_rule:
+            return "page", (f"{policy.name} takes no page: it gives no per-key scores to reduce "
+                            f"per page (Steps.rank)")
+        reason = _page_problem(policy, {**params, **proto}, budget, prompt_len)
+        if reason:
+            return "page", reason
+    if "threshold" in named and (policy.steps.rank is None or position_rule):
+        return "threshold", (f"{policy.name} takes no threshold: "
+                             + ("a position rule keeps no key for its score" if position_rule
+                                else "it gives no per-key scores to judge (Steps.rank)"))
     fixed = policy.fixed(budget, prompt_len, params)
     if proto["target_ratio"] != 1.0:
         first = prompt_len + proto["interval"] - 1  # the first compression step
         if first < T:
             target = max(1, int(proto["target_ratio"] * (first + 1)))
-            if fixed > target:
+            if fixed >= target:
                 return "target_ratio", (
                     f"expected a target above {policy.name}'s protected keys ({fixed} at "
                     f"B = {budget}), got {target} keys at the first compression (t = {first})")
+    return None
+
+
+def is_ring(policy) -> bool:
+    """True for a position rule: its step code is the ring's (oldest key first)."""
+    from kvsim.policies import ring
+
+    return policy.steps is not None and policy.steps.decode is ring.decode
+
+
+def _named(params: dict, proto: dict) -> list[str]:
+    """The protocols ``params`` asks for (not neutral), by their first setting's name."""
+    out = []
+    if proto["interval"] != 1 or proto["target_ratio"] != 1.0:
+        out.append("target_ratio" if proto["target_ratio"] != 1.0 else "interval")
+    if proto["page"] != 1:
+        out.append("page")
+    if proto["threshold"] is not None:
+        out.append("threshold")
+    if before_question(proto):
+        out.append("question_len")
+    return out
+
+
+def _pages(positions, S: int) -> set:
+    return {k // S for k in positions}
+
+
+def _page_problem(policy, params: dict, budget: int, prompt_len: int) -> str | None:
+    """Why pages of ``S`` cannot work at ``budget``: fewer than 2 pages, or the protected
+    positions (the recent newest, sinks) spanning every page that may be held."""
+    S = params["page"]
+    cap = budget // S
+    if budget < 2 * S:
+        return f"expected a budget of at least 2 pages (2 * page = {2 * S}), got B = {budget}"
+    recent = int(params.get("recent_ratio", 0.0) * budget)
+    n_sinks = params.get("sinks", 0)
+    sinks = _pages(range(n_sinks), S)
+    P = prompt_len
+    at_prefill = _pages(range(max(P - recent, 0), P), S) | _pages(range(min(P, n_sinks)), S)
+    if P % S:
+        at_prefill.add((P - 1) // S)
+    at_decode = len(sinks) + -(-max(recent - 1, 0) // S)
+    if len(at_prefill) > cap or at_decode >= cap:
+        return (f"expected protected pages (recent {recent}, sinks {params.get('sinks', 0)}) "
+                f"below the {cap} pages of B = {budget} with page = {S}")
     return None
