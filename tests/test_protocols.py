@@ -269,3 +269,50 @@ def test_results_name_the_protocol_and_the_memory_held():
     assert 10 <= rows["batched"]["mean_size"] <= 17
     assert label({"question_len": 4, "compress": "before_question", "interval": 2}) \
         == "interval=2+before_question(Q=4)"
+
+
+def _row(kind, policy, protocol, budget, peak, mean_size, mass, head=0):
+    return {"kind": kind, "policy": policy, "protocol": protocol, "budget": budget,
+            "peak_size": peak, "mean_size": mean_size, "mass_mean": mass, "head": head}
+
+
+def test_report_opens_with_the_cost_of_each_protocol_at_equal_peak():
+    from kvsim.report import protocol_summary
+
+    rows = [_row("h2o", "h2o", "per_step", 64, 64, 64.0, 0.9),
+            _row("h2o", "h2o_i16", "interval=16", 49, 64, 56.5, 0.85),
+            _row("tova", "tova", "per_step", 64, 64, 64.0, 0.8),
+            _row("tova", "tova_i16", "interval=16", 49, 64, 56.5, 0.7),
+            _row("tova", "tova_i8", "interval=8", 49, 56, 52.5, 0.6)]  # no per-step at 56
+    lines = protocol_summary.lines(rows)
+    assert lines[0].startswith("**At equal peak memory")
+    assert "`interval=16` changes the mass kept by -0.075 at a peak of 64 keys (h2o -0.050, " \
+        "tova -0.100)" in lines[0] and "interval=8" not in lines[0]
+    assert protocol_summary.lines(rows[:1]) == []
+
+
+def test_threshold_study_compares_with_top_k_at_equal_mean_size():
+    from kvsim.report import protocol_study
+
+    rows = [_row("h2o", "h2o", "per_step", b, b, float(b), m)
+            for b, m in ((64, 0.6), (128, 0.8))]
+    rows += [_row("h2o", f"h2o_t{i}", "threshold=0.1/window=32", b, 0, size, mass)
+             for i, (size, mass) in enumerate(((96.0, 0.75), (200.0, 0.9))) for b in (64, 128)]
+    points = protocol_study.points(rows)[0]
+    assert points["h2o (threshold)"][0].tolist() == [96.0, 200.0]  # one point per label
+    assert protocol_study.gaps(rows) == {"h2o": pytest.approx(0.75 - 0.7)}  # 200: outside
+
+
+def test_protocols_compose_with_a_capped_head():
+    """Budget allocation: the head's cap plays B, the recent part stays the mean budget's."""
+    from kvsim.policies.run import run_capped
+
+    field = qkv_field(2, 1, seed=2)
+    T, P = field.T, 12
+    group = make_group(field, 0, P, np.zeros((2, T), bool), {})
+    policy = POLICIES["h2o"]
+    params = {**resolve_params(policy, {}), "interval": 3}
+    trace = run_capped(policy, group, 7, 6, params)
+    assert trace.cache_size.max() <= 7 + 3 - 1 and trace.cache_size.max() > 7
+    paged = run_capped(policy, group, 8, 6, {**resolve_params(policy, {}), "page": 2})
+    assert len({int(k) // 2 for k in paged.kept}) <= 4

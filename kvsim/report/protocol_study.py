@@ -13,8 +13,9 @@ from collections import defaultdict
 import numpy as np
 
 from kvsim.report.figures import _loss_scale
-from kvsim.report.plotting import (MARKERS, Curves, Target, color_map, draw_lines, grid,
-                                   head_label, save)
+from matplotlib.lines import Line2D
+
+from kvsim.report.plotting import MARKERS, Target, color_map, grid, head_label, save
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -92,14 +93,16 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     series = list(dict.fromkeys(s for h in heads for s in per_head[h]))
     colors = color_map(series)
     markers = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(series)}
-    loss = _loss_scale(y for h in heads for _, y in per_head[h].values())
+    loss = _loss_scale(v for h in heads for _, y in per_head[h].values() for v in y)
     fig, axes, layout = grid(len(heads), scenario)
-    curves = Curves()
-    for i, h in enumerate(heads):
+    for ax, h in zip(axes, heads):  # series differ in their x: drawn as they are
         for s, (x, y) in per_head[h].items():
-            curves.add(i, s, x, 1.0 - y if loss else y)
-    handles, labels = draw_lines(dict(enumerate(axes)), curves, colors, markers, log=loss)
-    for i, (ax, h) in enumerate(zip(axes, heads)):
+            ax.plot(x, 1.0 - y if loss else y, color=colors[s], marker=markers[s], ms=4.5,
+                    lw=1.3, ls="--" if s.endswith("(threshold)") else "-")
+    handles = [Line2D([], [], color=colors[s], marker=markers[s], ms=4.5,
+                      ls="--" if s.endswith("(threshold)") else "-") for s in series]
+    labels = series
+    for ax, h in zip(axes, heads):
         ax.set_title(head_label(scenario, h))
         ax.set_xlabel("mean cache size per KV head (keys)")
         ax.set_xscale("log", base=2)

@@ -30,9 +30,9 @@ def lines(rows: list[dict]) -> list[str]:
         return []
     parts = []
     for (protocol, peak), items in sorted(costs.items()):
-        mean = float(np.mean([c for c, _ in items]))
-        kinds = ", ".join(sorted(k for _, k in items))
-        parts.append(f"`{protocol}` {'costs' if mean >= 0 else 'gains'} {abs(mean):.3f} of "
-                     f"attention mass at a peak of {peak} keys ({kinds})")
+        mean = -float(np.mean([c for c, _ in items]))
+        each = ", ".join(f"{k} {-c:+.3f}" for c, k in sorted(items, key=lambda i: i[1]))
+        parts.append(f"`{protocol}` changes the mass kept by {mean:+.3f} at a peak of {peak} "
+                     f"keys ({each})")
     return ["**At equal peak memory, against per-step eviction:** " + "; ".join(parts)
-            + " (mean over the policies named and the heads).", ""]
+            + " (attention mass, mean over heads).", ""]
