@@ -29,6 +29,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.numerics.decode import Context, Outputs
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace, snapshot_steps
+from kvsim.protocols import question
 from kvsim.protocols.question import widen
 from kvsim.protocols.settings import before_question, split
 
@@ -149,12 +150,13 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     own, proto = split(params)
     cap = budget if cap is None else cap
     P, T = group.prompt_len, group.T
-    Q = before_question(proto)
+    plan = question.plan(proto["compress"], P, proto["question_len"], cap)  # shared with tasks
+    Q = plan.free
     start = policy.steps.start
     if cap != budget and policy.run_capped is not None \
             and "recent" in inspect.signature(start).parameters:
         start = functools.partial(start, recent=policy.fixed(budget, P, own))
-    prompt = dataclasses.replace(group, prompt_len=P - Q) if Q else group
+    prompt = dataclasses.replace(group, prompt_len=plan.compress_at) if Q else group
     append_only = proto["page"] != 1 or proto["threshold"] is not None
     # Pages and thresholds judge every prompt key: the policy starts with all of them.
     first = max(P, 1) if append_only else cap
@@ -165,9 +167,9 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     if append_only:
         capacity = first + T - P
     elif proto["target_ratio"] != 1.0:
-        capacity = max(cap + Q, len(kept) + Q + T - P)  # never full: compressions make room
+        capacity = max(plan.budget, len(kept) + Q + T - P)  # never full: compressions make room
     else:
-        capacity = cap + Q + proto["interval"] - 1
+        capacity = plan.budget + proto["interval"] - 1
     state = widen(state, slots, first, capacity - first, group.seed)
     cache = np.zeros(capacity, np.int64)
     cache[:len(kept)] = kept
@@ -191,7 +193,7 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     elif proto["interval"] == 1 and proto["target_ratio"] == 1.0:  # before the question only:
         run.n = policy.steps.decode(context(group), out, cache, run.n, run.state)  # per step
     else:
-        _batched(run, group, out, cap + Q, proto["interval"], proto["target_ratio"])
+        _batched(run, group, out, plan.budget, proto["interval"], proto["target_ratio"])
     trace.kept = np.sort(cache[:run.n])
     return trace
 
