@@ -316,3 +316,27 @@ def test_protocols_compose_with_a_capped_head():
     assert trace.cache_size.max() <= 7 + 3 - 1 and trace.cache_size.max() > 7
     paged = run_capped(policy, group, 8, 6, {**resolve_params(policy, {}), "page": 2})
     assert len({int(k) // 2 for k in paged.kept}) <= 4
+
+
+@pytest.mark.parametrize("name", sorted(set(STEPPED) - {"keydiff", "random"}))
+def test_ranked_once_equals_evicting_the_lowest_key_by_key(name):
+    """Where the scores of cached keys do not depend on the other cached keys, a batched
+    compression by ``Steps.rank`` keeps what the policy's own ``admit`` keeps, evicting
+    key by key (the fallback for a policy without ``rank``)."""
+    import dataclasses
+
+    from kvsim.protocols.batched import run_protocol
+
+    field = qkv_field(2, 1, seed=3)
+    T, P, B = field.T, 10, 7
+    policy = POLICIES[name]
+    params = {**resolve_params(policy, {"window": 2} if "window" in policy.params else {}),
+              "interval": 4}
+    if B < policy.min_budget(params) or policy.check(T, P, params):
+        return
+    group = make_group(field, 0, P, np.zeros((2, T), bool), {}, snap_budget=B,
+                       snap_steps=np.arange(T - P))
+    fallback = dataclasses.replace(policy, steps=dataclasses.replace(policy.steps, rank=None))
+    a, b = run_protocol(policy, group, B, params), run_protocol(fallback, group, B, params)
+    assert np.array_equal(np.sort(a.snapshots, axis=1), np.sort(b.snapshots, axis=1))
+    np.testing.assert_allclose(a.mass, b.mass, rtol=0, atol=1e-12)
