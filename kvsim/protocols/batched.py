@@ -1,21 +1,24 @@
-"""Run a policy under a protocol: batched compression (``interval``, ``target_ratio``) and
-compression before the question (``question_len``, ``compress = "before_question"``).
+"""Run a policy under a protocol: batched compression (``interval``, ``target_ratio``),
+whole pages (``page``), thresholds (``threshold``) and compression before the question
+(``question_len``, ``compress = "before_question"``).
 
 The policy's own compiled decode loop runs the tokens between two compressions (its
 ``admit`` then only appends: the cache is never full there), so the per-step path is the
-policy's own. A compression at step ``t`` (before ``t`` joins) ranks the cache once by
-the scores the per-step rule would use at ``t`` and keeps the best ``m``:
+policy's own. A compression at step ``t`` (before ``t`` joins) reads the scores the
+per-step rule would use at ``t``, once:
 
-- a policy with ``Steps.rank`` gives those scores (and the protected positions) itself;
-- otherwise its ``admit`` on a full cache names the lowest-ranked key, which is removed,
-  until ``m`` remain. That is the once-ranked top ``m`` for every rule whose scores of the
-  cached keys do not depend on which other keys are cached (accumulated, last-query,
-  count, static scores; position rules rank by age).
+- a policy with ``Steps.rank`` gives those scores (and the protected positions) itself; a
+  ring (position rules) ranks by age, the slots below its ``base`` (sinks, pins) protected;
+- otherwise (batched compression only) its ``admit`` on a full cache names the
+  lowest-ranked key, which is removed, until ``m`` remain: the once-ranked top ``m`` for
+  every rule whose scores of the cached keys do not depend on which other keys are cached.
 
 Removal compacts the cache in slot order; the policy's per-slot state follows (the fields
 whose last axis is the budget, found by starting the policy at two budgets; a field
 ``slot_of`` maps positions to slots; a ring ``base``/``start``/``width`` is re-aimed at
-its oldest key).
+its oldest key before ``admit`` names it). Pages and thresholds start the policy with the
+whole prompt, so that every prompt key has its prefill score, and keep the recent part of
+``B``.
 """
 
 from __future__ import annotations
