@@ -211,19 +211,14 @@ def _batched(run: _Run, group: Group, out: Outputs, B: int, N: int, ratio: float
     a ``ratio``, down to ``K - 1`` keys every ``N`` steps, ``K = max(1, floor(r (t + 1)))``."""
     P, T, capacity = group.prompt_len, group.T, run.cache.shape[0]
     t = P
+    at = P + N - 1 if ratio != 1.0 else P + capacity - run.n  # the next compression step
     while t < T:
-        if ratio != 1.0:  # the next step t' >= t with (t' - P + 1) mod N = 0
-            stop = min(t + (-(t - P + 1)) % N, T)
-        else:  # the step at which the cache is full
-            stop = min(t + capacity - run.n, T)
-        if stop > t:
-            _span(run, group, out, t, stop)
-            t = stop
-        if t < T:
-            run.compress(max(1, int(ratio * (t + 1))) - 1 if ratio != 1.0 else B - 1, t,
-                         group.seed)
-            _span(run, group, out, t, t + 1)
-            t += 1
+        if at > t:  # the policy's own loop up to it (t joins there after a compression)
+            _span(run, group, out, t, min(at, T))
+            t = min(at, T)
+            continue
+        run.compress(max(1, int(ratio * (t + 1))) - 1 if ratio != 1.0 else B - 1, t, group.seed)
+        at = t + N if ratio != 1.0 else t + capacity - run.n
 
 
 def _paged(run: _Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -> None:
