@@ -31,6 +31,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.decode import Context, Outputs
+from kvsim.numerics.jit import jit
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace, snapshot_steps
 from kvsim.protocols import question
 from kvsim.protocols.question import widen
@@ -65,8 +66,9 @@ class _Run:
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the keys in slots ``drop``; the others keep their slot order."""
-        n = self.n
-        keep = np.setdiff1d(np.arange(n), drop)
+        mask = np.ones(self.n, bool)
+        mask[drop] = False
+        keep = np.flatnonzero(mask)
         m = keep.size
         for name in self.slots:
             value = getattr(self.state, name)
@@ -120,25 +122,27 @@ class _Run:
         value, protected = self.scores(t, seed)
         pos = self.cache[:self.n]
         order = np.argsort(pos, kind="stable")
-        page = pos[order] // S
-        pages, first = np.unique(page, return_index=True)
+        pages, first = np.unique(pos[order] // S, return_index=True)
         score = np.empty(pages.size)
-        guard = np.zeros(pages.size, bool)
-        for i, lo in enumerate(first):
-            hi = first[i + 1] if i + 1 < first.size else order.size
-            keys = order[lo:hi]
-            if reduce == "max":
-                score[i] = value[keys].max()
-            else:
-                total = 0.0
-                for v in value[keys]:
-                    total += float(v)
-                score[i] = total / S
-            guard[i] = protected[keys].any()
+        _reduce_pages(value[order], first, S, reduce == "max", score)
+        guard = np.logical_or.reduceat(protected[order], first)
         return pages, score, guard
 
     def drop_pages(self, pages: np.ndarray, S: int) -> None:
         self.remove(np.flatnonzero(np.isin(self.cache[:self.n] // S, pages)))
+
+
+@jit
+def _reduce_pages(values, first, S, use_max, out):
+    """``out[i]``: the max, or the sum in order divided by ``S``, of ``values[first[i] ..
+    first[i + 1] - 1]`` (the keys of page ``i`` in position order)."""
+    n = values.shape[0]
+    for i in range(first.shape[0]):
+        hi = first[i + 1] if i + 1 < first.shape[0] else n
+        acc = values[first[i]]
+        for j in range(first[i] + 1, hi):
+            acc = max(acc, values[j]) if use_max else acc + values[j]
+        out[i] = acc if use_max else acc / S
 
 
 def _protected(policy: Policy, what: str) -> KvsimError:
