@@ -165,11 +165,7 @@ def test_protocol_invariants(name, seed, N, Q, P, B, ratio):
         return
     group = make_group(field, 0, P, np.zeros((2, T), bool), {}, snap_budget=B,
                        snap_steps=np.arange(T - P))
-    try:
-        trace = run_policy(policy, group, B, params)
-    except KvsimError as exc:  # pinned keys above a small ratio target: said in one line
-        assert "protected keys" in str(exc) and ratio < 1.0
-        return
+    trace = run_policy(policy, group, B, params)  # what the checks accept runs
     sizes = trace.cache_size
     if ratio == 1.0:
         assert sizes.max(initial=0) <= B + min(Q, P) + N - 1

@@ -107,15 +107,19 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
         return "threshold", (f"{policy.name} takes no threshold: "
                              + ("a position rule keeps no key for its score" if position_rule
                                 else "it gives no per-key scores to judge (Steps.rank)"))
-    fixed = policy.fixed(budget, prompt_len, params)
     if proto["target_ratio"] != 1.0:
         first = prompt_len + proto["interval"] - 1  # the first compression step
         if first < T:
             target = max(1, int(proto["target_ratio"] * (first + 1)))
+            fixed = max(policy.fixed(budget, prompt_len, params), params.get("sinks", 0),
+                        int(params.get("recent_ratio", 0.0) * budget))
+            if policy.steps.rank is None and not position_rule:
+                fixed = budget - 1  # keys pinned at the prefill may all be protected
             if fixed >= target:
                 return "target_ratio", (
-                    f"expected a target above {policy.name}'s protected keys ({fixed} at "
-                    f"B = {budget}), got {target} keys at the first compression (t = {first})")
+                    f"expected a target above {policy.name}'s protected keys (up to {fixed} "
+                    f"at B = {budget}), got {target} keys at the first compression "
+                    f"(t = {first})")
     return None
 
 
