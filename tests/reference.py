@@ -826,6 +826,8 @@ class _Rule:
             self.score = {k: s for k, s in enumerate(prompt_colsum(p, P0))}
         elif policy == "h2o_offline":
             self.score = {k: sum_seq(p[k:T, k]) for k in range(T)}
+        elif policy == "knorm":  # a static score given with the parameters: -||k||
+            self.score = dict(enumerate(params["_static"]))
         elif policy == "tova":
             self.recent = 0
             self.score = {k: p[P0 - 1, k] for k in range(P0)} if P0 else {}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policy_checks import qkv_field
-from reference import paged_caches, protocol_caches, threshold_caches
+from reference import l2_norm, paged_caches, protocol_caches, threshold_caches
 
 import kvsim
 from kvsim.errors import KvsimError
@@ -18,7 +18,16 @@ from kvsim.policies.run import make_group, resolve_params, run_policy
 from kvsim.protocols.settings import label, problem
 
 REFERENCE = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {},
-             "window": {}, "streaming_llm": {"sinks": 2}}
+             "window": {}, "streaming_llm": {"sinks": 2}, "knorm": {"recent_ratio": 0.25}}
+
+
+def with_keys(A):
+    """A dense field over ``A`` with random key vectors (for knorm), and their reference
+    scores ``-||k||``."""
+    T = A.shape[0]
+    keys = np.random.default_rng(T).standard_normal((1, 3, T)).astype(np.float32)
+    score = [-l2_norm(keys[0, :, k].astype(np.float64)) for k in range(T)]
+    return dense_field(A[None])._replace(keys=keys), score
 
 
 def attention(rng, T):
@@ -28,11 +37,12 @@ def attention(rng, T):
     return A / A.sum(axis=1, keepdims=True)
 
 
-def run(A, name, params, B, P):
+def run(A, name, params, B, P, field=None):
     """kvsim's trace with the cache recorded at every decode step."""
     T = A.shape[0]
     policy = POLICIES[name]
-    group = make_group(dense_field(A[None]), 0, P, np.zeros((1, T), bool), {},
+    group = make_group(dense_field(A[None]) if field is None else field, 0, P,
+                       np.zeros((1, T), bool), {},
                        snap_budget=B, snap_steps=np.arange(T - P))
     return run_policy(policy, group, B, resolve_params(policy, params))
 
@@ -53,7 +63,9 @@ def protocols(rng, P, T):
 def check_reference(A, name, params, B, P):
     T = A.shape[0]
     full = {**REFERENCE[name], **params}
-    got = run(A, name, full, B, P)
+    field, static = with_keys(A) if name == "knorm" else (None, None)
+    got = run(A, name, full, B, P, field)
+    full = {**full, "_static": static}
     if "page" in params:
         prefill, steps = paged_caches(A, name, P, T, B, full)
     elif "threshold" in params:
@@ -97,13 +109,13 @@ def test_pages_match_the_reference(name):
         check_reference(attention(rng, T), name, params, B, P)
 
 
-@pytest.mark.parametrize("name", ["h2o", "h2o_offline", "tova"])
+@pytest.mark.parametrize("name", ["h2o", "h2o_offline", "tova", "knorm"])
 def test_thresholds_match_the_reference(name):
     rng = np.random.default_rng(11 + sum(map(ord, name)))
     for _ in range(25):
         T = int(rng.integers(8, 40))
         P = int(rng.integers(0, T))
-        tau = float(rng.choice([0.0, 0.05, 0.2, 0.5, 1.5, 1e9]))  # 1e9: above every score
+        tau = float(rng.choice([-1.5, 0.0, 0.05, 0.2, 0.5, 1.5, 1e9]))  # 1e9: above every score
         params = {"threshold": tau, "threshold_window": int(rng.integers(1, 10))}
         check_reference(attention(rng, T), name, params, 8, P)
 
