@@ -100,7 +100,7 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
         if policy.steps.rank is None and not position_rule:
             return "page", (f"{policy.name} takes no page: it gives no per-key scores to reduce "
                             f"per page (Steps.rank)")
-        reason = _page_problem(policy, {**params, **proto}, budget, prompt_len)
+        reason = _page_problem({**params, **proto}, budget, prompt_len)
         if reason:
             return "page", reason
     if "threshold" in named and (policy.steps.rank is None or position_rule):
@@ -148,7 +148,7 @@ def _pages(positions, S: int) -> set:
     return {k // S for k in positions}
 
 
-def _page_problem(policy, params: dict, budget: int, prompt_len: int) -> str | None:
+def _page_problem(params: dict, budget: int, prompt_len: int) -> str | None:
     """Why pages of ``S`` cannot work at ``budget``: fewer than 2 pages, or the protected
     positions (the recent newest, sinks) spanning every page that may be held."""
     S = params["page"]
