@@ -806,3 +806,153 @@ DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
 # The policies whose reference runs on every query head of a group: those on sources, and
 # those whose cache does not depend on attention.
 MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}
+
+
+# ---------------------------------------------------------------- protocols
+# A protocol changes when a policy compresses and with which queries (interval,
+# target_ratio, question_len with compress). A rule below is its per-step policy seen as
+# (prefill scores, protected positions, current scores, what a query teaches it).
+
+
+class _Rule:
+    """One policy's ranking under a protocol: ``score`` of cached keys now (a dict),
+    ``protected(k, t)`` (never evicted at step t), ``learn(t, cache)`` after query t."""
+
+    def __init__(self, policy, p, P0, T, B, params):
+        self.policy, self.p = policy, p
+        self.recent = _recent_count(params.get("recent_ratio", 0.0), B)
+        self.sinks = params.get("sinks", 0)
+        if policy == "h2o":
+            self.score = {k: s for k, s in enumerate(prompt_colsum(p, P0))}
+        elif policy == "h2o_offline":
+            self.score = {k: sum_seq(p[k:T, k]) for k in range(T)}
+        elif policy == "knorm":  # a static score given with the parameters: -||k||
+            self.score = dict(enumerate(params["_static"]))
+        elif policy == "tova":
+            self.recent = 0
+            self.score = {k: p[P0 - 1, k] for k in range(P0)} if P0 else {}
+        else:  # window, streaming_llm: by position (the oldest ranks lowest)
+            self.recent = 0
+            self.score = {k: float(k) for k in range(T)}
+
+    def prefill(self, P0, B):
+        """The prefill selection of the prompt ``0 .. P0-1`` at budget B."""
+        if P0 <= B:
+            return list(range(P0))
+        if self.policy in ("window", "streaming_llm"):
+            return list(range(min(self.sinks, P0))) + list(range(P0 - (B - self.sinks), P0))
+        r = self.recent
+        return top_k(range(P0 - r), self.score, B - r) + list(range(P0 - r, P0))
+
+    def protected(self, k, t):
+        return k > t - self.recent or k < self.sinks
+
+    def joins(self, t):
+        if self.policy in ("h2o", "tova"):
+            self.score[t] = 0.0
+
+    def learn(self, t, cache):
+        if self.policy == "h2o":
+            for k, v in observed(self.p, t, cache).items():
+                self.score[k] += v
+        elif self.policy == "tova":
+            self.score = observed(self.p, t, cache)
+
+
+def compress_to(rule, cache, m, t):
+    """Keep the m best-ranked keys of ``cache`` at step t (before t joins), ranked once:
+    the protected ones always, then the top of the others by the total order."""
+    if len(cache) <= m:
+        return list(cache)
+    keep = [k for k in cache if rule.protected(k, t)]
+    others = [k for k in cache if not rule.protected(k, t)]
+    assert len(keep) <= m, "protected keys alone exceed the target"
+    return sorted(keep + top_k(others, rule.score, m - len(keep)))
+
+
+def protocol_caches(p, policy, P, T, B, params):
+    """(prefill selection, [C_t for t = P .. T-1]) of ``policy`` under the protocol of
+    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``)."""
+    N = params.get("interval", 1)
+    ratio = params.get("target_ratio", 1.0)
+    Q = params.get("question_len", 0) if params.get("compress") == "before_question" else 0
+    P0 = P - Q  # the prompt the prefill sees
+    rule = _Rule(policy, p, P0, T, B, params)
+    cache = rule.prefill(P0, B)
+    prefill = list(cache)
+    for t in range(P0, P):  # the question joins without eviction; the policy learns
+        cache.append(t)
+        rule.joins(t)
+        rule.learn(t, cache)
+    Bd = B + Q  # the decode budget
+    steps = []
+    for t in range(P, T):
+        if ratio != 1.0:
+            if (t - P + 1) % N == 0:
+                cache = compress_to(rule, cache, max(1, math.floor(ratio * (t + 1))) - 1, t)
+        elif len(cache) + 1 > Bd + N - 1:
+            cache = compress_to(rule, cache, Bd - 1, t)
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps
+
+
+def _page_score(rule, cache, j, S, reduce):
+    """A page's score: its cached keys' scores, summed in position order and divided by S
+    (mean), or their max."""
+    values = [rule.score[k] for k in sorted(cache) if k // S == j]
+    return max(values) if reduce == "max" else sum_seq(values) / S
+
+
+def paged_caches(p, policy, P, T, B, params):
+    """(prefill selection, [C_t]) under ``page = S``: at most floor(B / S) pages held (the
+    receiving page included); a key opening a page at the cap evicts the lowest-ranked
+    complete unprotected page (lowest score, then highest page index) first."""
+    S, reduce = params["page"], params.get("page_reduce", "mean")
+    cap = B // S
+    rule = _Rule(policy, p, P, T, B, params)
+    pages = sorted({k // S for k in range(P)})
+    guarded = {j for j in pages if any(k >= P - rule.recent or k < rule.sinks
+                                       for k in range(j * S, min(j * S + S, P)))}
+    if P % S:
+        guarded.add((P - 1) // S)
+    assert len(guarded) <= cap, "protected pages exceed the cap"
+    others = sorted((j for j in pages if j not in guarded),
+                    key=lambda j: (-_page_score(rule, range(P), j, S, reduce), j))
+    kept_pages = guarded | set(others[:cap - len(guarded)])
+    cache = [k for k in range(P) if k // S in kept_pages]
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        held = sorted({k // S for k in cache})
+        if t % S == 0 and len(held) >= cap:
+            free = [j for j in held if not any(rule.protected(k, t) for k in cache if k // S == j)]
+            assert free, "protected pages exceed the cap"
+            worst = min(free, key=lambda j: (_page_score(rule, cache, j, S, reduce), -j))
+            cache = [k for k in cache if k // S != worst]
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps
+
+
+def threshold_caches(p, policy, P, T, params):
+    """(prefill selection, [C_t]) under ``threshold = tau``: the ``w`` newest keys held; key
+    ``t - w`` (at the prefill, every key before ``P - w``) stays iff its score >= tau."""
+    tau, w = params["threshold"], params.get("threshold_window", 128)
+    rule = _Rule(policy, p, P, T, P, params)
+    cache = [k for k in range(P) if k >= P - w or rule.score[k] >= tau]
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        k = t - w
+        if k >= 0 and k in cache and not rule.score[k] >= tau:
+            cache.remove(k)
+        cache.append(t)
+        rule.joins(t)
+        steps.append(list(cache))
+        rule.learn(t, cache)
+    return prefill, steps

@@ -30,7 +30,8 @@ class Results:
         ``seed``, ``head``, ``kv_head``, ``T``, ``prompt_len``, the policies' parameters,
         and summaries (``mass_mean``, ``mass_min``, ``mass_p10``, ``mass_median``,
         ``kl_mean``, ``kept``, ``compression``, ``recall_mean``, ``final_recall``,
-        ``error_mean``, ``error_max``).
+        ``error_mean``, ``error_max``), the memory held per KV head (``peak_size``,
+        ``mean_size``, ``effective_ratio`` = peak / T) and the ``protocol``.
     name : str
         ``"simulate"``, or the report folder's name.
 

@@ -17,6 +17,8 @@ from kvsim.engine.records import ExperimentSteps, result_row
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
+from kvsim.protocols.settings import PROTOCOL_PARAMS
+from kvsim.protocols.settings import problem as protocol_problem
 from kvsim.policies.run import (budget_problem, final_recall, get_policy, make_group,
                                 resolve_params, run_budgets)
 from kvsim.resources import size_text
@@ -245,7 +247,8 @@ def _configs(policies, params: dict) -> list[PolicyConfig]:
         if not isinstance(kind, str):
             raise KvsimError(f"policies.{label}.kind: expected a policy name, got {kind!r}")
         spec = get_policy(kind)
-        shared = {k: v for k, v in params.items() if k in spec.params and k not in own}
+        shared = {k: v for k, v in params.items()
+                  if (k in spec.params or k in PROTOCOL_PARAMS) and k not in own}
         used.update(shared)
         configs.append(PolicyConfig(label, kind, resolve_params(spec, {**shared, **own})))
     unused = sorted(set(params) - used)
@@ -273,6 +276,9 @@ def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int, P: int,
                 where = name if name == "budget" else f"{name}[{i}]"
                 raise KvsimError(f"{where}: {problem}")
             pairs.append((budget, min(budget, max(T, spec.min_budget(config.params)))))
+            problem = protocol_problem(spec, config.params, budget, P, T)
+            if problem:
+                raise KvsimError(f"{config.label}.{problem[0]}: {problem[1]}")
         problem = spec.check(T, P, config.params)
         if problem:
             raise KvsimError(f"{config.label}.{problem}")

@@ -21,6 +21,7 @@ import numpy as np
 
 from kvsim.policies.base import Trace
 from kvsim.policies.run import final_recall
+from kvsim.protocols.settings import label as protocol_label
 
 SERIES = {"mass": np.float64, "cache_size": np.int64, "recall": np.float64,
           "error": np.float64}
@@ -58,7 +59,16 @@ def result_row(ident: dict, kind: str, params: dict, trace: Trace, g: int,
     row.update({f"{kind}.{name}": value for name, value in sorted(params.items())})
     row.update(summary(trace.mass[g], trace.recall[g], trace.error[g], trace.kept, important,
                        has_truth, T))
+    row.update(memory(trace, T), protocol=protocol_label(params))
     return row
+
+
+def memory(trace: Trace, T: int) -> dict:
+    """The memory held per KV head: peak and mean cache size over the decode steps (keys,
+    the incoming one included; the final cache without decode steps) and peak / T."""
+    sizes = trace.cache_size if trace.cache_size.size else np.array([trace.kept.shape[0]])
+    peak = int(sizes.max())
+    return {"peak_size": peak, "mean_size": float(sizes.mean()), "effective_ratio": peak / T}
 
 
 def result_columns(rows: list[dict]) -> list[str]:

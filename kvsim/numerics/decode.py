@@ -52,6 +52,8 @@ class Context(NamedTuple):
     prompt_len: int
     important: np.ndarray    # (G, T) bool: ground-truth positions per query head
     full_output: np.ndarray  # (G, steps, dv) float64: o(t), dv = 0 without values
+    start: int               # the loop runs tokens start .. stop-1 (a protocol runs the
+    stop: int                # decode in spans between its compressions; else P .. T-1)
 
 
 class Outputs(NamedTuple):
@@ -152,7 +154,8 @@ def observe_nothing(state, cache, n, obs, mass, outputs):
 
 @jit_inline
 def decode_loop(ctx, out, cache, n, state, admit, observe):
-    """Simulate decode steps ``prompt_len .. T-1`` of one KV head; fill ``out``.
+    """Simulate decode steps ``ctx.start .. ctx.stop-1`` of one KV head; fill ``out``
+(step ``t - prompt_len`` for token ``t``).
 
     ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
     decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
@@ -172,7 +175,8 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
-    n_important = count_important(important, prompt_len)
+    start, stop = ctx.start, ctx.stop
+    n_important = count_important(important, start)
     hits = np.empty(G, np.int64)
     cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
     work = np.empty(budget)
@@ -184,7 +188,9 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
         for i in range(d):
             cached[i, j] = f.keys[kv, i, cache[j]]
     snap = 0
-    for t in range(prompt_len, T):
+    while snap < snap_steps.shape[0] and snap_steps[snap] < start - prompt_len:
+        snap += 1
+    for t in range(start, stop):
         step = t - prompt_len
         slot = admit(state, cache, n, t)
         if slot < n:

@@ -18,6 +18,9 @@ registry. A score-only rule is one function handed to
 - ``start(prompt, budget, params, T) -> (kept, state)``: the prefill selection from the
   prompt rows of a :class:`Group` (``prompt_scores()``, ``row_scores(lo, hi)``, ``keys``,
   ``values``; ``gqa``, ``seed``) and the decode state sized for positions ``< T``;
+- ``rank(state, cache, n, t, seed) -> (scores, protected)`` (optional): the current scores
+  of the cached keys before token ``t`` joins, for the protocols of
+  :mod:`kvsim.protocols.batched` (pages and thresholds need it);
 - ``POLICY = Policy(name, summary, params, Steps(start, admit, observe, decode), ...)``
   with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
   attention: checked against the source, a one-line error naming both) and

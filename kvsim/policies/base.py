@@ -159,6 +159,10 @@ class Steps:
     ``decode_loop(ctx, out, cache, n, state, admit, observe)``. ``prepare(state, group,
     params, t)``, where given, runs before ``admit`` of token ``t`` one step at a time
     (the simulator's ``start`` has done its work for every position already).
+    ``rank(state, cache, n, t, seed) -> (value (n,), protected (n,) bool)``, where given,
+    scores the cached keys as a compression before token ``t`` joins ranks them once
+    (``t < 0``: the prefill's judgement of the prompt keys, nothing incoming;
+    :mod:`kvsim.protocols.batched`); pages and thresholds need it.
     """
 
     start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]
@@ -166,6 +170,7 @@ class Steps:
     observe: Callable
     decode: Callable
     prepare: Callable[[NamedTuple, Group, dict, int], None] | None = None
+    rank: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,15 @@ class Policy:
         return self.run(group, cap, params)
 
 
+def current(value: np.ndarray, cache: np.ndarray, n: int, t: int,
+            recent: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A ``Steps.rank`` answer: the scores ``value[:n]`` of the cached keys and which are
+    protected, the ``recent`` newest positions ``t - recent + 1 .. t`` (none when ``t < 0``,
+    the prefill's judgement of every prompt key)."""
+    protected = cache[:n] > t - recent if t >= 0 else np.zeros(n, bool)
+    return np.array(value[:n], np.float64), protected
+
+
 def new_trace(group: Group) -> Trace:
     """Empty per-step outputs for the decode steps of ``group``."""
     G, steps = len(group.heads), group.T - group.prompt_len
@@ -242,10 +256,13 @@ def snapshot_steps(group: Group, budget: int) -> np.ndarray:
     return group.snap_steps if budget == group.snap_budget else np.zeros(0, np.int64)
 
 
-def context(group: Group) -> Context:
-    """The decode loop's view of ``group``."""
-    return Context(group.field, group.row_max, group.row_sum, group.heads, group.prompt_len,
-                   group.important, group.full_output)
+def context(group: Group, start: int | None = None, stop: int | None = None) -> Context:
+    """The decode loop's view of ``group``, over tokens ``start .. stop-1`` (default: every
+    decode step)."""
+    P = group.prompt_len
+    return Context(group.field, group.row_max, group.row_sum, group.heads, P,
+                   group.important, group.full_output, P if start is None else start,
+                   group.T if stop is None else stop)
 
 
 def run_decode(group: Group, capacity: int, kept: np.ndarray, decode: Callable | None = None,

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Steps, current
 from kvsim.policies.rows import head_rows
 from kvsim.policies.tova import admit  # the same step: evict the lowest score
 
@@ -80,5 +80,10 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept, state
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """The previous query's output-change score of each cached key."""
+    return current(state.score, cache, n, t)
+
+
 POLICY = Policy("caote", "evict the key whose removal least changes the previous output", {},
-                Steps(_start, admit, observe, decode), needs=frozenset({"values"}))
+                Steps(_start, admit, observe, decode, rank=_rank), needs=frozenset({"values"}))

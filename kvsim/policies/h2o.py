@@ -11,7 +11,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps, Trace, run_decode
+from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
 RECENT_RATIO = recent_ratio(0.5)
@@ -76,6 +76,12 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """The accumulated score (over the queries that saw the key with ``normalize``)."""
+    value = state.score[:n] / state.seen[:n] if state.normalize else state.score
+    return current(value, cache, n, t, state.recent)
+
+
 def _state(budget: int, T: int, kept: np.ndarray, score: np.ndarray, seen: np.ndarray,
            recent: int, params: dict, gqa: int) -> State:
     state = State(np.zeros(budget), np.zeros(budget), np.zeros(T, np.int64),
@@ -120,7 +126,7 @@ def _run_capped(group: Group, cap: int, budget: int, params: dict) -> Trace:
 
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
-                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode),
+                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank),
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),

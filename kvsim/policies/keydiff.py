@@ -13,7 +13,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Steps, current
 from kvsim.policies.knorm import key_norm, key_norms
 from kvsim.policies.scored import prefill, recent_count, recent_ratio
 
@@ -93,6 +93,17 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept, state
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """A compression before ``t`` joins ranks the cache by one anchor over the cache and
+    token t (the cache alone when ``t < 0``)."""
+    m = n + (t >= 0)
+    positions = np.append(cache[:n], t)[:m]
+    norms = np.append(state.norm[:n], key_norm(state.keys, max(t, 0)))[:m]
+    score = np.empty(m)
+    anchor_scores(state.keys, norms, positions, m, np.empty(state.keys.shape[0]), score)
+    return current(score, cache, n, t, state.recent)
+
+
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
-                {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode),
+                {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode, rank=_rank),
                 needs=frozenset({"keys"}))

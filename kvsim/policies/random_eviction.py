@@ -34,5 +34,11 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept.astype(np.int64), State(slots, P)
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """Uniform scores in [0, 1) (seeded by the run's seed and ``t``): a compression ranks
+    the cache in a uniformly random order."""
+    return np.random.default_rng((seed, t + 1)).random(n), np.zeros(n, bool)
+
+
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
-                Steps(_start, admit, observe_nothing, decode))
+                Steps(_start, admit, observe_nothing, decode, rank=_rank))

@@ -10,6 +10,8 @@ from kvsim.errors import InvariantError, KvsimError
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, Group, Policy, Trace
+from kvsim.protocols import settings
+from kvsim.protocols.batched import peak_limit, run_protocol
 
 MASS_TOL = 1e-9
 
@@ -31,16 +33,20 @@ def get_policy(name: str) -> Policy:
 def resolve_params(policy: Policy, params: dict) -> dict:
     """Defaults filled in and every value checked; raises :class:`KvsimError`."""
     resolved = {}
+    spec = {**policy.params, **settings.PROTOCOL_PARAMS}  # protocol settings fit any policy
     for key, value in params.items():
-        if key not in policy.params:
+        if key not in spec:
             known = ", ".join(policy.params) or "none"
-            raise KvsimError(f"unknown parameter {key!r}{did_you_mean(key, policy.params)}; "
-                             f"its parameters: {known}", policy.name)
-        problem = policy.params[key].problem(value)
+            raise KvsimError(f"unknown parameter {key!r}{did_you_mean(key, spec)}; "
+                             f"its parameters: {known} (and the protocol settings "
+                             f"{', '.join(settings.PROTOCOL_PARAMS)})", policy.name)
+        problem = spec[key].problem(value)
         if problem:
             raise KvsimError(problem, f"{policy.name}.{key}")
-        resolved[key] = float(value) if policy.params[key].type is float else value
-    return {k: resolved.get(k, p.default) for k, p in policy.params.items()}
+        resolved[key] = float(value) if spec[key].type is float else value
+    # protocol settings only where given: a policy's columns stay as they were without them
+    return {**{k: resolved.get(k, p.default) for k, p in policy.params.items()},
+            **{k: v for k, v in resolved.items() if k in settings.PROTOCOL_PARAMS}}
 
 
 def budget_problem(policy: Policy, budget: int, params: dict) -> str | None:
@@ -65,12 +71,17 @@ def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict
     problem = policy.check(T, prompt_len, params)
     if problem:
         raise KvsimError(problem.message, f"{policy.name}.{problem.key}")
+    problem = settings.problem(policy, params, budget, prompt_len, T)
+    if problem:
+        raise KvsimError(problem[1], f"{policy.name}.{problem[0]}")
 
 
-def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace) -> None:
-    """Raise :class:`InvariantError` if the trace breaks a contract invariant."""
+def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace,
+                     params: dict | None = None) -> None:
+    """Raise :class:`InvariantError` if the trace breaks a contract invariant (the peak
+    is the budget's, or that of the protocol of ``params``)."""
     name = policy.name
-    limit = budget if policy.budgeted else group.T
+    limit = peak_limit(budget, params or {}, group.T) if policy.budgeted else group.T
     if (trace.cache_size > limit).any() or trace.kept.shape[0] > limit:
         raise InvariantError(f"{name}: cache exceeded its limit of {limit} keys")
     if ((trace.mass < -MASS_TOL) | (trace.mass > 1 + MASS_TOL)).any():
@@ -113,9 +124,12 @@ def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
     """:func:`run_policy` at several budgets, sharing work where the policy can; ``source``
     describes the attention source in the error if the policy needs what it lacks."""
     check_source(policy, group, source)
-    traces = policy.run_all(group, [int(b) for b in budgets], params)
+    if settings.is_neutral(settings.split(params)[1]):
+        traces = policy.run_all(group, [int(b) for b in budgets], params)
+    else:
+        traces = [run_protocol(policy, group, int(b), params) for b in budgets]
     for budget, trace in zip(budgets, traces):
-        check_invariants(policy, budget, group, trace)
+        check_invariants(policy, budget, group, trace, params)
     return traces
 
 
@@ -127,8 +141,11 @@ def run_capped(policy: Policy, group: Group, cap: int, budget: int, params: dict
     check_source(policy, group, source)
     snap = cap if focus and group.snap_budget >= 0 else -1
     group = dataclasses.replace(group, snap_budget=snap)  # shares the group's memos
-    trace = policy.run_cap(group, cap, budget, params)
-    check_invariants(policy, cap, group, trace)
+    if settings.is_neutral(settings.split(params)[1]):
+        trace = policy.run_cap(group, cap, budget, params)
+    else:
+        trace = run_protocol(policy, group, budget, params, cap)
+    check_invariants(policy, cap, group, trace, params)
     return trace
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.base import Group, Param, Policy, Steps, current
 from kvsim.policies.scored import prefill, recent_count
 from kvsim.policies.rows import head_rows
 
@@ -87,5 +87,10 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept, state
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """The importance count over the last ``history`` queries; the recent newest protected."""
+    return current(state.count, cache, n, t, state.recent)
+
+
 POLICY = Policy("scissorhands", "recent newest + the keys most often important to the last "
-                "queries", PARAMS, Steps(_start, admit, observe, decode))
+                "queries", PARAMS, Steps(_start, admit, observe, decode, rank=_rank))

@@ -25,7 +25,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps, Trace, run_decode
+from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
 
 Score = Callable[[Group, int, int, dict], np.ndarray]
 
@@ -91,6 +91,11 @@ def start(score: Score, prompt: Group, budget: int, params: dict, T: int,
     return kept, state
 
 
+def rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """The static score of each cached key; the recent newest protected."""
+    return current(state.score, cache, n, t, state.recent)
+
+
 def prepare(score: Score, state: State, group: Group, params: dict, t: int) -> None:
     """Score token ``t`` before it joins (one step at a time: its vectors just arrived)."""
     state.static[t] = score(group, t, t + 1, params)[0]
@@ -119,7 +124,7 @@ def score_policy(name: str, summary: str, score: Score, *, recent: float = 0.0,
     time (e.g. a clairvoyant score), if so."""
     return Policy(name, summary, {"recent_ratio": recent_ratio(recent), **(params or {})},
                   Steps(functools.partial(start, score), admit, observe_nothing, decode,
-                        functools.partial(prepare, score)),
+                        functools.partial(prepare, score), rank),
                   needs=frozenset(needs), closed_loop=closed_loop,
                   fixed=lambda budget, prompt_len, params: recent_count(budget, params),
                   prefill_score=functools.partial(_prefill_score, score),

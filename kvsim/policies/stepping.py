@@ -17,6 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.run import budget_problem, get_policy, make_group, resolve_params
+from kvsim.protocols.settings import is_neutral, label, split
 
 
 def _array(name: str, value, ndim: int) -> np.ndarray:
@@ -55,6 +56,9 @@ class Stepper:
                  capacity_T: int):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
+        if not is_neutral(split(resolved)[1]):
+            raise KvsimError(f"{policy}: the Stepper runs the per-step rule; a protocol "
+                             f"({label(resolved)}) is the simulator's")
         reason = spec.closed_loop(resolved)
         if reason is None and spec.steps is None:
             reason = "it has no step code"

@@ -7,7 +7,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Steps, current
 
 
 class State(NamedTuple):
@@ -53,6 +53,11 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     return kept, state
 
 
+def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
+    """The previous query's observed attention (before the first decode query: the last prompt query's full row)."""
+    return current(state.score, cache, n, t)
+
+
 POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
-                Steps(_start, admit, observe, decode),
+                Steps(_start, admit, observe, decode, rank=_rank),
                 prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len])

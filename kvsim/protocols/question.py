@@ -45,8 +45,8 @@ def plan(compress: str, prompt_len: int, question_len: int, budget: int) -> Plan
     ``question_len`` are the question, at budget ``budget``."""
     if compress not in COMPRESS:
         raise KvsimError(f"compress: expected one of {', '.join(COMPRESS)}, got {compress!r}")
-    if not 0 <= question_len < prompt_len:
-        raise KvsimError(f"question_len: expected an integer in [0, {prompt_len}), got "
+    if not 0 <= question_len <= prompt_len:
+        raise KvsimError(f"question_len: expected an integer in [0, {prompt_len}], got "
                          f"{question_len!r}")
     if compress == "after_question" or question_len == 0:
         return Plan(prompt_len, 0, budget)

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim._version import __version__
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
-from kvsim.report import allocation_summary
+from kvsim.report import allocation_summary, protocol_summary
 from kvsim.report.plotting import head_label
 from kvsim.report.stats import estimate, plural
 from kvsim.report.studies import STUDIES
@@ -203,6 +203,7 @@ def _reading(variants: list[Scenario], results: list[ScenarioResults]) -> list[s
                     "It can exceed 1: the renormalised weights of a cache that holds little of "
                     "the mass can point far from o, and o itself is short when the value vectors "
                     "cancel out.")
+    text.append(protocol_summary.CONVENTION)
     text.append(f"Tables are per head: means over {plural(seeds, 'seed')}"
                 + (" with a 95 % Student-t interval (± half-width), rounded to the interval's "
                    "second significant digit" if seeds > 1 else ", without an interval")
@@ -301,6 +302,7 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     lines += allocation_summary.lines(first, results[0].rows)
     compared = _images(figures.get((0, "allocation_vs_uniform"), []), folder)
     lines += compared + ([""] if compared else [])
+    lines += protocol_summary.lines(results[0].rows)
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from kvsim.report import h2o_study
+from kvsim.report import h2o_study, protocol_study
 from kvsim.scenario.load import Experiment, Scenario
 
 
@@ -27,4 +27,5 @@ class Study:
 
 STUDIES: tuple[Study, ...] = (
     Study("h2o", h2o_study.applies, h2o_study.figures, h2o_study.section),
+    Study("protocols", protocol_study.applies, protocol_study.figures, protocol_study.section),
 )

@@ -22,6 +22,8 @@ from kvsim.paths import read_text
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import INT64_MAX, Param
+from kvsim.protocols.settings import PROTOCOL_PARAMS
+from kvsim.protocols.settings import problem as protocol_problem
 from kvsim.policies import POLICIES
 from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, resolve_params
 
@@ -173,9 +175,12 @@ def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
                          f"({', '.join(POLICIES)}), got {kind!r}")
             continue
         policy = get_policy(kind)
-        params = chk.params(table, policy.params, where + ".", skip=("kind",))
-        if len(params) == len(policy.params):
-            configs[label] = PolicyConfig(label, kind, resolve_params(policy, params))
+        given = {k: v for k, v in table.items() if k in PROTOCOL_PARAMS}
+        params = chk.params(table, policy.params, where + ".", skip=("kind", *given))
+        protocol = chk.params(given, {k: PROTOCOL_PARAMS[k] for k in given}, where + ".")
+        if len(params) == len(policy.params) and len(protocol) == len(given):
+            configs[label] = PolicyConfig(label, kind, resolve_params(policy,
+                                                                      {**params, **protocol}))
     return configs
 
 
@@ -284,6 +289,11 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
             problem = budget_problem(policy, budget, config.params)
             if problem:
                 chk.add(f"{where}.budgets[{j}]", f"policy {label!r}: {problem}")
+            problem = protocol_problem(policy, config.params, budget, prompt_len, T) \
+                if problem is None else None
+            if problem:
+                chk.add(f"policies.{label}.{problem[0]}", f"{problem[1]} (experiment {name!r}, "
+                                                          f"budget {budget})")
         problem = policy.check(T, prompt_len, config.params)
         if problem:
             chk.add(f"policies.{label}.{problem.key}", f"{problem.message} in experiment {name!r}")
