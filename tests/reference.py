@@ -806,3 +806,68 @@ DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
 # The policies whose reference runs on every query head of a group: those on sources, and
 # those whose cache does not depend on attention.
 MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}
+
+
+# ================================================================ rkv, dropkv, chunkkv
+# Rules from their authors' code (R-KV r1_kv.py at d15c976; kvpress PR 285 revision 1;
+# kvpress ChunkKVPress at 8bb29b9), written from the rule, on sources.
+
+
+def softmax_seq(x):
+    """exp(x - max) / sum, the sum in order."""
+    top = max(x)
+    e = [math.exp(v - top) for v in x]
+    total = sum_seq(e)
+    return [v / total for v in e]
+
+
+def rkv_scores(src, candidates, window, kernel, mix_lambda):
+    """R-KV's score of each non-window candidate (the window: the `window` newest)."""
+    cand = sorted(candidates)
+    n = len(cand)
+    old, recent = cand[:n - window], cand[n - window:]
+    votes = [0.0] * len(old)
+    for q in recent:  # the window's queries: the group's max logit, softmax over `old`
+        logits = [max(src.scaling[g] * dot_seq(src.queries[g, q], src.keys[k])
+                      for g in range(src.G)) for k in old]
+        for j, p in enumerate(softmax_seq(logits)):
+            votes[j] += p
+    attention = pool_votes([v / window for v in votes], kernel, "max")
+    unit = {k: [x / (l2_norm(src.keys[k]) + 1e-8) for x in src.keys[k]] for k in cand}
+    cos = [[0.0 if i == j else dot_seq(unit[a], unit[b]) for j, b in enumerate(cand)]
+           for i, a in enumerate(cand)]
+    for row in cos:  # the last key above 0.5 in each row is masked (the first if none)
+        above = [j for j in range(n) if row[j] > 0.5]
+        row[above[-1] if above else 0] = 0.0
+    redundancy = softmax_seq([sum_seq([cos[i][j] for i in range(n)]) / n for j in range(n)])
+    return {k: attention[j] * mix_lambda - redundancy[j] * (1.0 - mix_lambda)
+            for j, k in enumerate(old)}
+
+
+def policy_rkv(src, P, T, B, gqa, window, kernel, mix_lambda):
+    """R-KV: the window newest + the best lam * attention - (1 - lam) * redundancy; at each
+    decode step over budget, the lowest non-window candidate of the cache plus t leaves."""
+    if P > B:
+        score = rkv_scores(src, range(P), window, kernel, mix_lambda)
+        cache = top_k(range(P - window), score, B - window) + list(range(P - window, P))
+    else:
+        cache = list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            candidates = sorted(cache + [t])
+            score = rkv_scores(src, candidates, window, kernel, mix_lambda)
+            cache.remove(lowest_ranked(candidates[:len(candidates) - window], score))
+        cache.append(t)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+RKV_DROPKV_CHUNKKV = {
+    "rkv": SourceRule(policy_rkv, {"window": 8, "kernel": 7, "mix_lambda": 0.07},
+                      ("keys", "queries")),
+}
+SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
+DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})
+MULTI_HEAD |= set(RKV_DROPKV_CHUNKKV)

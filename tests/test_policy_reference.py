@@ -40,6 +40,8 @@ VARIANTS = {
     "keydiff": [{"recent_ratio": 0.5}],
     "scissorhands": [{"history": 4}, {"history": 1, "recent_ratio": 0.0}],
     "quest": [{"page_size": 4}, {"page_size": 1}, {"page_size": 3}],
+    "rkv": [{"window": 2, "kernel": 3}, {"window": 1, "kernel": 1, "mix_lambda": 0.5},
+            {"window": 3, "mix_lambda": 0.0}, {"window": 4, "kernel": 5, "mix_lambda": 1.0}],
 }
 
 
