@@ -864,9 +864,51 @@ def policy_rkv(src, P, T, B, gqa, window, kernel, mix_lambda):
     return prefill, steps
 
 
+def dropkv_scores(src, P, gqa, window, kernel):
+    """DropKV's pooled score of every prompt position: over the window's queries i, the
+    squared output change of dropping j, (p_ij / (1 - p_ij + 1e-6))^2 ||v_j - o_i||^2."""
+    per_head = []
+    for g in range(src.G):
+        score = {j: 0.0 for j in range(P)}
+        for i in range(P - min(window, P), P):
+            row = {j: src.probs[g, i, j] for j in range(i + 1)}
+            o = output(src, row)
+            for j in range(P):
+                p = row.get(j, 0.0)
+                weight = p / (1.0 - p + 1e-6)
+                diff = src.values[j] - o
+                score[j] += weight * weight * dot_seq(diff, diff)
+        per_head.append(score)
+    combined = combined_scores(per_head, gqa)
+    return pool_votes([combined[j] for j in range(P)], kernel, "avg")
+
+
+def pinned_ring(P, T, B, w, pinned):
+    """Pinned prompt keys + a ring over the other slots (the window first, oldest first)."""
+    ring = list(range(P - w, P))
+    prefill = sorted(pinned + ring)
+    steps = []
+    for t in range(P, T):
+        if len(pinned) + len(ring) == B:
+            ring.pop(0)
+        ring.append(t)
+        steps.append(pinned + ring)
+    return prefill, steps
+
+
+def policy_dropkv(src, P, T, B, gqa, window, kernel):
+    """DropKV: pin the top B - w prefix keys by the pooled drop score; ring for the rest."""
+    w = min(window, P)
+    if P <= B:
+        return pinned_ring(P, T, B, w, list(range(P - w)))
+    score = dropkv_scores(src, P, gqa, window, kernel)
+    return pinned_ring(P, T, B, w, top_k(range(P - w), score, B - w))
+
+
 RKV_DROPKV_CHUNKKV = {
     "rkv": SourceRule(policy_rkv, {"window": 8, "kernel": 7, "mix_lambda": 0.07},
                       ("keys", "queries")),
+    "dropkv": SourceRule(policy_dropkv, {"window": 32, "kernel": 7}, ("values",)),
 }
 SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
 DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})
