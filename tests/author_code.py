@@ -151,7 +151,8 @@ def chunk_scores(global_scores, chunk_length=20):
     n = global_scores.shape[-1]
     full, rest = n // chunk_length, n % chunk_length
     summed = global_scores.sum(axis=1)
-    chunks = summed[:, :full * chunk_length].reshape(-1, full, chunk_length).mean(axis=-1)
+    chunks = summed[:, :full * chunk_length].reshape(summed.shape[0], full, chunk_length)
+    chunks = chunks.mean(axis=-1)
     if rest:
         chunks = np.concatenate([chunks, summed[:, -rest:].mean(axis=-1, keepdims=True)],
                                 axis=-1)

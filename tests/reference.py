@@ -905,10 +905,36 @@ def policy_dropkv(src, P, T, B, gqa, window, kernel):
     return pinned_ring(P, T, B, w, top_k(range(P - w), score, B - w))
 
 
+def snapkv_prefix_scores(src, P, gqa, window, kernel, pooling):
+    """SnapKV's pooled votes of the prefix keys (older than the window)."""
+    w = min(window, P)
+    votes = combined_scores([{k: sum_seq(src.probs[g, P - w:P, k]) for k in range(P - w)}
+                             for g in range(src.G)], gqa)
+    return pool_votes([votes[k] for k in range(P - w)], kernel, pooling)
+
+
+def policy_chunkkv(src, P, T, B, gqa, window, kernel, pooling, chunk, layer=None):
+    """ChunkKV: SnapKV's scores summed over the layer's KV heads (``layer``: their sources
+    in order, default this one alone), chunks of the prefix ranked by their mean score, the
+    top floor((B - w) / chunk) pinned; ring for the rest."""
+    w = min(window, P)
+    prefix = P - w
+    if P <= B:
+        return pinned_ring(P, T, B, w, list(range(prefix)))
+    per_kv = [snapkv_prefix_scores(s, P, gqa, window, kernel, pooling) for s in layer or [src]]
+    summed = [sum_seq([scores[k] for scores in per_kv]) for k in range(prefix)]
+    chunks = [list(range(lo, min(prefix, lo + chunk))) for lo in range(0, prefix, chunk)]
+    score = [sum_seq([summed[k] for k in c]) / len(c) for c in chunks]
+    chosen = top_k(range(len(chunks)), score, (B - w) // chunk)
+    return pinned_ring(P, T, B, w, [k for c in chosen for k in chunks[c]])
+
+
 RKV_DROPKV_CHUNKKV = {
     "rkv": SourceRule(policy_rkv, {"window": 8, "kernel": 7, "mix_lambda": 0.07},
                       ("keys", "queries")),
     "dropkv": SourceRule(policy_dropkv, {"window": 32, "kernel": 7}, ("values",)),
+    "chunkkv": SourceRule(policy_chunkkv, {"window": 64, "kernel": 5, "pooling": "avg",
+                                           "chunk": 20}),
 }
 SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
 DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})

@@ -11,10 +11,11 @@ import pytest
 from author_code import (chunk_scores, dropkv_scores, rkv_update_kv, snapkv_scores,
                          topk_indices)
 from policy_checks import qk_field, run_kvsim
+from reference import policy_chunkkv, qk_source
 
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
-from kvsim.policies import POLICIES, dropkv, rkv
+from kvsim.policies import POLICIES, chunkkv, dropkv, rkv
 from kvsim.policies.run import make_group, resolve_params
 
 
@@ -44,6 +45,7 @@ def tensors(field: FieldData, kv: int = 0):
 
 
 def group_of(field: FieldData, P: int, kv: int = 0):
+    """KV head ``kv``'s group, prompt ``P``, mean over its query heads."""
     return make_group(field, kv, P, np.zeros((field.heads, field.T), bool), {}, GQA_MEAN)
 
 
@@ -127,3 +129,63 @@ def test_dropkv_matches_the_code(seed):
         assert np.array_equal(got.kept, expected), (seed, budget, w)
         checked += 1
     assert checked > 0
+
+
+def layer_sources(field: FieldData):
+    """The reference's source of every KV head of a layer."""
+    G = field.group
+    return [qk_source(field.queries[kv * G:(kv + 1) * G], field.keys[kv].T, field.values[kv],
+                      field.qk_scale[kv * G:(kv + 1) * G]) for kv in range(field.heads // G)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_chunkkv_matches_the_code(seed):
+    """The layer's summed SnapKV scores and the chunk scores of the prefix, to rounding
+    (kvpress averages the window's attention where kvsim's snapkv sums it: a factor w),
+    and the pinned chunks: the code's top chunks, the same in every KV head."""
+    rng = np.random.default_rng(400 + seed)
+    G, kv_heads = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    T = int(rng.integers(70, 130))
+    field = model_field(rng, T, G, kv_heads=kv_heads)
+    q = field.queries.astype(np.float64)[None]
+    k = field.keys.transpose(0, 2, 1).astype(np.float64)[None]
+    params = resolve_params(POLICIES["chunkkv"], {})
+    w, C = 64, 20
+    code = snapkv_scores(q, k)  # (1, H_kv, T), the window padded
+    ours = chunkkv.layer_scores(group_of(field, T), params) / w
+    np.testing.assert_allclose(ours, code[0, :, :-w].sum(axis=0), rtol=1e-9, atol=1e-15)
+    code_chunks = chunk_scores(code[:, :, :-w], C)[0]
+    np.testing.assert_allclose(chunkkv.chunk_scores(ours, C), code_chunks, rtol=1e-9)
+    for budget in sorted({w + 1, w + C, int(rng.integers(w + 1, T + 1))}):
+        n_chunks = (budget - w) // C
+        if T <= budget:
+            continue
+        chosen = topk_indices(code_chunks, n_chunks)
+        pinned = sorted(p for c in chosen for p in range(c * C, min(T - w, (c + 1) * C)))
+        for kv in range(kv_heads):
+            kept = POLICIES["chunkkv"].run(group_of(field, T, kv), budget, params).kept
+            assert kept.tolist() == pinned + list(range(T - w, T)), (seed, budget, kv)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_chunkkv_layer_reference(seed):
+    """Every KV head of a several-head layer against the plain reference, step by step."""
+    rng = np.random.default_rng(500 + seed)
+    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
+    T = int(rng.integers(10, 40))
+    field = model_field(rng, T, G, kv_heads=kv_heads)
+    sources = layer_sources(field)
+    params = {"window": int(rng.integers(1, 5)), "kernel": 3, "pooling": "avg",
+              "chunk": int(rng.integers(1, 6))}
+    for P in sorted({0, int(rng.integers(0, T + 1)), T}):
+        for budget in sorted({params["window"] + 1, int(rng.integers(params["window"] + 1, T + 2))}):
+            for kv in range(kv_heads):
+                group = make_group(field, kv, P, np.zeros((field.heads, T), bool), {}, GQA_MEAN,
+                                   snap_budget=budget, snap_steps=np.arange(T - P))
+                got = POLICIES["chunkkv"].run(group, budget, resolve_params(POLICIES["chunkkv"],
+                                                                            params))
+                prefill, steps = policy_chunkkv(sources[kv], P, T, budget, "mean", layer=sources,
+                                                **params)
+                ours = [sorted(int(x) for x in row if x >= 0) for row in got.snapshots]
+                assert ours == [sorted(c) for c in steps], (seed, P, budget, kv)
+                assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)

@@ -3,6 +3,7 @@ one KV head."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from dataclasses import KW_ONLY, dataclass, field
@@ -79,6 +80,15 @@ class Group:
     @property
     def kv_head(self) -> int:
         return int(self.heads[0]) // self.field.group
+
+    def layer_groups(self) -> list[Group]:
+        """The groups of every KV head of this group's layer (its field), in KV-head order,
+        sharing the full-pass memo: for rules that choose one set for a whole layer."""
+        G = self.field.group
+        return [self if kv == self.kv_head else dataclasses.replace(
+            self, heads=np.arange(kv * G, (kv + 1) * G, dtype=np.int64),
+            important=np.zeros((G, self.T), bool), vectors=(), _cache={},
+            _lock=threading.Lock()) for kv in range(self.field.heads // G)]
 
     def passes(self, rows: int | None = None) -> tuple[FullPass, ...]:
         """The full pass of every query head of the group over queries ``0 .. rows-1``."""
