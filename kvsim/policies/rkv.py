@@ -47,23 +47,26 @@ NORM_EPS = 1e-8  # added to a key's norm before unit-normalising
 
 
 class State(NamedTuple):
-    keys: np.ndarray     # (d, T) the KV head's keys, by dimension
-    queries: np.ndarray  # (G, T, d) the group's query vectors
-    scale: np.ndarray    # (G,) float64: logit = scale * q . k
+    """Per-slot arrays have the slot on their last axis (slot ``B``: the incoming key), so
+    that a wider cache pads them (:func:`kvsim.protocols.question.widen`)."""
+
+    keys: np.ndarray      # (d, T) the KV head's keys, by dimension
+    queries: np.ndarray   # (G, T, d) the group's query vectors
+    scale: np.ndarray     # (G,) float64: logit = scale * q . k
     window: int
     kernel: int
     lam: float
-    unit: np.ndarray     # (B + 1, d): unit key of each slot, slot B: the incoming key
-    cos: np.ndarray      # (B + 1, B + 1): cosines between slots, diagonal 0
-    idx: np.ndarray      # (B + 1,) int64 scratch: slots of the candidates in position order
-    pos: np.ndarray      # (B + 1,) int64 scratch: their positions
-    score: np.ndarray    # (B + 1,) scratch
-    work: np.ndarray     # (2, B + 1) scratch
+    unit: np.ndarray      # (d, B + 1): the unit key of each slot
+    gathered: np.ndarray  # (d, B + 1) scratch: the candidates' unit keys in position order
+    idx: np.ndarray       # (B + 1,) int64 scratch: the candidates' slots in position order
+    pos: np.ndarray       # (B + 1,) int64 scratch: their positions
+    score: np.ndarray     # (B + 1,) scratch
+    work: np.ndarray      # (3, B + 1) scratch
 
 
 @jit
-def unit_key(keys, k, out):
-    """``out = k / (||k|| + 1e-8)``, the squares summed in order of dimension."""
+def unit_key(keys, k, unit, slot):
+    """``unit[:, slot] = k / (||k|| + 1e-8)``, the squares summed in order of dimension."""
     d = keys.shape[0]
     total = 0.0
     for i in range(d):
@@ -71,32 +74,30 @@ def unit_key(keys, k, out):
         total += x * x
     den = np.sqrt(total) + NORM_EPS
     for i in range(d):
-        out[i] = np.float64(keys[i, k]) / den
+        unit[i, slot] = np.float64(keys[i, k]) / den
 
 
 @jit
-def cosine(unit, a, b):
-    """Dot product of unit keys ``a`` and ``b``, summed in order of dimension."""
-    total = 0.0
-    for i in range(unit.shape[1]):
-        total += unit[a, i] * unit[b, i]
-    return total
-
-
-@jit
-def redundancy(cos, idx, n, out, colsum):
-    """``out[:n]``: softmax of the masked column means of ``cos`` over the candidates
-    ``idx[:n]`` (rows of ``cos``, in position order)."""
+def redundancy(units, n, out, colsum, row):
+    """``out[:n]``: the softmax of the masked column means of the cosine matrix of the unit
+    keys ``units[:, :n]`` (in position order), one row at a time."""
     for j in range(n):
         colsum[j] = 0.0
     for i in range(n):
+        for j in range(n):
+            row[j] = 0.0
+        for dim in range(units.shape[0]):  # each cosine summed in order of dimension
+            x = units[dim, i]
+            for j in range(n):
+                row[j] += x * units[dim, j]
+        row[i] = 0.0
         last = 0  # the code's fallback: no cosine above the threshold masks the first key
         for j in range(n):
-            if cos[idx[i], idx[j]] > THRESHOLD:
+            if row[j] > THRESHOLD:
                 last = j
+        row[last] = 0.0
         for j in range(n):
-            if j != last:
-                colsum[j] += cos[idx[i], idx[j]]
+            colsum[j] += row[j]
     top = -np.inf
     for j in range(n):
         colsum[j] = colsum[j] / n
@@ -140,11 +141,11 @@ def attention_votes(keys, queries, scale, pos, n, window, out, logit):
 
 
 @jit
-def scores(keys, queries, scale, pos, idx, n, window, kernel, lam, cos, out, work):
+def scores(keys, queries, scale, pos, units, n, window, kernel, lam, out, work):
     """``out[:n - window]``: ``lam * a - (1 - lam) * r`` of the non-window candidates
-    (positions ``pos[:n]`` ascending, rows ``idx[:n]`` of ``cos``)."""
+    (positions ``pos[:n]`` ascending, unit keys ``units[:, :n]``)."""
     m = n - window
-    redundancy(cos, idx, n, work[0], work[1])
+    redundancy(units, n, work[0], work[1], work[2])
     attention_votes(keys, queries, scale, pos, n, window, out, work[1])
     pooled = pool(out[:m], kernel, 0)
     for j in range(m):
@@ -156,40 +157,26 @@ def admit(state, cache, n, t):
     """Token ``t`` joins; when the cache was full, the lowest-scored non-window candidate
     of the cache plus ``t`` leaves (``t`` takes its slot)."""
     budget = cache.shape[0]
-    slot = n
     if n < budget:
-        unit_key(state.keys, t, state.unit[n])
-        for s in range(n):
-            c = cosine(state.unit, n, s)
-            state.cos[n, s] = c
-            state.cos[s, n] = c
-        state.cos[n, n] = 0.0
-        return slot
-    unit_key(state.keys, t, state.unit[budget])
-    for s in range(n):
-        c = cosine(state.unit, budget, s)
-        state.cos[budget, s] = c
-        state.cos[s, budget] = c
-    state.cos[budget, budget] = 0.0
+        unit_key(state.keys, t, state.unit, n)
+        return n
+    unit_key(state.keys, t, state.unit, budget)
     order = np.argsort(cache[:n])  # t is the newest: it comes last
-    for i in range(n):
-        state.idx[i] = order[i]
-        state.pos[i] = cache[order[i]]
-    state.idx[n] = budget
-    state.pos[n] = t
-    scores(state.keys, state.queries, state.scale, state.pos, state.idx, n + 1, state.window,
-           state.kernel, state.lam, state.cos, state.score, state.work)
+    for i in range(n + 1):
+        slot = order[i] if i < n else budget
+        state.idx[i] = slot
+        state.pos[i] = cache[slot] if i < n else t
+        for dim in range(state.unit.shape[0]):
+            state.gathered[dim, i] = state.unit[dim, slot]
+    scores(state.keys, state.queries, state.scale, state.pos, state.gathered, n + 1,
+           state.window, state.kernel, state.lam, state.score, state.work)
     worst = 0  # lowest score, then highest position: the last such in position order
     for j in range(1, n + 1 - state.window):
         if state.score[j] <= state.score[worst]:
             worst = j
     slot = state.idx[worst]
-    for i in range(state.unit.shape[1]):
-        state.unit[slot, i] = state.unit[budget, i]
-    for s in range(n):
-        state.cos[slot, s] = state.cos[budget, s]
-        state.cos[s, slot] = state.cos[budget, s]
-    state.cos[slot, slot] = 0.0
+    for dim in range(state.unit.shape[0]):
+        state.unit[dim, slot] = state.unit[dim, budget]
     return slot
 
 
@@ -199,29 +186,16 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
 
 
-@jit
-def _fill_cosines(unit, cos, n):
-    for a in range(n):
-        cos[a, a] = 0.0
-        for b in range(a):
-            c = cosine(unit, a, b)
-            cos[a, b] = c
-            cos[b, a] = c
-
-
 def prompt_scores(keys: np.ndarray, queries: np.ndarray, scale: np.ndarray, P: int,
                   params: dict) -> np.ndarray:
     """The scores of prompt keys ``0 .. P - window - 1`` at the end of prefill."""
     window = params["window"]
-    unit = np.zeros((P, keys.shape[0]))
+    units = np.zeros((keys.shape[0], P))
     for k in range(P):
-        unit_key(keys, k, unit[k])
-    cos = np.zeros((P, P))
-    _fill_cosines(unit, cos, P)
-    out, work = np.zeros(P), np.zeros((2, P))
-    positions = np.arange(P)
-    scores(keys, queries, scale, positions, positions, P, window, params["kernel"],
-           params["mix_lambda"], cos, out, work)
+        unit_key(keys, k, units, k)
+    out, work = np.zeros(P), np.zeros((3, P))
+    scores(keys, queries, scale, np.arange(P), units, P, window, params["kernel"],
+           params["mix_lambda"], out, work)
     return out[:P - window]
 
 
@@ -236,12 +210,11 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
         kept = np.arange(P)
     d = keys.shape[0]
     state = State(keys, queries, scale, window, params["kernel"], params["mix_lambda"],
-                  np.zeros((budget + 1, d)), np.zeros((budget + 1, budget + 1)),
+                  np.zeros((d, budget + 1)), np.zeros((d, budget + 1)),
                   np.zeros(budget + 1, np.int64), np.zeros(budget + 1, np.int64),
-                  np.zeros(budget + 1), np.zeros((2, budget + 1)))
+                  np.zeros(budget + 1), np.zeros((3, budget + 1)))
     for s, k in enumerate(kept):
-        unit_key(keys, k, state.unit[s])
-    _fill_cosines(state.unit, state.cos, len(kept))
+        unit_key(keys, k, state.unit, s)
     return kept, state
 
 
