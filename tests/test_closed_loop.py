@@ -78,7 +78,7 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
     budgets = (6, 11)
     for name in steppable():
         policy = POLICIES[name]
-        params = resolve_params(policy, {"window": 3} if name == "snapkv" else {})
+        params = resolve_params(policy, {"window": 3} if "window" in policy.params else {})
         runs = [(PolicyConfig(name, name, params), b) for b in budgets
                 if b >= policy.min_budget(params)]
         keys, values = stores(full, len(runs), P)
