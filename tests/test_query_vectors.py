@@ -28,6 +28,9 @@ def test_missing_or_misshapen_queries_are_one_line_errors():
                 queries=np.zeros((G, T - 1, D)), capacity_T=T)
     assert str(info.value) == f"queries: expected shape ({G}, {T}, d) (heads, capacity_T, d), " \
                               f"got ({G}, {T - 1}, {D})"
+    with pytest.raises(KvsimError, match=r"^scaling: expected a number or 2 numbers"):
+        Stepper("rkv", B, prompt_attention=prompt(rng), keys=keys,
+                queries=np.zeros((G, T, D)), scaling=[1.0, 2.0, 3.0], capacity_T=T)
 
 
 def test_query_rows_written_as_tokens_arrive_give_the_same_caches():

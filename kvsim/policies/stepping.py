@@ -95,9 +95,13 @@ class Stepper:
         vectors = (empty if self._keys is None else self._keys.T,  # by dimension, like a field's
                    empty if self._values is None else self._values)
         if self._queries is not None:
-            d = self._queries.shape[2]
-            scale = d ** -0.5 if scaling is None else scaling
-            vectors += (self._queries, np.broadcast_to(np.asarray(scale, np.float64), G).copy())
+            scale = self._queries.shape[2] ** -0.5 if scaling is None else scaling
+            try:
+                scale = np.broadcast_to(np.asarray(scale, np.float64), G).copy()
+            except (TypeError, ValueError):
+                raise KvsimError(f"scaling: expected a number or {G} numbers (one per query "
+                                 f"head), got {scaling!r}") from None
+            vectors += (self._queries, scale)
         prompt = dataclasses.replace(prompt, vectors=vectors)
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
