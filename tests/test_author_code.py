@@ -13,9 +13,11 @@ from author_code import (chunk_scores, dropkv_scores, rkv_update_kv, snapkv_scor
 from policy_checks import qk_field, run_kvsim
 from reference import policy_chunkkv, qk_source
 
+from kvsim.numerics.decode import observed_outputs
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, chunkkv, dropkv, rkv
+from kvsim.policies.rows import head_rows
 from kvsim.policies.run import make_group, resolve_params
 
 
@@ -189,3 +191,32 @@ def test_chunkkv_layer_reference(seed):
                 ours = [sorted(int(x) for x in row if x >= 0) for row in got.snapshots]
                 assert ours == [sorted(c) for c in steps], (seed, P, budget, kv)
                 assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dropkv_term_is_the_output_change_of_dropping_the_key(seed):
+    """DropKV's term for (query i, key j) is the squared change of kvsim's observed output
+    o~ when the cache is every key but j: the output-error metric, turned into a rule
+    (up to its 1e-6 in the denominator)."""
+    rng = np.random.default_rng(600 + seed)
+    G, T = int(rng.integers(1, 4)), int(rng.integers(4, 30))
+    field = model_field(rng, T, G)
+    group = group_of(field, T)
+    values = field.values[0]
+    q = T - 1
+    for g, row in enumerate(head_rows(group, q)):
+        term = np.zeros(q + 1)
+        dropkv.add_drop_scores(row, q, values, term)
+        full = np.zeros((1, values.shape[1]))
+        everything = np.arange(q + 1)
+        observed_outputs(values, everything, q + 1, row[None].copy(), np.ones(1), full)
+        for j in range(q + 1):
+            if row[j] > 0.9:  # near 1, the 1e-6 moves the weight by more than 2e-5
+                continue
+            rest = np.delete(everything, j)
+            obs = row[rest][None].copy()
+            mass = np.array([obs.sum()])
+            dropped = np.zeros((1, values.shape[1]))
+            observed_outputs(values, rest, q, obs, mass, dropped)
+            change = np.sum((dropped - full) ** 2)
+            np.testing.assert_allclose(term[j], change, rtol=1e-4, atol=1e-12)
