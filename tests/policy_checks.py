@@ -98,7 +98,8 @@ def qkv_field(heads: int, kv_heads: int, seed: int):
         keys=rng.standard_normal((kv_heads, d, T)).astype(np.float32),
         queries=rng.standard_normal((heads, T, d)).astype(np.float32),
         values=rng.standard_normal((kv_heads, T, d)).astype(np.float32),
-        value_heads=np.ones(kv_heads, bool))
+        value_heads=np.ones(kv_heads, bool),
+        qk_scale=rng.choice([-1.0, 1.0], heads) * rng.uniform(0.3, 2.0, heads))
 
 
 def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, gqa: str):
@@ -110,8 +111,10 @@ def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, 
     trace = policy.run(group, budget, params)
     A = field.probs[group.heads]
     keys, values = field.keys[kv].T, field.values[kv]  # (T, d) rows, as a model has them
+    queries = field.queries[group.heads] if "queries" in policy.needs else None
     stepper = Stepper(name, budget, params, prompt_attention=A[:, :P, :P].copy(), keys=keys,
-                      values=values, gqa=gqa, seed=5, capacity_T=T)
+                      values=values, queries=queries, scaling=field.qk_scale[group.heads],
+                      gqa=gqa, seed=5, capacity_T=T)
     if P == T:
         assert np.array_equal(np.sort(stepper.cache), trace.kept)
     for step, t in enumerate(range(P, T)):

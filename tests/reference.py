@@ -956,3 +956,136 @@ def threshold_caches(p, policy, P, T, params):
         steps.append(list(cache))
         rule.learn(t, cache)
     return prefill, steps
+
+
+# ================================================================ rkv, dropkv, chunkkv
+# Rules from their authors' code (R-KV r1_kv.py at d15c976; kvpress PR 285 revision 1;
+# kvpress ChunkKVPress at 8bb29b9), written from the rule, on sources.
+
+
+def softmax_seq(x):
+    """exp(x - max) / sum, the sum in order."""
+    top = max(x)
+    e = [math.exp(v - top) for v in x]
+    total = sum_seq(e)
+    return [v / total for v in e]
+
+
+def rkv_scores(src, candidates, window, kernel, mix_lambda):
+    """R-KV's score of each non-window candidate (the window: the `window` newest)."""
+    cand = sorted(candidates)
+    n = len(cand)
+    old, recent = cand[:n - window], cand[n - window:]
+    votes = [0.0] * len(old)
+    for q in recent:  # the window's queries: the group's max logit, softmax over `old`
+        logits = [max(src.scaling[g] * dot_seq(src.queries[g, q], src.keys[k])
+                      for g in range(src.G)) for k in old]
+        for j, p in enumerate(softmax_seq(logits)):
+            votes[j] += p
+    attention = pool_votes([v / window for v in votes], kernel, "max")
+    unit = {k: [x / (l2_norm(src.keys[k]) + 1e-8) for x in src.keys[k]] for k in cand}
+    cos = [[0.0 if i == j else dot_seq(unit[a], unit[b]) for j, b in enumerate(cand)]
+           for i, a in enumerate(cand)]
+    for row in cos:  # the last key above 0.5 in each row is masked (the first if none)
+        above = [j for j in range(n) if row[j] > 0.5]
+        row[above[-1] if above else 0] = 0.0
+    redundancy = softmax_seq([sum_seq([cos[i][j] for i in range(n)]) / n for j in range(n)])
+    return {k: attention[j] * mix_lambda - redundancy[j] * (1.0 - mix_lambda)
+            for j, k in enumerate(old)}
+
+
+def policy_rkv(src, P, T, B, gqa, window, kernel, mix_lambda):
+    """R-KV: the window newest + the best lam * attention - (1 - lam) * redundancy; at each
+    decode step over budget, the lowest non-window candidate of the cache plus t leaves."""
+    if P > B:
+        score = rkv_scores(src, range(P), window, kernel, mix_lambda)
+        cache = top_k(range(P - window), score, B - window) + list(range(P - window, P))
+    else:
+        cache = list(range(P))
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            candidates = sorted(cache + [t])
+            score = rkv_scores(src, candidates, window, kernel, mix_lambda)
+            cache.remove(lowest_ranked(candidates[:len(candidates) - window], score))
+        cache.append(t)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+def dropkv_scores(src, P, gqa, window, kernel):
+    """DropKV's pooled score of every prompt position: over the window's queries i, the
+    squared output change of dropping j, (p_ij / (1 - p_ij + 1e-6))^2 ||v_j - o_i||^2."""
+    per_head = []
+    for g in range(src.G):
+        score = {j: 0.0 for j in range(P)}
+        for i in range(P - min(window, P), P):
+            row = {j: src.probs[g, i, j] for j in range(i + 1)}
+            o = output(src, row)
+            for j in range(P):
+                p = row.get(j, 0.0)
+                weight = p / (1.0 - p + 1e-6)
+                diff = src.values[j] - o
+                score[j] += weight * weight * dot_seq(diff, diff)
+        per_head.append(score)
+    combined = combined_scores(per_head, gqa)
+    return pool_votes([combined[j] for j in range(P)], kernel, "avg")
+
+
+def pinned_ring(P, T, B, w, pinned):
+    """Pinned prompt keys + a ring over the other slots (the window first, oldest first)."""
+    ring = list(range(P - w, P))
+    prefill = sorted(pinned + ring)
+    steps = []
+    for t in range(P, T):
+        if len(pinned) + len(ring) == B:
+            ring.pop(0)
+        ring.append(t)
+        steps.append(pinned + ring)
+    return prefill, steps
+
+
+def policy_dropkv(src, P, T, B, gqa, window, kernel):
+    """DropKV: pin the top B - w prefix keys by the pooled drop score; ring for the rest."""
+    w = min(window, P)
+    if P <= B:
+        return pinned_ring(P, T, B, w, list(range(P - w)))
+    score = dropkv_scores(src, P, gqa, window, kernel)
+    return pinned_ring(P, T, B, w, top_k(range(P - w), score, B - w))
+
+
+def snapkv_prefix_scores(src, P, gqa, window, kernel, pooling):
+    """SnapKV's pooled votes of the prefix keys (older than the window)."""
+    w = min(window, P)
+    votes = combined_scores([{k: sum_seq(src.probs[g, P - w:P, k]) for k in range(P - w)}
+                             for g in range(src.G)], gqa)
+    return pool_votes([votes[k] for k in range(P - w)], kernel, pooling)
+
+
+def policy_chunkkv(src, P, T, B, gqa, window, kernel, pooling, chunk, layer=None):
+    """ChunkKV: SnapKV's scores summed over the layer's KV heads (``layer``: their sources
+    in order, default this one alone), chunks of the prefix ranked by their mean score, the
+    top floor((B - w) / chunk) pinned; ring for the rest."""
+    w = min(window, P)
+    prefix = P - w
+    if P <= B:
+        return pinned_ring(P, T, B, w, list(range(prefix)))
+    per_kv = [snapkv_prefix_scores(s, P, gqa, window, kernel, pooling) for s in layer or [src]]
+    summed = [sum_seq([scores[k] for scores in per_kv]) for k in range(prefix)]
+    chunks = [list(range(lo, min(prefix, lo + chunk))) for lo in range(0, prefix, chunk)]
+    score = [sum_seq([summed[k] for k in c]) / len(c) for c in chunks]
+    chosen = top_k(range(len(chunks)), score, (B - w) // chunk)
+    return pinned_ring(P, T, B, w, [k for c in chosen for k in chunks[c]])
+
+
+RKV_DROPKV_CHUNKKV = {
+    "rkv": SourceRule(policy_rkv, {"window": 8, "kernel": 7, "mix_lambda": 0.07},
+                      ("keys", "queries")),
+    "dropkv": SourceRule(policy_dropkv, {"window": 32, "kernel": 7}, ("values",)),
+    "chunkkv": SourceRule(policy_chunkkv, {"window": 64, "kernel": 5, "pooling": "avg",
+                                           "chunk": 20}),
+}
+SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
+DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})
+MULTI_HEAD |= set(RKV_DROPKV_CHUNKKV)

@@ -30,8 +30,8 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import make_group, resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, causal_softmax,  # noqa: E402
-                                           prefill, stores)
-from kvsim.tools.closed_loop.run import make_steppers  # noqa: E402
+                                           prefill, query_stores, stores)
+from kvsim.tools.closed_loop.run import make_steppers, query_runs  # noqa: E402
 
 T, P = 40, 16
 
@@ -78,11 +78,12 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
     budgets = (6, 11)
     for name in steppable():
         policy = POLICIES[name]
-        params = resolve_params(policy, {"window": 3} if name == "snapkv" else {})
+        params = resolve_params(policy, {"window": 3} if "window" in policy.params else {})
         runs = [(PolicyConfig(name, name, params), b) for b in budgets
                 if b >= policy.min_budget(params)]
         keys, values = stores(full, len(runs), P)
-        steppers = make_steppers(full, runs, P, keys, values, "mean", 0)
+        queries = query_stores(full, query_runs(runs), P)
+        steppers = make_steppers(full, runs, P, keys, values, "mean", 0, queries)
         for layer in range(L):
             A = np.concatenate([causal_softmax(np.einsum(  # the full-cache rows, per head
                 "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
@@ -90,7 +91,9 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                 for j in range(H_kv)])
             field = dense_field(A, H_kv)._replace(
                 keys=np.ascontiguousarray(full.keys[layer].transpose(0, 2, 1)),
-                values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool))
+                values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool),
+                queries=np.ascontiguousarray(full.queries[layer]),
+                qk_scale=np.full(H_kv * G, full.geometry[layer].scaling))
             for j in range(H_kv):
                 for c, (_, budget) in enumerate(runs):
                     group = make_group(field, j, P, np.zeros((field.heads, T), bool), {},
@@ -101,6 +104,8 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                     for step, t in enumerate(range(P, T)):
                         keys[layer, c, j, t] = full.keys[layer, j, t]  # as the decoder does
                         values[layer, c, j, t] = full.values[layer, j, t]
+                        if c in queries:
+                            queries[c][layer, j, :, t] = full.queries[layer, j * G:(j + 1) * G, t]
                         stepper.admit(t)
                         cache = stepper.cache
                         n = len(cache)

@@ -27,12 +27,13 @@ def _lab(color: str) -> np.ndarray:
     return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
 
 
-def test_every_policy_has_a_fixed_colour_and_16_hues_are_distinct():
+def test_every_policy_has_a_fixed_colour_and_the_hues_are_distinct():
     assert set(POLICIES) <= set(plotting.POLICY_COLORS)
-    palette = [*plotting.POLICY_COLORS.values(), *plotting.SPARE_COLORS][:16]
-    assert len(set(palette)) == 16
+    n = len(plotting.POLICY_COLORS) + 2  # every policy's colour and the first two spares
+    palette = [*plotting.POLICY_COLORS.values(), *plotting.SPARE_COLORS][:n]
+    assert len(set(palette)) == n
     worst = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(palette, 2))
-    assert worst >= 30, f"two of the 16 colours are only {worst:.1f} apart in CIELAB"
+    assert worst >= 30, f"two of the {n} colours are only {worst:.1f} apart in CIELAB"
     for color in palette:  # no pastel: every line stands out on white
         assert _lab(color)[0] <= 80
 

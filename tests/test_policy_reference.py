@@ -40,6 +40,12 @@ VARIANTS = {
     "keydiff": [{"recent_ratio": 0.5}],
     "scissorhands": [{"history": 4}, {"history": 1, "recent_ratio": 0.0}],
     "quest": [{"page_size": 4}, {"page_size": 1}, {"page_size": 3}],
+    "rkv": [{"window": 2, "kernel": 3}, {"window": 1, "kernel": 1, "mix_lambda": 0.5},
+            {"window": 3, "mix_lambda": 0.0}, {"window": 4, "kernel": 5, "mix_lambda": 1.0}],
+    "dropkv": [{"window": 3, "kernel": 3}, {"window": 1, "kernel": 1}, {"window": 5, "kernel": 5}],
+    "chunkkv": [{"window": 3, "kernel": 3, "chunk": 4}, {"window": 2, "chunk": 1},
+                {"window": 1, "kernel": 1, "pooling": "max", "chunk": 3},
+                {"window": 4, "kernel": 7, "pooling": "none", "chunk": 5}],
 }
 
 
@@ -156,7 +162,7 @@ T = 64
 [[experiment]]
 name = "e"
 prompt_len = 32
-budgets = [32]
+budgets = [48]
 """
 
 

@@ -252,7 +252,7 @@ def test_tied_scores(variant, recipe, mseed):
     policy, params = variant
     m = min_budget(policy, params)
     rng = np.random.default_rng([mseed, 123])
-    T = int(rng.integers(max(m, 6), 40))
+    T = int(rng.integers(max(m, 6), max(40, m + 1)))
     A = make_attention(T, recipe, mseed)
     P = int(rng.integers(0, T + 1))
     for B in (m, m + 3, max(m, T // 3)):

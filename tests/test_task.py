@@ -94,9 +94,11 @@ def test_widened_steppers_take_the_question_without_eviction():
     names = [n for n, p in POLICIES.items()
              if p.steps is not None and p.closed_loop(resolve_params(p, {})) is None]
     assert {"window", "h2o", "snapkv", "random", "keydiff", "caote"} <= set(names)
+    queries = np.random.default_rng(2).standard_normal((2, T, d))  # for rkv
     for name in names:
-        s = Stepper(name, B, {"window": 4} if name == "snapkv" else {}, prompt_attention=A,
-                    keys=keys, values=values, capacity_T=T)
+        s = Stepper(name, B, {"window": 4} if "window" in POLICIES[name].params else {},
+                    prompt_attention=A, keys=keys, values=values, queries=queries,
+                    capacity_T=T)
         before = s.cache
         s.widen(Q)
         assert np.array_equal(s.cache, before)
@@ -212,8 +214,9 @@ def task_config(policies, budgets=(8, 12), compress=("before_question", "after_q
 def configs(budget_floor: int) -> list[PolicyConfig]:
     out = []
     for name in steppable():
-        params = resolve_params(POLICIES[name], {"window": 4} if name == "snapkv" else {})
-        if POLICIES[name].min_budget(params) <= budget_floor:
+        policy = POLICIES[name]
+        params = resolve_params(policy, {"window": 4} if "window" in policy.params else {})
+        if policy.min_budget(params) <= budget_floor:
             out.append(PolicyConfig(name, name, params))
     return out
 

@@ -3,6 +3,7 @@ one KV head."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from dataclasses import KW_ONLY, dataclass, field
@@ -38,7 +39,7 @@ class Group:
     seed: int = 0
     snap_budget: int = -1  # the budget whose cache is recorded at ``snap_steps``
     snap_steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    vectors: tuple = ()  # (keys (d, T), values (T, dv)) of the KV head if not the field's
+    vectors: tuple = ()  # (keys (d, T), values (T, dv)[, queries (G, T, d), scales (G,)])
     progress: bool = False  # long full passes show their rows on stderr
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
@@ -67,8 +68,27 @@ class Group:
         return self.vectors[1] if self.vectors else self.field.values[self.kv_head]
 
     @property
+    def queries(self) -> np.ndarray:
+        """(G, T, d) the group's query vectors ((G, 0, 0) if the source has none)."""
+        return self.vectors[2] if len(self.vectors) > 2 else self.field.queries[self.heads]
+
+    @property
+    def qk_scale(self) -> np.ndarray:
+        """(G,) float64: each query head's logit is ``qk_scale * q . k``."""
+        return self.vectors[3] if len(self.vectors) > 3 else self.field.qk_scale[self.heads]
+
+    @property
     def kv_head(self) -> int:
         return int(self.heads[0]) // self.field.group
+
+    def layer_groups(self) -> list[Group]:
+        """The groups of every KV head of this group's layer (its field), in KV-head order,
+        sharing the full-pass memo: for rules that choose one set for a whole layer."""
+        G = self.field.group
+        return [self if kv == self.kv_head else dataclasses.replace(
+            self, heads=np.arange(kv * G, (kv + 1) * G, dtype=np.int64),
+            important=np.zeros((G, self.T), bool), vectors=(), _cache={},
+            _lock=threading.Lock()) for kv in range(self.field.heads // G)]
 
     def passes(self, rows: int | None = None) -> tuple[FullPass, ...]:
         """The full pass of every query head of the group over queries ``0 .. rows-1``."""

@@ -40,6 +40,10 @@ class Stepper:
         so rows may be filled as tokens arrive; a policy reads rows ``< t + 1`` only. A
         policy's ``start`` sees them as ``prompt.keys`` (by dimension, ``keys.T``) and
         ``prompt.values``.
+    queries : (G, capacity_T, d) query vectors of the group's heads, by reference like
+        ``keys`` (row ``t`` filled before ``admit(t)``), for policies that need them
+        (``rkv``); ``scaling`` (a number or (G,)) turns ``q . k`` into a logit (default
+        ``d ** -0.5``).
     gqa : how the group's scores combine ("mean", "max", "sum").
     seed : the seed of seeded policies (``random``).
     capacity_T : the largest position + 1 that will ever be admitted.
@@ -52,8 +56,8 @@ class Stepper:
 
     def __init__(self, policy: str, budget: int, params: dict | None = None, *,
                  prompt_attention: np.ndarray, keys: np.ndarray | None = None,
-                 values: np.ndarray | None = None, gqa: str = "mean", seed: int = 0,
-                 capacity_T: int):
+                 values: np.ndarray | None = None, queries: np.ndarray | None = None,
+                 scaling=None, gqa: str = "mean", seed: int = 0, capacity_T: int):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
         if not is_neutral(split(resolved)[1]):
@@ -84,15 +88,25 @@ class Stepper:
         self._keys = self._vectors("keys", keys, capacity_T, policy, "keys" in spec.needs)
         self._values = self._vectors("values", values, capacity_T, policy,
                                      "values" in spec.needs)
+        self._queries = self._query_vectors(queries, G, capacity_T, policy,
+                                            "queries" in spec.needs)
         # The prefill reads only the prompt rows: a dense field over them (one key when
         # P = 0, so that the field is not empty; the prompt has no row to read).
         probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G, 1, 1))
         prompt = make_group(dense_field(probs, kv_heads=1), 0, P, np.zeros((G, max(P, 1)), bool),
                             {}, GQA_MODES[gqa], int(seed))
         empty = np.zeros((0, 0), np.float32)
-        prompt = dataclasses.replace(prompt, vectors=(
-            empty if self._keys is None else self._keys.T,  # by dimension, like a field's
-            empty if self._values is None else self._values))
+        vectors = (empty if self._keys is None else self._keys.T,  # by dimension, like a field's
+                   empty if self._values is None else self._values)
+        if self._queries is not None:
+            scale = self._queries.shape[2] ** -0.5 if scaling is None else scaling
+            try:
+                scale = np.broadcast_to(np.asarray(scale, np.float64), G).copy()
+            except (TypeError, ValueError):
+                raise KvsimError(f"scaling: expected a number or {G} numbers (one per query "
+                                 f"head), got {scaling!r}") from None
+            vectors += (self._queries, scale)
+        prompt = dataclasses.replace(prompt, vectors=vectors)
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
         self._name, self._needs = policy, spec.needs
@@ -128,6 +142,20 @@ class Stepper:
         x = _array(name, x, 2)
         if x.shape[0] != capacity_T:
             raise KvsimError(f"{name}: expected {capacity_T} rows (capacity_T), got {x.shape[0]}")
+        return x
+
+    @staticmethod
+    def _query_vectors(x, G: int, capacity_T: int, policy: str, needed: bool):
+        """A (G, capacity_T, d) array by reference, or None; an error if needed and missing."""
+        if x is None:
+            if needed:
+                raise KvsimError(f"queries: {policy} needs the query vectors of the group, "
+                                 f"got none")
+            return None
+        x = _array("queries", x, 3)
+        if x.shape[:2] != (G, capacity_T):
+            raise KvsimError(f"queries: expected shape ({G}, {capacity_T}, d) (heads, "
+                             f"capacity_T, d), got {x.shape}")
         return x
 
     @property

@@ -138,16 +138,17 @@ def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[
     return chosen, notes
 
 
-# One colour per registered policy name, the same in every figure of every report; with the
-# spares, 16 hues at least 30 apart in CIELAB (checked in tests/test_figure_standard.py).
+# One colour per registered policy name, the same in every figure of every report; they and
+# the first two spares are at least 30 apart in CIELAB (tests/test_figure_standard.py).
 POLICY_COLORS = {
     "full": "#000000", "window": "#1f77b4", "streaming_llm": "#17becf", "h2o": "#d62728",
     "h2o_offline": "#ff7f0e", "snapkv": "#2ca02c", "tova": "#6a3d9a", "random": "#8c8c8c",
     "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
     "caote": "#ff1aff", "quest": "#000080",
+    "rkv": "#1a4d1a", "dropkv": "#ff0080", "chunkkv": "#770033",
 }
 # For labels that are not a policy name (a second configuration, a sweep point), in order.
-SPARE_COLORS = ("#1a4d1a", "#ff0080", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
+SPARE_COLORS = ("#ff9988", "#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
 
 
 def color_map(labels: list[str]) -> dict[str, str]:

@@ -191,6 +191,20 @@ def stores(full: FullRun, caches: int, prompt_len: int,
     return out[0], out[1]
 
 
+def query_stores(full: FullRun, caches: list[int], prompt_len: int,
+                 capacity: int | None = None) -> dict[int, np.ndarray]:
+    """(L, H_kv, G, capacity, d) float32 query stores of the caches ``caches`` (those whose
+    policy reads query vectors), prompt rows filled from the full run."""
+    L, H, T, d = full.queries.shape
+    H_kv = full.keys.shape[1]
+    prompt = full.queries[:, :, :prompt_len].reshape(L, H_kv, H // H_kv, prompt_len, d)
+    out = {}
+    for c in caches:
+        out[c] = np.zeros((L, H_kv, H // H_kv, capacity or T, d), np.float32)
+        out[c][:, :, :, :prompt_len] = prompt
+    return out
+
+
 class FullCache:
     """The full cache as a :class:`CachePolicy`: every position stays (the reference)."""
 
@@ -229,13 +243,16 @@ class Decoder:
         written before ``admit(t)``), shared with the model's attention.
     width : the largest cache any policy holds (its budget; ``T`` for a full cache), on
         every global layer.
+    queries : the stores of :func:`query_stores` (cache -> store), row ``t`` written before
+        ``admit(t)`` like the keys'.
     """
 
     def __init__(self, net, full: FullRun, prompt_len: int, policies: list, keys: np.ndarray,
-                 values: np.ndarray, width: int):
+                 values: np.ndarray, width: int, queries: dict | None = None):
         torch = _torch()
         self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
+        self.queries = {c: torch.from_numpy(q) for c, q in (queries or {}).items()}
         C, H_kv = keys.shape[1], keys.shape[2]
         self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order
         self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
@@ -269,6 +286,8 @@ class Decoder:
         K[:, :, t] = key[:, :, 0]
         V[:, :, t] = value[:, :, 0]
         q = query[:, :, 0].reshape(C, H_kv, H // H_kv, d)
+        for c, Q in self.queries.items():
+            Q[layer, :, :, t] = q[c]
         if geometry.window:  # the model's own window, the same for every cache
             lo = max(0, t + 1 - geometry.window)
             p = torch.softmax(geometry.logits(q, K[:, :, lo:t + 1]), dim=-1,

@@ -21,13 +21,14 @@ from tqdm import tqdm
 
 from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
+from kvsim.policies.run import get_policy
 from kvsim.policies.stepping import Stepper
 from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
 from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
-                                           stores)
+                                           query_stores, stores)
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.scenario.load import PolicyConfig
 
@@ -61,10 +62,19 @@ def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
     return ids[:cfg.tokens]
 
 
+def query_runs(runs: list[tuple[PolicyConfig | None, int]]) -> list[int]:
+    """The indices of the runs whose policy reads query vectors."""
+    return [c for c, (cfg, _) in enumerate(runs)
+            if cfg is not None and "queries" in get_policy(cfg.kind).needs]
+
+
 def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
-                  keys: np.ndarray, values: np.ndarray, gqa: str, seed: int) -> list:
+                  keys: np.ndarray, values: np.ndarray, gqa: str, seed: int,
+                  queries: dict | None = None) -> list:
     """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: the full
-    cache) on every global layer; None on a sliding-window layer (its window is its cache)."""
+    cache) on every global layer; None on a sliding-window layer (its window is its cache).
+    ``queries``: the query stores of the runs that read them (:func:`query_runs`)."""
+    queries = queries or {}
     L, _, H_kv, T, _ = keys.shape
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
     for layer in full.global_layers:
@@ -77,8 +87,10 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                 else:
                     out[c][layer][j] = Stepper(
                         cfg.kind, budget, cfg.params, prompt_attention=prompt,
-                        keys=keys[layer, c, j], values=values[layer, c, j], gqa=gqa,
-                        seed=seed, capacity_T=T)
+                        keys=keys[layer, c, j], values=values[layer, c, j],
+                        queries=queries[c][layer, j] if c in queries else None,
+                        scaling=full.geometry[layer].scaling, gqa=gqa, seed=seed,
+                        capacity_T=T)
     return out
 
 
@@ -88,9 +100,10 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
     ``tick(n)`` is called after each step with the number of runs."""
     T = full.T
     keys, values = stores(full, len(runs), prompt_len)
-    steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed)
+    queries = query_stores(full, query_runs(runs), prompt_len)
+    steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed, queries)
     width = max(T if cfg is None else budget for cfg, budget in runs)
-    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width)
+    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width, queries)
     steps = T - prompt_len
     kl, nll = np.zeros((len(runs), steps)), np.zeros((len(runs), steps))
     for s, t in enumerate(range(prompt_len, T)):

@@ -18,13 +18,15 @@ Per trial (a length ``n``, a depth ``d``, a trial index):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
-from kvsim.tools.closed_loop.model import Decoder, FullCache, FullRun, prefill, stores
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
+                                           query_stores, stores)
+from kvsim.tools.closed_loop.run import query_runs
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 
@@ -70,7 +72,8 @@ class Caches:
     ``steppers[c][layer][kv_head]``; ``keys``/``values``: their stores; ``at``: the
     compression point; ``free``: the question tokens that join without eviction;
     ``budgets[c]``: each cache's decode budget (its peak); ``held``, ``share``, ``mass``
-    (C, L, H_kv): the prediction, from the selections alone.
+    (C, L, H_kv): the prediction, from the selections alone; ``queries``: the query
+    stores of the caches whose policy reads query vectors.
     """
 
     runs: list
@@ -83,6 +86,7 @@ class Caches:
     held: np.ndarray
     share: np.ndarray
     mass: np.ndarray
+    queries: dict = field(default_factory=dict)
 
 
 def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
@@ -96,6 +100,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
     at, free = plans[0].compress_at, plans[0].free
     capacity = P + cfg.answer_tokens
     keys, values = stores(full, len(runs), at, capacity)
+    queries = query_stores(full, query_runs(runs), at, capacity)
     L, H_kv = full.keys.shape[:2]
     layers = full.global_layers  # a sliding-window layer keeps its window, under no policy
     digits = np.concatenate(prompt.digits)
@@ -110,7 +115,9 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
             on_digits = rows_of[layer, j][digits]
             for c, (pc, b) in enumerate(runs):
                 s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
-                            keys=keys[layer, c, j], values=values[layer, c, j], gqa=cfg.gqa,
+                            keys=keys[layer, c, j], values=values[layer, c, j],
+                            queries=queries[c][layer, j] if c in queries else None,
+                            scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
                             seed=cfg.seed, capacity_T=capacity)
                 cache = s.cache
                 held[c, i, j] = _holds(cache, prompt.digits)
@@ -121,7 +128,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
                     s.widen(free)
                 steppers[c][layer][j] = s
     return Caches(runs, steppers, keys, values, at, free,
-                  np.array([p.budget for p in plans]), held, share, mass)
+                  np.array([p.budget for p in plans]), held, share, mass, queries)
 
 
 def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.ndarray,
@@ -130,7 +137,7 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
     every cache together; returns the (C, answer_tokens) tokens and each cache's peak."""
     C = len(caches.runs)
     decoder = Decoder(net, full, caches.at, caches.steppers, caches.keys, caches.values,
-                      int(caches.budgets.max()))
+                      int(caches.budgets.max()), caches.queries)
     logits = np.repeat(full.logits[-1:], C, axis=0)
     peak = np.zeros(C, np.int64)
     for _ in range(caches.free):  # the question, teacher-forced, joining without eviction

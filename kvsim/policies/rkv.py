@@ -1,0 +1,226 @@
+"""``rkv``: R-KV (Cai et al. 2025), redundancy-aware selection for long decodes.
+
+The rule of the authors' ``r1_kv.py`` (R-KV commit ``d15c976``). The ``window`` newest
+cached keys always stay. Every other candidate gets ``lam * a - (1 - lam) * r``:
+
+- ``a``: the attention of the window's queries (the ``window`` newest positions). Per
+  query, the logit of each non-window key is the **max** over the group's query heads of
+  ``scale * q . k``, softmaxed over the non-window keys; ``a`` is the mean over the
+  queries, max-pooled over ``kernel`` neighbouring keys (clipped at the ends);
+- ``r``: redundancy. Keys are unit-normalised (``k / (||k|| + 1e-8)``), their cosine
+  matrix has a zero diagonal, and in each row the last key (in position order) with a
+  cosine above 0.5 is set to 0 (the first key when there is none, as the code's index
+  trick does); ``r`` is the softmax over all candidates of the column means.
+
+Prefill keeps the window and the top ``B - window`` older prompt keys when the prompt
+exceeds the budget. At decode, token ``t`` joins and, when the cache was full, the
+lowest-scored non-window candidate of the cache plus ``t`` leaves, scored with the
+queries of the window (``t - window + 1 .. t``) before query ``t`` attends. Cached keys
+are taken in position order (for the pooling and the first-key fallback).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.numerics import kernels
+from kvsim.numerics.decode import decode_loop, observe_nothing
+from kvsim.numerics.elementary import exp_nonpositive
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.params import Param
+from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.snapkv import pool
+
+PARAMS = {
+    "window": Param(int, 8, "newest keys always kept; their queries vote",
+                    check=lambda v: v >= 1, expect="an integer >= 1"),
+    "kernel": Param(int, 7, "max-pooling width of the attention votes",
+                    check=lambda v: v >= 1 and v % 2 == 1, expect="an odd integer >= 1"),
+    "mix_lambda": Param(float, 0.07, "weight of attention against redundancy (code: 0.07)",
+                        check=lambda v: 0.0 <= v <= 1.0, expect="a number in [0, 1]"),
+}
+
+THRESHOLD = 0.5  # cosine above which a key counts as a duplicate of another
+NORM_EPS = 1e-8  # added to a key's norm before unit-normalising
+
+
+class State(NamedTuple):
+    """Per-slot arrays have the slot on their last axis (slot ``B``: the incoming key), so
+    that a wider cache pads them (:func:`kvsim.protocols.question.widen`)."""
+
+    keys: np.ndarray      # (d, T) the KV head's keys, by dimension
+    queries: np.ndarray   # (G, T, d) the group's query vectors
+    scale: np.ndarray     # (G,) float64: logit = scale * q . k
+    window: int
+    kernel: int
+    lam: float
+    unit: np.ndarray      # (d, B + 1): the unit key of each slot
+    gathered: np.ndarray  # (d, B + 1) scratch: the candidates' unit keys in position order
+    idx: np.ndarray       # (B + 1,) int64 scratch: the candidates' slots in position order
+    pos: np.ndarray       # (B + 1,) int64 scratch: their positions
+    score: np.ndarray     # (B + 1,) scratch
+    work: np.ndarray      # (3, B + 1) scratch
+
+
+@jit
+def unit_key(keys, k, unit, slot):
+    """``unit[:, slot] = k / (||k|| + 1e-8)``, the squares summed in order of dimension."""
+    d = keys.shape[0]
+    total = 0.0
+    for i in range(d):
+        x = np.float64(keys[i, k])
+        total += x * x
+    den = np.sqrt(total) + NORM_EPS
+    for i in range(d):
+        unit[i, slot] = np.float64(keys[i, k]) / den
+
+
+@jit
+def redundancy(units, n, out, colsum, row):
+    """``out[:n]``: the softmax of the masked column means of the cosine matrix of the unit
+    keys ``units[:, :n]`` (in position order), one row at a time."""
+    for j in range(n):
+        colsum[j] = 0.0
+    for i in range(n):
+        for j in range(n):
+            row[j] = 0.0
+        for dim in range(units.shape[0]):  # each cosine summed in order of dimension
+            x = units[dim, i]
+            for j in range(n):
+                row[j] += x * units[dim, j]
+        row[i] = 0.0
+        last = 0  # the code's fallback: no cosine above the threshold masks the first key
+        for j in range(n):
+            if row[j] > THRESHOLD:
+                last = j
+        row[last] = 0.0
+        for j in range(n):
+            colsum[j] += row[j]
+    top = -np.inf
+    for j in range(n):
+        colsum[j] = colsum[j] / n
+        top = max(top, colsum[j])
+    total = 0.0
+    for j in range(n):
+        out[j] = exp_nonpositive(colsum[j] - top)
+        total += out[j]
+    for j in range(n):
+        out[j] = out[j] / total
+
+
+@jit
+def attention_votes(keys, queries, scale, pos, n, window, out, logit):
+    """``out[:n - window]``: the mean over the queries at ``pos[n - window:n]`` of the
+    softmax, over the keys at ``pos[:n - window]``, of the group's max logit."""
+    m = n - window
+    d = keys.shape[0]
+    for j in range(m):
+        out[j] = 0.0
+    for w in range(n - window, n):
+        q = pos[w]
+        top = -np.inf
+        for j in range(m):
+            best = -np.inf
+            for g in range(queries.shape[0]):
+                dot = 0.0
+                for i in range(d):
+                    dot += np.float64(queries[g, q, i]) * np.float64(keys[i, pos[j]])
+                best = max(best, scale[g] * dot)
+            logit[j] = best
+            top = max(top, best)
+        total = 0.0
+        for j in range(m):
+            logit[j] = exp_nonpositive(logit[j] - top)
+            total += logit[j]
+        for j in range(m):
+            out[j] += logit[j] / total
+    for j in range(m):
+        out[j] = out[j] / window
+
+
+@jit
+def scores(keys, queries, scale, pos, units, n, window, kernel, lam, out, work):
+    """``out[:n - window]``: ``lam * a - (1 - lam) * r`` of the non-window candidates
+    (positions ``pos[:n]`` ascending, unit keys ``units[:, :n]``)."""
+    m = n - window
+    redundancy(units, n, work[0], work[1], work[2])
+    attention_votes(keys, queries, scale, pos, n, window, out, work[1])
+    pooled = pool(out[:m], kernel, 0)
+    for j in range(m):
+        out[j] = pooled[j] * lam - work[0, j] * (1.0 - lam)
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Token ``t`` joins; when the cache was full, the lowest-scored non-window candidate
+    of the cache plus ``t`` leaves (``t`` takes its slot)."""
+    budget = cache.shape[0]
+    if n < budget:
+        unit_key(state.keys, t, state.unit, n)
+        return n
+    unit_key(state.keys, t, state.unit, budget)
+    order = np.argsort(cache[:n])  # t is the newest: it comes last
+    for i in range(n + 1):
+        slot = order[i] if i < n else budget
+        state.idx[i] = slot
+        state.pos[i] = cache[slot] if i < n else t
+        for dim in range(state.unit.shape[0]):
+            state.gathered[dim, i] = state.unit[dim, slot]
+    scores(state.keys, state.queries, state.scale, state.pos, state.gathered, n + 1,
+           state.window, state.kernel, state.lam, state.score, state.work)
+    worst = 0  # lowest score, then highest position: the last such in position order
+    for j in range(1, n + 1 - state.window):
+        if state.score[j] <= state.score[worst]:
+            worst = j
+    slot = state.idx[worst]
+    for dim in range(state.unit.shape[0]):
+        state.unit[dim, slot] = state.unit[dim, budget]
+    return slot
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop of ``rkv``."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+
+
+def prompt_scores(keys: np.ndarray, queries: np.ndarray, scale: np.ndarray, P: int,
+                  params: dict) -> np.ndarray:
+    """The scores of prompt keys ``0 .. P - window - 1`` at the end of prefill."""
+    window = params["window"]
+    units = np.zeros((keys.shape[0], P))
+    for k in range(P):
+        unit_key(keys, k, units, k)
+    out, work = np.zeros(P), np.zeros((3, P))
+    scores(keys, queries, scale, np.arange(P), units, P, window, params["kernel"],
+           params["mix_lambda"], out, work)
+    return out[:P - window]
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, window = prompt.prompt_len, params["window"]
+    keys, queries, scale = prompt.keys, prompt.queries, prompt.qk_scale
+    if P > budget:
+        selected = kernels.top_ranked(prompt_scores(keys, queries, scale, P, params), 0,
+                                      P - window, budget - window)
+        kept = np.concatenate((selected, np.arange(P - window, P)))
+    else:
+        kept = np.arange(P)
+    d = keys.shape[0]
+    state = State(keys, queries, scale, window, params["kernel"], params["mix_lambda"],
+                  np.zeros((d, budget + 1)), np.zeros((d, budget + 1)),
+                  np.zeros(budget + 1, np.int64), np.zeros(budget + 1, np.int64),
+                  np.zeros(budget + 1), np.zeros((3, budget + 1)))
+    for s, k in enumerate(kept):
+        unit_key(keys, k, state.unit, s)
+    return kept, state
+
+
+POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key cosines)",
+                PARAMS, Steps(_start, admit, observe_nothing, decode),
+                min_budget=lambda params: params["window"] + 1,
+                floor_reason="its window + 1",
+                fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
+                needs=frozenset({"keys", "queries"}))
