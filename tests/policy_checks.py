@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 from matrices import make_attention
-from reference import qk_source, reference_run
+from reference import RopeSource, qk_source, reference_run
 
 from kvsim.numerics.decode import observed_outputs
 from kvsim.numerics.field import FieldData, dense_field, empty_field
@@ -38,13 +38,23 @@ def qk_field(rng, T, G, d=4, dv=3, kind="gauss") -> FieldData:
     f["values"] = rng.standard_normal((1, T, dv)).astype(np.float32)
     f["value_heads"] = np.ones(1, bool)
     f["qk_scale"] = rng.choice([-1.0, 1.0], G) * rng.uniform(0.3, 2.0, G)
+    # a RoPE for the policies that need one (no draw: the other policies' cases stay): the
+    # queries stand for their own pre-RoPE vectors, rotated by scaled frequencies
+    f["pre_rope_queries"] = f["queries"]
+    f["rope_freq"] = 1.0 / 10.0 ** (np.arange(d // 2) / max(d // 2, 1))
+    f["rope_scale"] = 1.25
     return FieldData(**f)
 
 
 def field_source(field: FieldData):
-    """The reference's source for KV head 0 of a q.k field."""
+    """The reference's source for KV head 0 of a q.k field (with its RoPE, if any)."""
     values = field.values[0] if field.has_values(0) else None
-    return qk_source(field.queries, field.keys[0].T, values, field.qk_scale)
+    src = qk_source(field.queries, field.keys[0].T, values, field.qk_scale)
+    if field.pre_rope_queries.shape[2] == 0:
+        return src
+    return RopeSource(src.probs, src.keys, src.values, src.queries, src.scaling,
+                      field.pre_rope_queries.astype(np.float64), field.rope_freq,
+                      field.rope_scale)
 
 
 def run_kvsim(field, name, params, budget, prompt_len, gqa, important):
