@@ -108,7 +108,9 @@ def qkv_field(heads: int, kv_heads: int, seed: int):
         keys=rng.standard_normal((kv_heads, d, T)).astype(np.float32),
         queries=rng.standard_normal((heads, T, d)).astype(np.float32),
         values=rng.standard_normal((kv_heads, T, d)).astype(np.float32),
-        value_heads=np.ones(kv_heads, bool))
+        value_heads=np.ones(kv_heads, bool))._replace(  # a RoPE, drawn after the rest
+        pre_rope_queries=rng.standard_normal((heads, T, d)).astype(np.float32),
+        rope_freq=np.array([1.0, 0.1]), rope_scale=1.0)
 
 
 def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, gqa: str):
@@ -120,8 +122,9 @@ def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, 
     trace = policy.run(group, budget, params)
     A = field.probs[group.heads]
     keys, values = field.keys[kv].T, field.values[kv]  # (T, d) rows, as a model has them
+    rope = (field.pre_rope_queries[group.heads, :P], field.rope_freq, field.rope_scale)
     stepper = Stepper(name, budget, params, prompt_attention=A[:, :P, :P].copy(), keys=keys,
-                      values=values, gqa=gqa, seed=5, capacity_T=T)
+                      values=values, gqa=gqa, seed=5, capacity_T=T, rope=rope)
     if P == T:
         assert np.array_equal(np.sort(stepper.cache), trace.kept)
     for step, t in enumerate(range(P, T)):

@@ -51,7 +51,7 @@ def tiny():
     with torch.no_grad():
         eager = net(torch.as_tensor(ids[None])).logits[0].numpy()
     attach(net)
-    return net, eager, prefill(net, ids)
+    return net, eager, prefill(net, ids, rope=True)
 
 
 def steppable() -> list[str]:
@@ -90,7 +90,9 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                 for j in range(H_kv)])
             field = dense_field(A, H_kv)._replace(
                 keys=np.ascontiguousarray(full.keys[layer].transpose(0, 2, 1)),
-                values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool))
+                values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool),
+                pre_rope_queries=full.pre_rope_queries[layer], rope_freq=full.rope[layer][0],
+                rope_scale=full.rope[layer][1])
             for j in range(H_kv):
                 for c, (_, budget) in enumerate(runs):
                     group = make_group(field, j, P, np.zeros((field.heads, T), bool), {},

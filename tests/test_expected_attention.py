@@ -191,6 +191,26 @@ def test_sinks_are_always_kept_and_budget_floor():
     assert POLICY.check(4, 4, params) is None  # no decode step: nothing to score
 
 
+def test_stepper_reproduces_the_simulator():
+    """One step at a time (the closed loop's driver) on the simulator's rows: the same
+    cache at every step, slot for slot (tests/policy_checks.py), GQA rules, prompts after
+    the sinks."""
+    from policy_checks import T as STEP_T, check_stepper, qkv_field
+    for heads, kv_heads, gqa in [(2, 2, "mean"), (4, 2, "max"), (6, 2, "sum")]:
+        field = qkv_field(heads, kv_heads, seed=heads + 3)
+        for params in ({}, {"n_sink": 1, "n_future": 7}):
+            params = resolve_params(POLICY, params)
+            floor = POLICY.min_budget(params)
+            for P in (5, 11, STEP_T):
+                for budget in (floor, floor + 3, STEP_T - 2):
+                    for kv in range(kv_heads):
+                        check_stepper("expected_attention", params, field, kv, P, budget, gqa)
+    with pytest.raises(KvsimError, match="rope: expected_attention needs the prompt's pre-RoPE"):
+        from kvsim.policies.stepping import Stepper
+        Stepper("expected_attention", 8, prompt_attention=np.ones((1, 6, 6)) / 6,
+                keys=np.ones((8, 4)), values=np.ones((8, 4)), capacity_T=8)
+
+
 # ------------------------------------------------------------ sources
 FIELD = """\
 [attention]
@@ -290,8 +310,8 @@ def test_tiny_llama_capture_records_the_rope_and_old_traces_name_the_recapture(t
         f"{tmp_path / 's.toml'}: experiment[0].policies[0]: policy 'expected_attention': "
         f"expected_attention needs pre-RoPE query vectors with RoPE settings, which the "
         f"'trace' attention source does not have: old.npz was captured without them "
-        f"(capture version < 3); recapture it with `python -m kvsim capture` (kvsim "
-        f"{kvsim.__version__})"]
+        f"(capture version < 3); recapture it with `python -m kvsim capture --model MODEL "
+        f"--text TEXT --out old.npz`"]
     (tmp_path / "s.toml").write_text(SCENARIO.format(name="old.npz").replace(
         "[policies.expected_attention]\n", "").replace("budgets", "policies = ['knorm']\nbudgets"))
     assert kvsim.load_scenario(tmp_path / "s.toml").T == 56
@@ -314,7 +334,7 @@ def test_validate_names_an_old_trace(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "s.toml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "old.npz was captured without them" in err[0] \
-        and "python -m kvsim capture" in err[0]
+        and "python -m kvsim capture --model MODEL --text TEXT --out old.npz" in err[0]
 
 
 def test_tiny_gemma3_capture_records_each_layer_types_rope(tmp_path):

@@ -24,6 +24,7 @@ recorded global layer.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -204,13 +205,23 @@ def rope_note(params: dict, base: Path) -> str:
     if "pre_rope_queries" in files.headers(path):
         return ""
     return (f": {params['path']} was captured without them (capture version < 3); recapture "
-            f"it with `python -m kvsim capture` (kvsim {_version()})")
+            f"it with `{_recapture(path, params['path'])}`")
 
 
-def _version() -> str:
-    from kvsim._version import __version__
-
-    return __version__
+def _recapture(path: Path, name: str) -> str:
+    """The capture command of a trace, from its ``meta`` where it has one (the text is
+    not recorded, only its hash)."""
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+        options = [f"--model {meta['model']}"]
+        if meta.get("gguf_file"):
+            options.append(f"--gguf-file {meta['gguf_file']}")
+        options += ["--text TEXT", f"--tokens {int(meta['tokens'])}",
+                    f"--layers {','.join(str(int(x)) for x in meta['layers'])}"]
+    except (KeyError, ValueError, TypeError, OSError):
+        options = ["--model MODEL", "--text TEXT"]
+    return " ".join(["python -m kvsim capture", *options, f"--out {name}"])
 
 
 def select_layer(layers: list[int], requested: int | None, key: str = "layer",

@@ -166,11 +166,6 @@ def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
     return None
 
 
-def _closed_loop(params: dict) -> str:
-    return ("the closed loop does not pass the model's pre-RoPE queries and RoPE settings to "
-            "the policy")
-
-
 POLICY = Policy(
     "expected_attention", "kvpress's Expected Attention: softmax of the expected logit of a "
     "future query (pre-RoPE query mean and covariance under the averaged RoPE of the next "
@@ -183,5 +178,5 @@ POLICY = Policy(
           observe_nothing, scored.decode, functools.partial(scored.prepare, score)),
     min_budget=lambda params: params["n_sink"] + 1, check=_check,
     floor_reason="n_sink + 1: the sinks are always kept",
-    needs=frozenset({"keys", "values", "rope"}), closed_loop=_closed_loop,
+    needs=frozenset({"keys", "values", "rope"}),
     fixed=lambda budget, prompt_len, params: params["n_sink"])

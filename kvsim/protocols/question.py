@@ -68,8 +68,10 @@ def slot_fields(policy: str, params: dict) -> frozenset[str]:
         A = np.tril(rng.random((1, P, P)) + 0.1)
         A /= A.sum(axis=-1, keepdims=True)
         keys, values = rng.standard_normal((T, d)), rng.standard_normal((T, d + 2))
+        rope = (rng.standard_normal((1, P, d)), np.array([1.0, 0.5]), 1.0)  # if needed
         small, large = (Stepper(policy, budget, params, prompt_attention=A, keys=keys,
-                                values=values, capacity_T=T)._state for budget in (b, b + 1))
+                                values=values, capacity_T=T, rope=rope)._state
+                        for budget in (b, b + 1))
         _SLOT_FIELDS[key] = frozenset(
             name for name, value in small._asdict().items()
             if isinstance(value, np.ndarray) and value.ndim

@@ -89,7 +89,7 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     original = attn_module.eager_attention_forward
     seen: dict = {}
     pre_rope: dict = {}
-    hooks = [_query_hook(net.model.layers[layer].self_attn, layer, pre_rope) for layer in layers]
+    hooks = [query_hook(net.model.layers[layer].self_attn, layer, pre_rope) for layer in layers]
 
     def recording(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
@@ -104,7 +104,7 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
                                  f"logits, which a trace does not replay")
             window = int(kwargs.get("sliding_window") or 0)
             q32 = query[0].detach().numpy()
-            rope = _rope_settings(net, module)
+            rope = rope_settings(net, module)
             _check_rope(module.layer_idx, pre_rope[module.layer_idx], q32, rope)
             q, k, v = (x[0].detach().numpy().astype(dtype) for x in (query, key, value))
             deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy(), window)
@@ -137,7 +137,7 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
             "rope_theta": np.array([r[2] for r in rope])}
 
 
-def _query_hook(attention, layer: int, out: dict):
+def query_hook(attention, layer: int, out: dict):
     """A forward hook storing ``out[layer]``: the layer's (H, T, d) float32 queries before
     RoPE, from its query norm if it has one (Gemma-3, Qwen3), else its query projection."""
     norm = getattr(attention, "q_norm", None)
@@ -153,7 +153,7 @@ def _query_hook(attention, layer: int, out: dict):
     return attention.q_proj.register_forward_hook(hook)
 
 
-def _rope_settings(net, attention) -> tuple[np.ndarray, float, float]:
+def rope_settings(net, attention) -> tuple[np.ndarray, float, float]:
     """(inverse frequencies, cos/sin factor, base theta or NaN) of one attention layer's
     RoPE, from the model's rotary embedding (per layer type where it has several: Gemma-3
     rotates its local layers with base 10,000 and its global ones with 1,000,000)."""
@@ -252,7 +252,7 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
             "kvsim": __version__, "capture_version": CAPTURE_VERSION,
-            "rope_layout": "rotate_half", "rope_theta": trace["rope_theta"].tolist()}
+            "rope_layout": "rotate_half"}
     if models.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
         meta["licence"] = models.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
+from kvsim.policies.run import get_policy
 from kvsim.policies.stepping import Stepper
 from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
@@ -78,7 +79,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                     out[c][layer][j] = Stepper(
                         cfg.kind, budget, cfg.params, prompt_attention=prompt,
                         keys=keys[layer, c, j], values=values[layer, c, j], gqa=gqa,
-                        seed=seed, capacity_T=T)
+                        seed=seed, capacity_T=T, rope=full.prompt_rope(layer, j, prompt_len))
     return out
 
 
@@ -197,7 +198,8 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
     try:
         attach(net)
         ids = load_text(cfg, tokenizer)
-        full = prefill(net, ids)
+        full = prefill(net, ids, rope=any("rope" in get_policy(pc.kind).needs
+                                          for pc in cfg.policies))
         P, T = cfg.prompt_len, cfg.tokens
         # policies compress the global layers only: the open loop and its weights are theirs
         weights = metrics.layer_weights(full.attn_out_norm[full.global_layers], P)
