@@ -133,10 +133,13 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
     """The simulator's open loop of every policy of ``cfg`` (on ``workers`` processes)."""
     bar = tqdm(total=len(cfg.policies), desc="open loop (policies)", disable=not progress)
     with bar:
-        if workers <= 1:
-            return [bar.update() or open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                              list(cfg.budgets), cfg.gqa)
-                    for pc in cfg.policies]
+        if workers <= 1:  # (tqdm's update may return True: not an `or` chain)
+            out = []
+            for pc in cfg.policies:
+                out.append(open_loop(full, cfg.prompt_len, pc.kind, pc.params,
+                                     list(cfg.budgets), cfg.gqa))
+                bar.update()
+            return out
         _FORKED["open"] = (full, cfg)
         try:
             with forked_pool(workers) as pool:
