@@ -78,18 +78,23 @@ def expected_logits(mu: np.ndarray, cov: np.ndarray, keys: np.ndarray) -> np.nda
 
 
 def scores(group: Group, pre_q: np.ndarray, keys: np.ndarray, values: np.ndarray,
-           start: int, params: dict, norm: np.ndarray | None = None) -> np.ndarray:
+           start: int, params: dict) -> np.ndarray:
     """Expected-attention scores of ``keys`` (n, d) with ``values`` (n, dv) from the
-    queries ``pre_q`` (G, N, d), future positions from ``start``: per head the softmax of
-    ``z`` (normalised over these keys, or by the per-head (max, sum) ``norm``), combined
-    over the group by its ``gqa``, times ``||v||`` where ``vnorm``."""
+    queries ``pre_q`` (G, N, d), future positions from ``start``, the softmax over these
+    keys."""
     f = group.field
     R = averaged_rope(f.rope_freq, f.rope_scale, keys.shape[1], start, params["n_future"])
     mu, cov = future_query(pre_q, R, params["covariance"])
     z = expected_logits(mu, cov, keys)
-    top, total = softmax_norm(z) if norm is None else norm
-    per_head = [np.exp(z[g] - top[g]) / total[g] for g in range(z.shape[0])]
-    combined = group.combine(per_head) if keys.shape[0] else np.zeros(0)
+    return _weighted(group, z, softmax_norm(z), values, params)
+
+
+def _weighted(group: Group, z: np.ndarray, norm: tuple, values: np.ndarray, params: dict
+              ) -> np.ndarray:
+    """Per head ``exp(z - max) / sum`` with the per-head (max, sum) ``norm``, combined over
+    the group by its ``gqa``, times ``||v||`` where ``vnorm``."""
+    top, total = norm
+    combined = group.combine([np.exp(z[g] - top[g]) / total[g] for g in range(z.shape[0])])
     if params["vnorm"]:
         v = values.astype(np.float64)
         combined = combined * np.sqrt((v * v).sum(axis=1))
@@ -128,12 +133,7 @@ def score(group: Group, lo: int, hi: int, params: dict) -> np.ndarray:
         return out
     mu, cov, norm = _prefill_model(group, params)
     z = expected_logits(mu, cov, group.keys[:, first:hi].T)
-    per_head = [np.exp(z[g] - norm[0][g]) / norm[1][g] for g in range(z.shape[0])]
-    combined = group.combine(per_head)
-    if params["vnorm"]:
-        v = group.values[first:hi].astype(np.float64)
-        combined = combined * np.sqrt((v * v).sum(axis=1))
-    out[first - lo:] = combined
+    out[first - lo:] = _weighted(group, z, norm, group.values[first:hi], params)
     return out
 
 
@@ -152,6 +152,8 @@ def rescore(group: Group, cache: np.ndarray, t: int, since: int, params: dict) -
     cache = np.asarray(cache, np.int64)
     out = np.full(cache.shape[0], np.inf)
     rest = cache >= n_sink
+    if not rest.any():
+        return out
     pre_q = group.field.pre_rope_queries[group.heads][:, queries]
     out[rest] = scores(group, pre_q, group.keys[:, cache[rest]].T, group.values[cache[rest]],
                        t, params)
