@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 from matrices import make_attention
-from reference import qk_source, reference_run
+from reference import RopeSource, qk_source, reference_run
 
 from kvsim.numerics.decode import observed_outputs
 from kvsim.numerics.field import FieldData, dense_field, empty_field
@@ -38,13 +38,23 @@ def qk_field(rng, T, G, d=4, dv=3, kind="gauss") -> FieldData:
     f["values"] = rng.standard_normal((1, T, dv)).astype(np.float32)
     f["value_heads"] = np.ones(1, bool)
     f["qk_scale"] = rng.choice([-1.0, 1.0], G) * rng.uniform(0.3, 2.0, G)
+    # a RoPE for the policies that need one (no draw: the other policies' cases stay): the
+    # queries stand for their own pre-RoPE vectors, rotated by scaled frequencies
+    f["pre_rope_queries"] = f["queries"]
+    f["rope_freq"] = 1.0 / 10.0 ** (np.arange(d // 2) / max(d // 2, 1))
+    f["rope_scale"] = 1.25
     return FieldData(**f)
 
 
 def field_source(field: FieldData):
-    """The reference's source for KV head 0 of a q.k field."""
+    """The reference's source for KV head 0 of a q.k field (with its RoPE, if any)."""
     values = field.values[0] if field.has_values(0) else None
-    return qk_source(field.queries, field.keys[0].T, values, field.qk_scale)
+    src = qk_source(field.queries, field.keys[0].T, values, field.qk_scale)
+    if field.pre_rope_queries.shape[2] == 0:
+        return src
+    return RopeSource(src.probs, src.keys, src.values, src.queries, src.scaling,
+                      field.pre_rope_queries.astype(np.float64), field.rope_freq,
+                      field.rope_scale)
 
 
 def run_kvsim(field, name, params, budget, prompt_len, gqa, important):
@@ -99,7 +109,9 @@ def qkv_field(heads: int, kv_heads: int, seed: int):
         queries=rng.standard_normal((heads, T, d)).astype(np.float32),
         values=rng.standard_normal((kv_heads, T, d)).astype(np.float32),
         value_heads=np.ones(kv_heads, bool),
-        qk_scale=rng.choice([-1.0, 1.0], heads) * rng.uniform(0.3, 2.0, heads))
+        qk_scale=rng.choice([-1.0, 1.0], heads) * rng.uniform(0.3, 2.0, heads))._replace(
+        pre_rope_queries=rng.standard_normal((heads, T, d)).astype(np.float32),  # a RoPE,
+        rope_freq=np.array([1.0, 0.1]), rope_scale=1.0)  # drawn after the rest
 
 
 def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, gqa: str):
@@ -112,9 +124,10 @@ def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, 
     A = field.probs[group.heads]
     keys, values = field.keys[kv].T, field.values[kv]  # (T, d) rows, as a model has them
     queries = field.queries[group.heads] if "queries" in policy.needs else None
+    rope = (field.pre_rope_queries[group.heads, :P], field.rope_freq, field.rope_scale)
     stepper = Stepper(name, budget, params, prompt_attention=A[:, :P, :P].copy(), keys=keys,
                       values=values, queries=queries, scaling=field.qk_scale[group.heads],
-                      gqa=gqa, seed=5, capacity_T=T)
+                      gqa=gqa, seed=5, capacity_T=T, rope=rope)
     if P == T:
         assert np.array_equal(np.sort(stepper.cache), trace.kept)
     for step, t in enumerate(range(P, T)):

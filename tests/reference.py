@@ -713,6 +713,8 @@ def min_budget(policy, params):
         return params["window"] + 1 if params["protect_window"] else 1
     if policy == "quest":
         return params["page_size"]
+    if policy == "expected_attention":  # its sinks are always kept
+        return params["n_sink"] + 1
     return 1
 
 
@@ -1089,3 +1091,87 @@ RKV_DROPKV_CHUNKKV = {
 SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
 DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})
 MULTI_HEAD |= set(RKV_DROPKV_CHUNKKV)
+
+
+# ================================================================ expected_attention
+# kvpress ExpectedAttentionPress (commit 8bb29b9): the expected softmax weight of a key
+# under the distribution of a future query, times ||v||; sinks always kept.
+@dataclass
+class RopeSource(Source):
+    """A source with the queries before RoPE (G, T, d) and the RoPE that rotated them:
+    inverse frequencies (n,) on the first 2n dimensions (i pairs with i + n) and the factor
+    on cos and sin."""
+
+    pre_rope_queries: np.ndarray | None = None
+    rope_freq: np.ndarray | None = None
+    rope_scale: float = 1.0
+
+
+def rope_matrix(freq, scale, d, t):
+    """The (d, d) RoPE matrix of position t (rotate-half pairs, scaled cos and sin)."""
+    R = np.eye(d)
+    n = len(freq)
+    for i in range(n):
+        angle = t * float(freq[i])
+        c, s = scale * math.cos(angle), scale * math.sin(angle)
+        R[i, i], R[i + n, i + n], R[i, i + n], R[i + n, i] = c, c, -s, s
+    return R
+
+
+def future_query_moments(src, g, positions, start, n_future, covariance):
+    """Mean and covariance (divided by their count) of head g's pre-RoPE queries at
+    ``positions``, carried by the mean RoPE matrix of positions start .. start+n_future-1."""
+    q = [np.asarray(src.pre_rope_queries[g, t], dtype=np.float64) for t in positions]
+    d = q[0].shape[0]
+    mu = sum(q) / len(q)
+    cov = np.zeros((d, d))
+    if covariance:
+        cov = sum(np.outer(x - mu, x - mu) for x in q) / len(q)
+    R = sum(rope_matrix(src.rope_freq, src.rope_scale, d, t)
+            for t in range(start, start + n_future)) / n_future
+    return R @ mu, R @ cov @ R.T
+
+
+def expected_logit(mu, cov, key):
+    """z = mu . k / sqrt(d) + k^T cov k / (2 d)."""
+    k = np.asarray(key, dtype=np.float64)
+    d = k.shape[0]
+    return dot_seq(mu, k) / math.sqrt(d) + dot_seq(k, cov @ k) / d / 2
+
+
+def expected_attention_scores(src, queries, keys, norm_keys, start, gqa, n_sink, n_future,
+                              covariance, vnorm):
+    """Score of each position in ``keys``: per head exp(z) normalised over ``norm_keys``
+    (the softmax), combined over the heads, times ||v||; statistics from ``queries``."""
+    per_head = []
+    for g in range(src.G):
+        mu, cov = future_query_moments(src, g, queries, start, n_future, covariance)
+        z = {j: expected_logit(mu, cov, src.keys[j]) for j in set(keys) | set(norm_keys)}
+        top = max(z[j] for j in norm_keys)
+        total = sum(math.exp(z[j] - top) for j in norm_keys)
+        per_head.append({j: math.exp(z[j] - top) / total for j in keys})
+    combined = combined_scores(per_head, gqa)
+    return {j: combined[j] * (l2_norm(src.values[j]) if vnorm else 1.0) for j in keys}
+
+
+def policy_expected_attention(src, P, T, B, gqa, n_sink, n_future, covariance, vnorm):
+    """Static scores from the prompt's statistics (queries n_sink .. P-1, future positions
+    from P, softmax normaliser of the prompt keys after the sinks); sinks score +inf; keep
+    the top B at prefill, evict the lowest score at decode."""
+    if P <= n_sink and P < T:
+        raise ValueError("expected_attention needs a prompt query after the sinks")
+    score = [math.inf] * T
+    if P > n_sink:
+        rest = list(range(n_sink, T))
+        found = expected_attention_scores(src, range(n_sink, P), rest, range(n_sink, P), P, gqa,
+                                          n_sink, n_future, covariance, vnorm)
+        for j in rest:
+            score[j] = found[j]
+    return _static_keep(score, P, T, B, 0)
+
+
+SOURCE_RULES["expected_attention"] = SourceRule(
+    policy_expected_attention, {"n_sink": 4, "n_future": 512, "covariance": True, "vnorm": True},
+    ("keys", "values", "pre_rope_queries"))
+DEFAULTS["expected_attention"] = SOURCE_RULES["expected_attention"].defaults
+MULTI_HEAD.add("expected_attention")

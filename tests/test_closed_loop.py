@@ -51,7 +51,7 @@ def tiny():
     with torch.no_grad():
         eager = net(torch.as_tensor(ids[None])).logits[0].numpy()
     attach(net)
-    return net, eager, prefill(net, ids)
+    return net, eager, prefill(net, ids, rope=True)
 
 
 def steppable() -> list[str]:
@@ -93,7 +93,9 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                 keys=np.ascontiguousarray(full.keys[layer].transpose(0, 2, 1)),
                 values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool),
                 queries=np.ascontiguousarray(full.queries[layer]),
-                qk_scale=np.full(H_kv * G, full.geometry[layer].scaling))
+                qk_scale=np.full(H_kv * G, full.geometry[layer].scaling),
+                pre_rope_queries=full.pre_rope_queries[layer], rope_freq=full.rope[layer][0],
+                rope_scale=full.rope[layer][1])
             for j in range(H_kv):
                 for c, (_, budget) in enumerate(runs):
                     group = make_group(field, j, P, np.zeros((field.heads, T), bool), {},

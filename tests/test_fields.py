@@ -136,7 +136,7 @@ def same_trace(a, b) -> bool:
                     for name in ("mass", "recall", "error")))
 
 
-ARRAYS = [name for name in FieldData._fields if name != "group"]
+ARRAYS = [name for name in FieldData._fields if name not in ("group", "rope_scale")]
 
 # ---------------------------------------------------------------------------------------
 # 1. A component field and its dense twin give exactly the same runs

@@ -69,7 +69,7 @@ def test_the_scenario_check_names_the_policy_and_the_source(monkeypatch, tmp_pat
 def test_needs_are_declared_from_a_known_set():
     with pytest.raises(ValueError, match="not in"):
         dataclasses.replace(POLICIES["window"], needs=frozenset({"gradients"}))
-    assert all(p.needs <= {"keys", "values", "queries"} for p in POLICIES.values())
+    assert all(p.needs <= {"keys", "values", "queries", "rope"} for p in POLICIES.values())
 
 
 # ---------------------------------------------------------------------------------------

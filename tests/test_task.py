@@ -98,7 +98,8 @@ def test_widened_steppers_take_the_question_without_eviction():
     for name in names:
         s = Stepper(name, B, {"window": 4} if "window" in POLICIES[name].params else {},
                     prompt_attention=A, keys=keys, values=values, queries=queries,
-                    capacity_T=T)
+                    capacity_T=T,
+                    rope=(keys[None, :P - Q].repeat(2, 0), np.array([1.0, 0.3]), 1.0))
         before = s.cache
         s.widen(Q)
         assert np.array_equal(s.cache, before)
@@ -271,7 +272,7 @@ class Watched:
 @pytest.mark.parametrize("protocol", ["before_question", "after_question"])
 def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
     net, prompt, _, _ = tiny
-    full = prefill(net, prompt.ids, logits_to_keep=1)
+    full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     cfg = task_config(configs(8), compress=(protocol,))
     caches = task_run.compress(full, prompt, cfg, protocol, task_run_rows(full, prompt))
     Q = prompt.question_len
@@ -305,7 +306,7 @@ def test_before_question_compression_never_sees_a_question_query(tiny):
                          prompt.digits, Q)
     kept = []
     for p in (prompt, other):
-        full = prefill(net, p.ids, logits_to_keep=1)
+        full = prefill(net, p.ids, logits_to_keep=1, rope=True)
         caches = task_run.compress(full, p, cfg, "before_question", task_run_rows(full, p))
         kept.append([[[s.cache for s in per_kv] for per_kv in per_layer]
                      for per_layer in caches.steppers])

@@ -69,6 +69,8 @@ COMPONENTS: dict[str, dict[str, Param]] = {
         "focus": _count(1, "clusters each query mixes", 1, 1024),
         "strength": _number(1.0, "multiplies q . k / sqrt(d)"),
         "values": Param(bool, True, "draw value vectors (enables the output-error metric)"),
+        "rope_theta": _number(0.0, "RoPE base: rotate the drawn queries and keys by their "
+                                   "positions (rotate-half layout; 0: no RoPE)", 0.0, 1e12),
     },
 }
 
@@ -125,6 +127,25 @@ def _qk(p: dict, T: int, seed: int, h: int, kv: int, layer: int = 0):
     return queries.astype(np.float32), keys.astype(np.float32), values.astype(np.float32)
 
 
+def rope_frequencies(theta: float, d: int) -> np.ndarray:
+    """(d/2,) RoPE inverse frequencies ``theta ** (-2 i / d)`` (as Llama's rotary embedding)."""
+    return 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
+
+
+def rotate(x: np.ndarray, freq: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """RoPE of the rows of ``x`` (..., T, d) at positions ``0 .. T-1`` in float64, cos and
+    sin times ``scale``: dimension ``i < n`` pairs with ``i + n`` (rotate-half layout,
+    ``n = len(freq)``); dimensions from ``2 n`` on pass unchanged."""
+    x = x.astype(np.float64)
+    n = freq.shape[0]
+    angles = np.arange(x.shape[-2], dtype=np.float64)[:, None] * freq[None, :]
+    c, s = scale * np.cos(angles), scale * np.sin(angles)
+    out = x.copy()
+    out[..., :n] = x[..., :n] * c - x[..., n:2 * n] * s
+    out[..., n:2 * n] = x[..., n:2 * n] * c + x[..., :n] * s
+    return out
+
+
 def build(heads: list[dict], T: int, kv_heads: int, seed: int,
           layer: int = 0) -> tuple[FieldData, np.ndarray | None]:
     """The field of one sequence and its (H, T) ground-truth mask (None if nothing is planted).
@@ -176,6 +197,14 @@ def build(heads: list[dict], T: int, kv_heads: int, seed: int,
                 [seed, h, *_layer_key(layer)]).generate_state(1, np.uint64)[0]
         if "qk" in comp:
             q, k, v = _qk(comp["qk"], T, seed, h, kv, layer)
+            theta = comp["qk"].get("rope_theta", 0.0)
+            if theta:  # the drawn vectors are the pre-RoPE ones
+                freq = rope_frequencies(theta, d)
+                if f["pre_rope_queries"].shape[2] == 0:
+                    f["pre_rope_queries"] = np.zeros((H, T, d), np.float32)
+                    f["rope_freq"] = freq
+                f["pre_rope_queries"][h] = q
+                q, k = rotate(q, freq).astype(np.float32), rotate(k, freq).astype(np.float32)
             f["queries"][h] = q
             f["keys"][kv] = k.T
             if dv and v.shape[1]:

@@ -63,9 +63,11 @@ class Source:
     ``describe(params, base)`` checks the parameters against the data and gives
     ``(T, query heads, KV heads, has ground truth)``, or raises :class:`KvsimError`;
     ``build(params, seed, base)`` returns a :class:`Field`, of the layer
-    ``params["layer"]`` where the source has several; ``provides(params)`` names what it
-    has besides attention (of "keys", "values", "queries": a policy's ``needs``);
-    ``layers(params, base)`` lists the layers run jointly (after ``describe``).
+    ``params["layer"]`` where the source has several; ``provides(params, base)`` names what
+    it has besides attention (of "keys", "values", "queries", "rope": a policy's ``needs``)
+    and ``note(params, base)`` the words that end an error for what it lacks (e.g. how to
+    recapture an old trace); ``layers(params, base)`` lists the layers run jointly (after
+    ``describe``).
     """
 
     name: str
@@ -74,8 +76,9 @@ class Source:
     required: tuple[str, ...]
     describe: Callable[[dict, Path], tuple[int, int, int, bool]]
     build: Callable[[dict, int, Path], Field]
-    provides: Callable[[dict], frozenset] = lambda params: frozenset()
+    provides: Callable[[dict, Path], frozenset] = lambda params, base: frozenset()
     layers: Callable[[dict, Path], tuple[int, ...]] = lambda params, base: (0,)
+    note: Callable[[dict, Path], str] = lambda params, base: ""
 
 
 def _notebook_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
@@ -181,6 +184,14 @@ def _field_build(params: dict, seed: int, base: Path) -> Field:
 
 
 def _field_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
+    ropes = {c["qk"].get("rope_theta", 0.0) for c in params["per_head"] if "qk" in c}
+    if len(ropes) > 1:
+        raise KvsimError(f"expected one rope_theta for every head (a field has one RoPE), got "
+                         f"{sorted(ropes)}", "qk.rope_theta")
+    dims = {c["qk"]["dim"] for c in params["per_head"] if "qk" in c}
+    if ropes and ropes.pop() and dims.pop() % 2:
+        raise KvsimError("expected an even qk.dim with a RoPE (dimensions rotate in pairs)",
+                         "qk.rope_theta")
     truth = any(
         (("heavy_hitters" in c and c["heavy_hitters"]["important"]
           and (c["heavy_hitters"]["count"] or c["heavy_hitters"]["fraction"]
@@ -193,14 +204,17 @@ def _field_describe(params: dict, base: Path) -> tuple[int, int, int, bool]:
 FIELD = Source(
     "field", "a composed field: sinks, recency, heavy hitters, boosts, noise, query/key "
     "vectors; logits evaluated on the fly (O(T) memory)",
-    FIELD_PARAMS, (), _field_describe, _field_build, lambda params: frozenset(
+    FIELD_PARAMS, (), _field_describe, _field_build, lambda params, base: frozenset(
         (["keys", "queries"] if all("qk" in c for c in params["per_head"]) else [])
-        + (["values"] if all(c.get("qk", {}).get("values") for c in params["per_head"]) else [])),
+        + (["values"] if all(c.get("qk", {}).get("values") for c in params["per_head"]) else [])
+        + (["rope"] if all(c.get("qk", {}).get("rope_theta") for c in params["per_head"])
+           else [])),
     lambda params, base: tuple(range(params["layers"])))
 
 TRACE = Source(
-    "trace", "recorded post-RoPE queries, keys and values of a real model (.npz); logits "
-    "q . k / sqrt(d) on the fly",
+    "trace", "recorded post-RoPE queries, keys and values of a real model (.npz), with its "
+    "pre-RoPE queries and RoPE settings from capture version 3; logits q . k / sqrt(d) on "
+    "the fly",
     {
         "path": Param(str, None, "trace file, relative to the scenario file (or model + "
                                  "text + tokens)"),
@@ -223,6 +237,6 @@ TRACE = Source(
         "gqa": FIELD_PARAMS["gqa"],
     }, (), trace.describe, lambda params, seed, base: Field(trace.build(params, seed, base),
                                                              None),
-    lambda params: frozenset({"keys", "values", "queries"}), trace.selected_layers)
+    trace.provides, trace.selected_layers, trace.rope_note)
 
 SOURCES: dict[str, Source] = {s.name: s for s in (SEED_NOTEBOOK, MATRIX, FIELD, TRACE)}

@@ -5,7 +5,12 @@ A trace holds, per recorded layer, the post-RoPE queries ``(L, H, T, d)``, keys
 plus ``layers``: the model's index of each recorded layer, ``scaling``: the model's
 logit scale (default ``1 / sqrt(d)``), and ``windows``: each recorded layer's sliding
 window, 0 for a global layer (default: every layer global). kvsim evaluates the logits ``q . k * scaling`` on
-the fly (O(T d) memory), with the model's grouped-query layout. Every array is checked
+the fly (O(T d) memory), with the model's grouped-query layout. A trace of capture version 3
+also holds the queries before RoPE, ``pre_rope_queries`` (shaped as ``queries``), and each
+recorded layer's RoPE: ``rope_freq`` (L, n) inverse frequencies rotating the first ``2 n``
+dimensions in the rotate-half layout (dimension ``i`` pairs with ``i + n``), ``rope_scale``
+(L,) the factor on cos and sin, and ``rope_theta`` (L,) the base (for reading); only the
+policies that need them (``expected_attention``) require them. Every array is checked
 on load (:func:`check`), before any work. A trace is a file (``path``) or a whole-model
 capture named by ``model``, ``text`` and ``tokens`` (:mod:`kvsim.attention.trace_cache`);
 one layer replays, or several (``layers``) jointly.
@@ -19,6 +24,7 @@ recorded global layer.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from pathlib import Path
 
@@ -31,6 +37,7 @@ from kvsim.numerics.field import FieldData, empty_field
 
 REQUIRED = ("queries", "keys")
 OPTIONAL = ("values", "layers", "scaling", "windows")
+ROPE = ("pre_rope_queries", "rope_freq", "rope_scale", "rope_theta")  # capture version 3
 MAX_LOGIT = 1e12  # bound on |q . k * scaling|: logits far beyond any model's stay exact
 MAX_ENTRY = 1e30  # vectors are replayed in float32 (range 3.4e38)
 
@@ -91,7 +98,7 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         if name not in found:
             raise KvsimError(f"expected an array {name!r} in {path.name}, found "
                              f"{sorted(found)}", "path")
-    return files.load(path, [*REQUIRED, *OPTIONAL], "the trace")
+    return files.load(path, [*REQUIRED, *OPTIONAL, *ROPE], "the trace")
 
 
 def _fail(message: str) -> None:
@@ -135,6 +142,7 @@ def check(arrays: dict[str, np.ndarray]) -> list[int]:
               f"reach {bound:.3g}")
     L = q.shape[0]
     _check_windows(arrays, L)
+    _check_rope(arrays, q.shape)
     if "layers" not in arrays:
         return list(range(L))
     layers = arrays["layers"]
@@ -151,6 +159,69 @@ def _check_windows(arrays: dict[str, np.ndarray], L: int) -> None:
                           or w.size != L or (w < 0).any()):
         _fail(f"expected windows: {L} integers >= 0 (each recorded layer's sliding window, "
               f"0 for a global layer), got {w.tolist() if w.size <= 8 else w.shape}")
+
+
+def _check_rope(arrays: dict[str, np.ndarray], shape: tuple[int, ...]) -> None:
+    """The RoPE arrays of a version-3 trace: all or none, shaped and finite."""
+    present = [name for name in ROPE if name in arrays]
+    if not present:
+        return
+    if len(present) < len(ROPE):
+        _fail(f"expected the RoPE arrays {', '.join(ROPE)} together, got only "
+              f"{', '.join(present)}")
+    pre, freq = arrays["pre_rope_queries"], arrays["rope_freq"]
+    scale, theta = arrays["rope_scale"], arrays["rope_theta"]
+    L, d = shape[0], shape[3]
+    if pre.shape != shape or not np.issubdtype(pre.dtype, np.floating) \
+            or not np.isfinite(pre).all() or float(np.abs(pre).max()) > MAX_ENTRY:
+        _fail(f"expected pre_rope_queries: finite floats shaped as the queries {shape}, got "
+              f"{pre.shape} of {pre.dtype}")
+    if freq.ndim != 2 or freq.shape[0] != L or not 1 <= 2 * freq.shape[1] <= d \
+            or not np.issubdtype(freq.dtype, np.floating) or not np.isfinite(freq).all() \
+            or (freq < 0).any():
+        _fail(f"expected rope_freq: (layers {L}, n) inverse frequencies >= 0 with 1 <= 2 n <= "
+              f"head dim {d}, got {freq.shape} of {freq.dtype}")
+    for name, a in (("rope_scale", scale), ("rope_theta", theta)):
+        if a.shape != (L,) or not np.issubdtype(a.dtype, np.floating):
+            _fail(f"expected {name}: {L} floats (one per recorded layer), got {a.shape} of "
+                  f"{a.dtype}")
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        _fail(f"expected rope_scale > 0 and finite, got {scale.tolist()}")
+
+
+def provides(params: dict, base: Path) -> frozenset:
+    """What a trace has besides attention: vectors, and ``rope`` from capture version 3."""
+    found = files.headers(trace_path(params, base))
+    return frozenset({"keys", "values", "queries"} | ({"rope"} if "pre_rope_queries" in found
+                                                       else set()))
+
+
+def rope_note(params: dict, base: Path) -> str:
+    """Why a trace file lacks what ``expected_attention`` needs and how to recapture it
+    (empty when it has them, or names no file): the tail of a missing-needs error."""
+    if not params.get("path"):
+        return ""  # captured on demand: at the current capture version
+    path = trace_path(params, base)
+    if "pre_rope_queries" in files.headers(path):
+        return ""
+    return (f": {params['path']} was captured without them (capture version < 3); recapture "
+            f"it with `{_recapture(path, params['path'])}`")
+
+
+def _recapture(path: Path, name: str) -> str:
+    """The capture command of a trace, from its ``meta`` where it has one (the text is
+    not recorded, only its hash)."""
+    try:
+        with np.load(path) as data:
+            meta = json.loads(str(data["meta"]))
+        options = [f"--model {meta['model']}"]
+        if meta.get("gguf_file"):
+            options.append(f"--gguf-file {meta['gguf_file']}")
+        options += ["--text TEXT", f"--tokens {int(meta['tokens'])}",
+                    f"--layers {','.join(str(int(x)) for x in meta['layers'])}"]
+    except (KeyError, ValueError, TypeError, OSError):
+        options = ["--model MODEL", "--text TEXT"]
+    return " ".join(["python -m kvsim capture", *options, f"--out {name}"])
 
 
 def select_layer(layers: list[int], requested: int | None, key: str = "layer",
@@ -208,14 +279,19 @@ def build(params: dict, seed: int, base: Path) -> FieldData:
         raise KvsimError(f"expected at most the recorded {T_all} tokens, got {T}", "T")
     heads = [kv * group + g for kv in kv_ids for g in range(group)]
     scale = float(arrays["scaling"]) if "scaling" in arrays else 1.0 / np.sqrt(q.shape[3])
+    rope = None
+    if "pre_rope_queries" in arrays:
+        rope = (arrays["pre_rope_queries"][i, heads, :T], arrays["rope_freq"][i],
+                float(arrays["rope_scale"][i]))
     return layer_field(q[i, heads, :T], k[i, kv_ids, :T],
-                       None if v is None else v[i, kv_ids, :T], scale)
+                       None if v is None else v[i, kv_ids, :T], scale, rope)
 
 
 def layer_field(queries: np.ndarray, keys: np.ndarray, values: np.ndarray | None,
-                scaling: float) -> FieldData:
+                scaling: float, rope: tuple | None = None) -> FieldData:
     """The field of one layer's post-RoPE ``queries`` (H, T, d), ``keys`` (H_kv, T, d) and
-    ``values`` (H_kv, T, dv) or None, with logits ``q . k * scaling``."""
+    ``values`` (H_kv, T, dv) or None, with logits ``q . k * scaling``; ``rope``, if given:
+    (pre-RoPE queries (H, T, d), inverse frequencies (n,), cos/sin factor)."""
     H, T = queries.shape[:2]
     f = empty_field(H, T, keys.shape[0])
     f["queries"] = np.ascontiguousarray(queries, dtype=np.float32)
@@ -224,4 +300,8 @@ def layer_field(queries: np.ndarray, keys: np.ndarray, values: np.ndarray | None
         f["values"] = np.ascontiguousarray(values, dtype=np.float32)
         f["value_heads"] = np.ones(keys.shape[0], bool)
     f["qk_scale"] = np.full(H, float(scaling))
+    if rope is not None:
+        f["pre_rope_queries"] = np.ascontiguousarray(rope[0], dtype=np.float32)
+        f["rope_freq"] = np.ascontiguousarray(rope[1], dtype=np.float64)
+        f["rope_scale"] = float(rope[2])
     return FieldData(**f)

@@ -38,6 +38,9 @@ class FieldData(NamedTuple):
     value_heads: np.ndarray     # (H_kv,) bool: which KV heads have values
     qk_scale: np.ndarray        # (H,) float64: multiplies q.k (0: no qk term)
     group: int                  # query heads per KV head
+    pre_rope_queries: np.ndarray  # (H, T, d) float32 queries before RoPE, or (H, 0, 0)
+    rope_freq: np.ndarray       # (d_rot / 2,) float64 RoPE inverse frequencies, or (0,)
+    rope_scale: float           # RoPE's cos/sin factor (1: plain rotation)
 
     @property
     def heads(self) -> int:
@@ -68,7 +71,8 @@ def empty_field(heads: int, T: int, kv_heads: int | None = None) -> dict:
         queries=np.zeros((heads, 0, 0), np.float32), keys=np.zeros((kv_heads, 0, 0), np.float32),
         values=np.zeros((kv_heads, 0, 0), np.float32), value_heads=np.zeros(kv_heads, bool),
         qk_scale=np.zeros(heads),
-        group=heads // kv_heads)
+        group=heads // kv_heads, pre_rope_queries=np.zeros((heads, 0, 0), np.float32),
+        rope_freq=np.zeros(0), rope_scale=1.0)
 
 
 def dense_field(probs: np.ndarray, kv_heads: int | None = None) -> FieldData:

@@ -163,8 +163,10 @@ class Trace:
     snapshots: np.ndarray   # (len(snap_steps), budget) cached positions, -1 padded, or (0, 0)
 
 
-NEEDS = frozenset({"keys", "values", "queries"})
-"""What a policy may need from its source besides attention (``Policy.needs``)."""
+NEEDS = frozenset({"keys", "values", "queries", "rope"})
+"""What a policy may need from its source besides attention (``Policy.needs``); ``rope``:
+the queries before RoPE and the RoPE settings (``FieldData.pre_rope_queries``,
+``rope_freq``, ``rope_scale``)."""
 
 
 @dataclass(frozen=True)

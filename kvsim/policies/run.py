@@ -90,7 +90,8 @@ def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace,
         raise InvariantError("full: mass differs from 1")
 
 
-NEED_WORDS = {"keys": "key vectors", "values": "value vectors", "queries": "query vectors"}
+NEED_WORDS = {"keys": "key vectors", "values": "value vectors", "queries": "query vectors",
+              "rope": "pre-RoPE query vectors with RoPE settings"}
 
 
 def missing_needs(policy: Policy, provides: frozenset) -> str | None:
@@ -102,7 +103,9 @@ def field_provides(field: FieldData, kv_head: int) -> frozenset:
     """What a field has besides attention for KV head ``kv_head`` (see ``Policy.needs``)."""
     return frozenset(name for name, present in (
         ("keys", field.keys.shape[1] > 0), ("queries", field.queries.shape[2] > 0),
-        ("values", field.has_values(kv_head))) if present)
+        ("values", field.has_values(kv_head)),
+        ("rope", field.pre_rope_queries.shape[2] > 0 and field.rope_freq.shape[0] > 0))
+        if present)
 
 
 def check_source(policy: Policy, group: Group, source: str) -> None:

@@ -27,6 +27,21 @@ def _array(name: str, value, ndim: int) -> np.ndarray:
     return value
 
 
+def _with_rope(field, rope, G: int, P: int, policy: str):
+    """``field`` with the prompt's pre-RoPE queries and the RoPE settings ``rope``."""
+    if rope is None:
+        raise KvsimError(f"rope: {policy} needs the prompt's pre-RoPE queries and the RoPE "
+                         f"settings, got none")
+    queries, freq, scale = rope
+    queries = _array("rope queries", queries, 3)
+    freq = np.ascontiguousarray(_array("rope frequencies", freq, 1), dtype=np.float64)
+    if queries.shape[:2] != (G, P) or not 1 <= 2 * freq.shape[0] <= queries.shape[2]:
+        raise KvsimError(f"rope: expected queries of shape ({G}, {P}, d) and at most d/2 "
+                         f"frequencies, got {queries.shape} and {freq.shape[0]}")
+    return field._replace(pre_rope_queries=np.ascontiguousarray(queries, dtype=np.float32),
+                          rope_freq=freq, rope_scale=float(scale))
+
+
 class Stepper:
     """One KV head's cache under ``policy``, advanced one token at a time.
 
@@ -47,6 +62,9 @@ class Stepper:
     gqa : how the group's scores combine ("mean", "max", "sum").
     seed : the seed of seeded policies (``random``).
     capacity_T : the largest position + 1 that will ever be admitted.
+    rope : for policies that need them (``expected_attention``): the (G, P, d) queries of
+        the prompt before RoPE, the RoPE inverse frequencies (n,) and the cos/sin factor
+        (see :class:`kvsim.numerics.field.FieldData`).
 
     Raises
     ------
@@ -57,7 +75,8 @@ class Stepper:
     def __init__(self, policy: str, budget: int, params: dict | None = None, *,
                  prompt_attention: np.ndarray, keys: np.ndarray | None = None,
                  values: np.ndarray | None = None, queries: np.ndarray | None = None,
-                 scaling=None, gqa: str = "mean", seed: int = 0, capacity_T: int):
+                 scaling=None, gqa: str = "mean", seed: int = 0, capacity_T: int,
+                 rope: tuple | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
         if not is_neutral(split(resolved)[1]):
@@ -93,7 +112,10 @@ class Stepper:
         # The prefill reads only the prompt rows: a dense field over them (one key when
         # P = 0, so that the field is not empty; the prompt has no row to read).
         probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G, 1, 1))
-        prompt = make_group(dense_field(probs, kv_heads=1), 0, P, np.zeros((G, max(P, 1)), bool),
+        field = dense_field(probs, kv_heads=1)
+        if "rope" in spec.needs:
+            field = _with_rope(field, rope, G, P, policy)
+        prompt = make_group(field, 0, P, np.zeros((G, max(P, 1)), bool),
                             {}, GQA_MODES[gqa], int(seed))
         empty = np.zeros((0, 0), np.float32)
         vectors = (empty if self._keys is None else self._keys.T,  # by dimension, like a field's

@@ -69,8 +69,10 @@ def slot_fields(policy: str, params: dict) -> frozenset[str]:
         A /= A.sum(axis=-1, keepdims=True)
         keys, values = rng.standard_normal((T, d)), rng.standard_normal((T, d + 2))
         queries = rng.standard_normal((1, T, d))
+        rope = (rng.standard_normal((1, P, d)), np.array([1.0, 0.5]), 1.0)  # if needed
         small, large = (Stepper(policy, budget, params, prompt_attention=A, keys=keys,
-                                values=values, queries=queries, capacity_T=T)._state
+                                values=values, queries=queries, capacity_T=T,
+                                rope=rope)._state
                         for budget in (b, b + 1))
         _SLOT_FIELDS[key] = frozenset(
             name for name, value in small._asdict().items()

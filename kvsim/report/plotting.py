@@ -145,7 +145,7 @@ POLICY_COLORS = {
     "h2o_offline": "#ff7f0e", "snapkv": "#2ca02c", "tova": "#6a3d9a", "random": "#8c8c8c",
     "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
     "caote": "#ff1aff", "quest": "#000080",
-    "rkv": "#1a4d1a", "dropkv": "#ff0080", "chunkkv": "#770033",
+    "rkv": "#1a4d1a", "dropkv": "#ff0080", "chunkkv": "#770033", "expected_attention": "#fdb863",
 }
 # For labels that are not a policy name (a second configuration, a sweep point), in order.
 SPARE_COLORS = ("#ff9988", "#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")

@@ -299,8 +299,10 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
             chk.add(f"policies.{label}.{problem.key}", f"{problem.message} in experiment {name!r}")
         missing = missing_needs(policy, source[1])
         if missing:
+            note = source[2] if "rope" in policy.needs - source[1] else ""
             chk.add(f"{where}.policies[{i}]", f"policy {label!r}: {policy.name} needs {missing}, "
-                                              f"which the {source[0]!r} attention source does not have")
+                                              f"which the {source[0]!r} attention source does not "
+                                              f"have{note}")
         chosen.append(config)
     allocation = _read_allocation(chk, table, where, layers, prompt_len, budgets, chosen)
     # Figure names and what each needs are the report's to check (kvsim.report.plotting).
@@ -521,7 +523,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     attention = chk.table(doc, "attention", "attention")
     source_name = attention.get("source") if attention is not None else None
     T, heads, kv_heads, has_truth, attn_params, layers = 0, 1, 1, False, {}, (0,)
-    provides = (str(source_name), frozenset())
+    provides = (str(source_name), frozenset(), "")
     if attention is None:
         pass
     elif not isinstance(source_name, str) or source_name not in SOURCES:
@@ -541,7 +543,8 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
         if len(chk.problems) == before:
             try:
                 T, heads, kv_heads, has_truth = source.describe(attn_params, path.parent)
-                provides = (source_name, source.provides(attn_params))
+                provides = (source_name, source.provides(attn_params, path.parent),
+                            source.note(attn_params, path.parent))
                 layers = source.layers(attn_params, path.parent)
             except KvsimError as exc:
                 chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)

@@ -5,9 +5,12 @@ eager attention function records, for each chosen layer, the query, key and valu
 tensors it receives (after rotary embedding, before any KV repetition) and the
 attention weights it returns, and each layer's sliding window (0 for a global layer: a
 Gemma-3 trace records five local layers for each global one, and ``windows`` says which);
-before saving, the trace is checked: the causal (and windowed) softmax of
-``q . k * scaling`` recomputed from the stored float16 vectors must reproduce those
-weights to float16 precision. Needs the optional extra: ``pip install -e ".[capture]"``.
+and, from hooks on the query projection (or on the query norm where the model has one,
+as Gemma-3 does), the queries before RoPE with each layer's RoPE inverse frequencies,
+cos/sin factor and base, checked to rotate into the recorded queries. Before saving, the
+trace is checked: the causal (and windowed) softmax of ``q . k * scaling`` recomputed
+from the stored float16 vectors must reproduce those weights to float16 precision. Needs
+the optional extra: ``pip install -e ".[capture]"``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,18 @@ from pathlib import Path
 import numpy as np
 
 from kvsim._version import __version__
+from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
 from kvsim.tools import models
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
-CAPTURE_VERSION = 2  # part of the on-demand cache key: bump when a capture would differ
+CAPTURE_VERSION = 3  # part of the on-demand cache key: bump when a capture would differ
 # 2: the per-layer sliding windows (array ``windows``); a version-1 trace reads as global
+# 3: the pre-RoPE queries and each layer's RoPE (``pre_rope_queries``, ``rope_freq``,
+#    ``rope_scale``, ``rope_theta``); older traces replay for every policy but
+#    ``expected_attention``
+ROPE_TOLERANCE = 2e-3  # max |R_t q_pre - q| / max |q| of a layer: float32 angles at t ~ 4k
 
 
 def _imports():
@@ -80,6 +88,8 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     attn_module = sys.modules[type(net.model.layers[0].self_attn).__module__]
     original = attn_module.eager_attention_forward
     seen: dict = {}
+    pre_rope: dict = {}
+    hooks = [query_hook(net.model.layers[layer].self_attn, layer, pre_rope) for layer in layers]
 
     def recording(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                   **kwargs):
@@ -93,9 +103,13 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
                 raise KvsimError(f"capture: layer {module.layer_idx} softcaps its attention "
                                  f"logits, which a trace does not replay")
             window = int(kwargs.get("sliding_window") or 0)
+            q32 = query[0].detach().numpy()
+            rope = rope_settings(net, module)
+            _check_rope(module.layer_idx, pre_rope[module.layer_idx], q32, rope)
             q, k, v = (x[0].detach().numpy().astype(dtype) for x in (query, key, value))
             deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy(), window)
-            seen[module.layer_idx] = (q, k, v, float(scaling), window, deviation)
+            seen[module.layer_idx] = (q, k, v, float(scaling), window, deviation,
+                                      pre_rope.pop(module.layer_idx).astype(dtype), rope)
         return output, weights
 
     attn_module.eager_attention_forward = recording
@@ -104,18 +118,73 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
             net(torch.as_tensor(token_ids[None], dtype=torch.long))
     finally:
         attn_module.eager_attention_forward = original
+        for hook in hooks:
+            hook.remove()
     missing = [layer for layer in layers if layer not in seen]
     if missing:
         raise KvsimError(f"capture: the model's eager attention was not called for layers "
                          f"{missing}; is it a supported causal LM?")
-    q, k, v, scale, window, deviation = zip(*(seen[layer] for layer in layers))
+    q, k, v, scale, window, deviation, pre, rope = zip(*(seen[layer] for layer in layers))
     if len(set(scale)) > 1:
         raise KvsimError(f"capture: expected one attention scaling for every layer (a trace "
                          f"stores one), got {sorted(set(scale))}")
     _within_tolerance(max(deviation))
     return {"queries": np.stack(q), "keys": np.stack(k), "values": np.stack(v),
             "layers": np.array(layers, np.int64), "scaling": np.array(scale[0]),
-            "windows": np.array(window, np.int64), "token_ids": np.asarray(token_ids, np.int64)}
+            "windows": np.array(window, np.int64), "token_ids": np.asarray(token_ids, np.int64),
+            "pre_rope_queries": np.stack(pre), "rope_freq": np.stack([r[0] for r in rope]),
+            "rope_scale": np.array([r[1] for r in rope]),
+            "rope_theta": np.array([r[2] for r in rope])}
+
+
+def query_hook(attention, layer: int, out: dict):
+    """A forward hook storing ``out[layer]``: the layer's (H, T, d) float32 queries before
+    RoPE, from its query norm if it has one (Gemma-3, Qwen3), else its query projection."""
+    norm = getattr(attention, "q_norm", None)
+    if norm is not None:
+        def hook(module, inputs, output):
+            out[layer] = output[0].detach().numpy().copy()  # (H, T, d) already
+        return norm.register_forward_hook(hook)
+    d = attention.head_dim
+
+    def hook(module, inputs, output):
+        T = output.shape[1]
+        out[layer] = output[0].detach().numpy().reshape(T, -1, d).transpose(1, 0, 2).copy()
+    return attention.q_proj.register_forward_hook(hook)
+
+
+def rope_settings(net, attention) -> tuple[np.ndarray, float, float]:
+    """(inverse frequencies, cos/sin factor, base theta or NaN) of one attention layer's
+    RoPE, from the model's rotary embedding (per layer type where it has several: Gemma-3
+    rotates its local layers with base 10,000 and its global ones with 1,000,000)."""
+    rotary = getattr(net.model, "rotary_emb", None)
+    if rotary is None:
+        raise KvsimError("capture: expected a model with a rotary embedding (model.rotary_emb)")
+    kind = getattr(attention, "layer_type", None)
+    freq = getattr(rotary, f"{kind}_inv_freq", None) if kind else None
+    if freq is None:
+        freq, factor = rotary.inv_freq, rotary.attention_scaling
+    else:
+        factor = getattr(rotary, f"{kind}_attention_scaling")
+    params = getattr(net.config, "rope_parameters", None) or {}
+    params = params.get(kind, params) if kind else params
+    theta = float(params.get("rope_theta", getattr(net.config, "rope_theta", np.nan)))
+    return freq.detach().numpy().astype(np.float64), float(factor), theta
+
+
+def _check_rope(layer: int, pre: np.ndarray, post: np.ndarray, rope: tuple) -> None:
+    """The recorded pre-RoPE queries, rotated by the recorded RoPE, give the queries that
+    the attention received (else the RoPE is not the rotate-half one kvsim knows)."""
+    if pre.shape != post.shape or 2 * rope[0].shape[0] > pre.shape[2]:
+        raise KvsimError(f"capture: layer {layer}: expected queries before RoPE shaped "
+                         f"{post.shape} with at most {post.shape[2] // 2} RoPE frequencies, "
+                         f"got {pre.shape} and {rope[0].shape[0]}")
+    worst = float(np.abs(rotate(pre, rope[0], rope[1]) - post).max())
+    bound = ROPE_TOLERANCE * max(float(np.abs(post).max()), 1e-30)
+    if not worst <= bound:
+        raise KvsimError(f"capture: layer {layer}: the queries before RoPE, rotated by the "
+                         f"model's inverse frequencies (rotate-half layout), miss the queries "
+                         f"the attention receives (max deviation {worst:.2e} > {bound:.2e})")
 
 
 def _replayed(q: np.ndarray, k: np.ndarray, scaling: float, window: int = 0) -> np.ndarray:
@@ -182,7 +251,8 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "heads": int(trace["queries"].shape[1]), "kv_heads": int(trace["keys"].shape[1]),
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
-            "kvsim": __version__, "capture_version": CAPTURE_VERSION}
+            "kvsim": __version__, "capture_version": CAPTURE_VERSION,
+            "rope_layout": "rotate_half"}
     if models.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
         meta["licence"] = models.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)

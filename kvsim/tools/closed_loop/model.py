@@ -93,7 +93,9 @@ class FullRun:
     ``queries`` (L, H, T, d), ``keys`` (L, H_kv, T, d), ``values`` (L, H_kv, T, dv) float32,
     post-RoPE; ``geometry``: each layer's :class:`Geometry`; ``logits`` (T, V) float32;
     ``attn_out_norm`` (L, T): the norm of each layer's attention block output (after the
-    output projection), per position.
+    output projection), per position; where asked (:func:`prefill`'s ``rope``),
+    ``pre_rope_queries`` (L, H, T, d) float32, the queries before RoPE, and ``rope``, each
+    layer's (inverse frequencies, cos/sin factor).
     """
 
     token_ids: np.ndarray
@@ -103,6 +105,8 @@ class FullRun:
     geometry: tuple[Geometry, ...]
     logits: np.ndarray
     attn_out_norm: np.ndarray
+    pre_rope_queries: np.ndarray | None = None
+    rope: tuple = ()
 
     @property
     def global_layers(self) -> list[int]:
@@ -126,6 +130,16 @@ class FullRun:
         logits = (q @ k.T) * g.scaling
         return causal_softmax(np.tanh(logits / g.softcap) * g.softcap if g.softcap else logits)
 
+    def prompt_rope(self, layer: int, kv_head: int, prompt_len: int) -> tuple | None:
+        """(pre-RoPE prompt queries (G, P, d), inverse frequencies, cos/sin factor) of one
+        KV head's group, what :class:`~kvsim.policies.stepping.Stepper` takes as ``rope``;
+        None unless :func:`prefill` recorded them."""
+        if self.pre_rope_queries is None:
+            return None
+        G = self.group
+        return (self.pre_rope_queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len],
+                *self.rope[layer])
+
 
 def causal_softmax(logits: np.ndarray) -> np.ndarray:
     """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64)."""
@@ -135,13 +149,18 @@ def causal_softmax(logits: np.ndarray) -> np.ndarray:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0) -> FullRun:
+def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0, rope: bool = False
+            ) -> FullRun:
     """Run ``token_ids`` once with full causal attention through kvsim's attention function
-    (``logits_to_keep``: the logits of the last positions only; 0: every position)."""
+    (``logits_to_keep``: the logits of the last positions only; 0: every position); with
+    ``rope``, record the queries before RoPE and each layer's RoPE too."""
+    from kvsim.tools.capture import query_hook, rope_settings  # with torch, as here
+
     torch = _torch()
     L = net.config.num_hidden_layers
     seen: dict[int, tuple] = {}
     norms: dict[int, np.ndarray] = {}
+    pre: dict[int, np.ndarray] = {}
 
     def full_causal(layer, query, key, value, geometry):
         B, H, T, d = query.shape
@@ -161,6 +180,8 @@ def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0) -> FullRun:
         norms[module.layer_idx] = output[0][0].norm(dim=-1).double().numpy()
 
     hooks = [layer.self_attn.register_forward_hook(record_norm) for layer in net.model.layers]
+    if rope:
+        hooks += [query_hook(layer.self_attn, i, pre) for i, layer in enumerate(net.model.layers)]
     _ACTIVE.append(full_causal)
     try:
         with torch.no_grad():
@@ -174,7 +195,10 @@ def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0) -> FullRun:
                for i in range(3))
     return FullRun(np.asarray(token_ids, np.int64), q, k, v,
                    tuple(seen[layer][3] for layer in range(L)), logits[0].float().numpy(),
-                   np.stack([norms[layer] for layer in range(L)]))
+                   np.stack([norms[layer] for layer in range(L)]),
+                   np.stack([pre[layer] for layer in range(L)]) if rope else None,
+                   tuple(rope_settings(net, layer.self_attn)[:2] for layer in net.model.layers)
+                   if rope else ())
 
 
 def stores(full: FullRun, caches: int, prompt_len: int,

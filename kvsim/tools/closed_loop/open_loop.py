@@ -47,8 +47,10 @@ def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int]
             raise KvsimError(f"open loop: layer {layer} softcaps its attention logits "
                              f"({geometry.softcap:g}), which the simulator's field does not "
                              f"model")
+        rope = None if full.pre_rope_queries is None else (full.pre_rope_queries[layer],
+                                                            *full.rope[layer])
         field = layer_field(full.queries[layer], full.keys[layer], full.values[layer],
-                            geometry.scaling)
+                            geometry.scaling, rope)
         passes: dict = {}
         for b in budgets:
             out[b].kept.append([])

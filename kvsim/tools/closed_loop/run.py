@@ -90,7 +90,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                         keys=keys[layer, c, j], values=values[layer, c, j],
                         queries=queries[c][layer, j] if c in queries else None,
                         scaling=full.geometry[layer].scaling, gqa=gqa, seed=seed,
-                        capacity_T=T)
+                        capacity_T=T, rope=full.prompt_rope(layer, j, prompt_len))
     return out
 
 
@@ -145,10 +145,13 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
     """The simulator's open loop of every policy of ``cfg`` (on ``workers`` processes)."""
     bar = tqdm(total=len(cfg.policies), desc="open loop (policies)", disable=not progress)
     with bar:
-        if workers <= 1:
-            return [bar.update() or open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                              list(cfg.budgets), cfg.gqa)
-                    for pc in cfg.policies]
+        if workers <= 1:  # (tqdm's update may return True: not an `or` chain)
+            out = []
+            for pc in cfg.policies:
+                out.append(open_loop(full, cfg.prompt_len, pc.kind, pc.params,
+                                     list(cfg.budgets), cfg.gqa))
+                bar.update()
+            return out
         _FORKED["open"] = (full, cfg)
         try:
             with forked_pool(workers) as pool:
@@ -210,7 +213,8 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
     try:
         attach(net)
         ids = load_text(cfg, tokenizer)
-        full = prefill(net, ids)
+        full = prefill(net, ids, rope=any("rope" in get_policy(pc.kind).needs
+                                          for pc in cfg.policies))
         P, T = cfg.prompt_len, cfg.tokens
         # policies compress the global layers only: the open loop and its weights are theirs
         weights = metrics.layer_weights(full.attn_out_norm[full.global_layers], P)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvsim.policies.run import get_policy
 from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
@@ -118,7 +119,8 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
                             keys=keys[layer, c, j], values=values[layer, c, j],
                             queries=queries[c][layer, j] if c in queries else None,
                             scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
-                            seed=cfg.seed, capacity_T=capacity)
+                            seed=cfg.seed, capacity_T=capacity,
+                            rope=full.prompt_rope(layer, j, at))
                 cache = s.cache
                 held[c, i, j] = _holds(cache, prompt.digits)
                 kept = np.isin(digits, cache)
@@ -169,7 +171,8 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     length, depth, trial = cell
     prompt = inputs.build(tokenizer, length, depth,
                           inputs.trial_rng(cfg.seed, length, depth, trial), text_ids)
-    full = prefill(net, prompt.ids, logits_to_keep=1)
+    full = prefill(net, prompt.ids, logits_to_keep=1,
+                   rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
     P = prompt.ids.size
     L, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
