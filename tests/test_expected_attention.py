@@ -374,3 +374,36 @@ def test_gemma3_270m_capture_records_its_rope(tmp_path):
     assert trace["windows"].tolist() == [512, 0]
     assert trace["rope_theta"].tolist() == [1e4, 1e6]
     assert trace["pre_rope_queries"].shape == trace["queries"].shape == (2, 4, 64, 256)
+
+
+@pytest.mark.parametrize("N", [3, 6, 9])
+def test_interval_compressions_rescore_from_the_decode_queries(N):
+    """Under ``interval = N``, a compression at step t ranks the cache by the kvpress
+    re-score from the decode queries since the last compression (future positions from t)
+    when any is left after the first n_sink (N > n_sink), else by the prefill's scores."""
+    rng = np.random.default_rng(20 + N)
+    T, P, H, H_kv, B, sinks = 90, 30, 4, 2, 10, 4
+    field = rope_field(rng, T, H, H_kv)
+    own = resolve_params(POLICY, {"n_sink": sinks, "n_future": 16})
+    for kv in range(H_kv):
+        group = make_group(field, kv, P, np.zeros((H, T), bool), {})
+        got = run_policy(POLICY, group, B, resolve_params(
+            POLICY, {"n_sink": sinks, "n_future": 16, "interval": N}))
+        static = score(group, 0, T, own)
+        cache, since = list(np.argsort(-static[:P], kind="stable")[:B]), P  # prefill: top B
+        for t in range(P, T):
+            if len(cache) + 1 > B + N - 1:
+                c = np.array(sorted(cache))
+                queries = np.arange(max(since, t - 256), t)
+                if queries.size > sinks:
+                    value = kvpress_scores(
+                        field.pre_rope_queries[group.heads][:, queries].astype(np.float64),
+                        field.keys[kv][:, c].T[None].astype(np.float64),
+                        field.values[kv][c][None].astype(np.float64), field.rope_freq, 1.0, t,
+                        n_sink=sinks, n_future=16)[0]
+                    value[c < sinks] = np.inf
+                else:
+                    value = static[c]
+                cache, since = list(c[np.argsort(-value, kind="stable")[:B - 1]]), t
+            cache.append(t)
+        assert set(got.kept.tolist()) == {int(x) for x in cache}, (N, kv)

@@ -215,6 +215,11 @@ class Policy:
     ``run_capped(group, cap, budget, params)`` runs with capacity ``cap`` and the fixed
     parts of ``budget`` (default: ``run`` at ``cap``, for fixed parts that do not depend
     on the budget).
+
+    ``rescore(group, cache, t, since, params)``, where given, scores the cached positions
+    ``cache`` at a batched compression (``interval``, ``target_ratio``) before token ``t``
+    joins, from the decode queries ``since .. t-1`` since the last compression; None where
+    it has nothing to re-score from (the per-step ranking then applies).
     """
 
     name: str
@@ -233,6 +238,7 @@ class Policy:
     fixed: Callable[[int, int, dict], int] = lambda budget, prompt_len, params: 0
     prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None
     run_capped: Callable[[Group, int, int, dict], Trace] | None = None
+    rescore: Callable[[Group, np.ndarray, int, int, dict], np.ndarray | None] | None = None
 
     def __post_init__(self):
         if not self.needs <= NEEDS:

@@ -160,6 +160,15 @@ def rescore(group: Group, cache: np.ndarray, t: int, since: int, params: dict) -
     return out
 
 
+def interval_scores(group: Group, cache: np.ndarray, t: int, since: int, params: dict
+                    ) -> np.ndarray | None:
+    """:func:`rescore` where a decode query is left once the first ``n_sink`` are dropped
+    (``interval = N > n_sink``); None otherwise: the prefill's scores rank the cache."""
+    if max(since, t - BUFFER) + params["n_sink"] >= t:
+        return None
+    return rescore(group, cache, t, since, params)
+
+
 def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
     if prompt_len <= params["n_sink"] and prompt_len < T:
         return Problem("n_sink", f"expected fewer sinks than the prompt's {prompt_len} "
@@ -181,4 +190,4 @@ POLICY = Policy(
     min_budget=lambda params: params["n_sink"] + 1, check=_check,
     floor_reason="n_sink + 1: the sinks are always kept",
     needs=frozenset({"keys", "values", "rope"}),
-    fixed=lambda budget, prompt_len, params: params["n_sink"])
+    fixed=lambda budget, prompt_len, params: params["n_sink"], rescore=interval_scores)

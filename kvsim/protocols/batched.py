@@ -96,11 +96,18 @@ class _Run:
             return pos.astype(np.float64), np.arange(self.n) < self.state.base
         return None
 
-    def compress(self, m: int, t: int, seed: int) -> None:
-        """Keep the ``m`` best-ranked keys at step ``t`` (before ``t`` joins)."""
+    def compress(self, m: int, t: int, seed: int, since: int | None = None,
+                 group: Group | None = None, params: dict | None = None) -> None:
+        """Keep the ``m`` best-ranked keys at step ``t`` (before ``t`` joins); a batched
+        compression passes ``since`` (the last one's step), for a policy that re-scores
+        from the decode queries since then (``Policy.rescore``)."""
         if self.n <= m:
             return
-        ranked = self.scores(t, seed)
+        ranked = None
+        if since is not None and self.policy.rescore is not None:
+            value = self.policy.rescore(group, self.cache[:self.n].copy(), t, since, params)
+            ranked = None if value is None else (value, np.zeros(self.n, bool))
+        ranked = ranked or self.scores(t, seed)
         if ranked is not None:
             value, protected = ranked
             pos = self.cache[:self.n]
@@ -200,7 +207,7 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     elif proto["interval"] == 1 and proto["target_ratio"] == 1.0:  # before the question only:
         run.n = policy.steps.decode(context(group), out, cache, run.n, run.state)  # per step
     else:
-        _batched(run, group, out, plan.budget, proto["interval"], proto["target_ratio"])
+        _batched(run, group, out, plan.budget, proto["interval"], proto["target_ratio"], own)
     trace.kept = np.sort(cache[:run.n])
     return trace
 
@@ -210,18 +217,22 @@ def _span(run: _Run, group: Group, out: Outputs, t: int, stop: int) -> None:
     run.n = run.policy.steps.decode(context(group, t, stop), out, run.cache, run.n, run.state)
 
 
-def _batched(run: _Run, group: Group, out: Outputs, B: int, N: int, ratio: float) -> None:
+def _batched(run: _Run, group: Group, out: Outputs, B: int, N: int, ratio: float,
+             params: dict) -> None:
     """``interval = N``: down to ``B - 1`` keys when ``t`` would exceed ``B + N - 1``; with
-    a ``ratio``, down to ``K - 1`` keys every ``N`` steps, ``K = max(1, floor(r (t + 1)))``."""
+    a ``ratio``, down to ``K - 1`` keys every ``N`` steps, ``K = max(1, floor(r (t + 1)))``.
+    A policy that re-scores reads the decode queries since the last compression (or P)."""
     P, T, capacity = group.prompt_len, group.T, run.cache.shape[0]
-    t = P
+    t = since = P
     at = P + N - 1 if ratio != 1.0 else P + capacity - run.n  # the next compression step
     while t < T:
         if at > t:  # the policy's own loop up to it (t joins there after a compression)
             _span(run, group, out, t, min(at, T))
             t = min(at, T)
             continue
-        run.compress(max(1, int(ratio * (t + 1))) - 1 if ratio != 1.0 else B - 1, t, group.seed)
+        run.compress(max(1, int(ratio * (t + 1))) - 1 if ratio != 1.0 else B - 1, t, group.seed,
+                     since, group, params)
+        since = t
         at = t + N if ratio != 1.0 else t + capacity - run.n
 
 
