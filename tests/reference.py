@@ -713,6 +713,8 @@ def min_budget(policy, params):
         return params["window"] + 1 if params["protect_window"] else 1
     if policy == "quest":
         return params["page_size"]
+    if policy == "cake":
+        return params["window"] + 1
     return 1
 
 
@@ -806,3 +808,72 @@ DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
 # The policies whose reference runs on every query head of a group: those on sources, and
 # those whose cache does not depend on attention.
 MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}
+
+
+# ---------------------------------------------------------------- cake (CAKE, cakekv c4675ce)
+CAKE_POOL = 5
+
+
+def cake_pool(values):
+    """Average pool of width 5 with zero padding, divided by 5 (avg_pool1d, padding 2)."""
+    m = len(values)
+    return [sum_seq(values[max(0, i - 2): min(m, i + 3)]) / CAKE_POOL for i in range(m)]
+
+
+def cake_rating(column, gamma):
+    """mean + gamma * unbiased variance of one key's attention over the window's queries."""
+    w = len(column)
+    mean = sum_seq(column) / w
+    var = sum_seq([(x - mean) ** 2 for x in column]) / (w - 1)
+    return mean + gamma * var
+
+
+def _note_band(inside, outside, what):
+    """A near tie if a kept and an evicted key score within rounding, even exactly equal:
+    a pooled score is a sum of five numbers, and keys whose sums are equal in exact
+    arithmetic may differ in the last bit in one implementation and not in another."""
+    if inside and outside:
+        a, b = min(inside), max(outside)
+        if abs(a - b) <= NEAR_TIE_RTOL * max(abs(a), abs(b)):
+            _near_ties.append((what, a, b))
+
+
+def policy_cake(src, P, T, B, gqa, window, gamma):
+    """CAKE's indicator: prefill keeps the window + the top B - window prefix keys by the
+    pooled window rating; decode evicts the lowest pooled observed attention of the
+    previous query among the keys outside the newest `window` (the incoming one included)."""
+    if P <= B:
+        cache = list(range(P))
+    else:
+        n = P - window
+        per_head = []
+        for g in range(src.G):
+            ratings = [cake_rating(src.probs[g, n:P, k], gamma) for k in range(n)]
+            per_head.append(dict(enumerate(cake_pool(ratings))))
+        score = combined_scores(per_head, gqa)
+        cache = top_k(range(n), score, B - window) + list(range(n, P))
+        kept = set(cache)
+        _note_band([v for k, v in score.items() if k in kept],
+                   [v for k, v in score.items() if k not in kept], "cake prefill")
+    prefill = list(cache)
+    prev = [{k: src.probs[g, P - 1, k] for k in cache} for g in range(src.G)] if P else []
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            candidates = sorted(cache)[:B + 1 - window]
+            per_head = [dict(zip(candidates, cake_pool([prev[g][k] for k in candidates])))
+                        for g in range(src.G)]
+            score = combined_scores(per_head, gqa)
+            evicted = lowest_ranked(candidates, score)
+            _note_band([v for k, v in score.items() if k != evicted], [score[evicted]],
+                       "cake evict")
+            cache.remove(evicted)
+        cache.append(t)
+        prev = head_observed(src, t, cache)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+SOURCE_RULES["cake"] = SourceRule(policy_cake, {"window": 32, "gamma": 200.0})
+DEFAULTS["cake"] = SOURCE_RULES["cake"].defaults
+MULTI_HEAD.add("cake")

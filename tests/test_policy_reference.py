@@ -40,6 +40,7 @@ VARIANTS = {
     "keydiff": [{"recent_ratio": 0.5}],
     "scissorhands": [{"history": 4}, {"history": 1, "recent_ratio": 0.0}],
     "quest": [{"page_size": 4}, {"page_size": 1}, {"page_size": 3}],
+    "cake": [{"window": 3}, {"window": 2, "gamma": 0.0}, {"window": 4, "gamma": 5.0}],
 }
 
 

@@ -13,7 +13,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
 from kvsim.policies.run import get_policy, make_group, run_budgets, run_capped
-from kvsim.engine.allocation import layer_caps
+from kvsim.engine.allocation import cake_preferences, layer_caps
 from kvsim.engine.records import ExperimentSteps, result_row
 from kvsim.engine.resume import UnitStore, unit_key
 
@@ -82,6 +82,10 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     compiling = _compile_phase(bar)
     try:
         for seed in scenario.seeds:
+            preferences = {e.name: cake_preferences(
+                (scenario.field(seed, layer).data for layer in scenario.layers),
+                e.prompt_len, e.tau1, e.tau2) for e in scenario.experiments
+                if e.allocation == "cake"}
             for place, layer in enumerate(scenario.layers):
                 # O(T) arrays; the full passes come on demand
                 sequence = scenario.field(seed, layer)
@@ -90,7 +94,8 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
                 def group_for(exp, kv, place=place, sequence=sequence, passes=passes):
                     return head_group(scenario, sequence, passes, seed, kv, exp,
                                       steps[exp.name].snap_steps, progress, place)
-                caps = {exp.name: layer_caps(scenario, exp, group_for, place)
+                caps = {exp.name: layer_caps(scenario, exp, group_for, place,
+                                             preferences.get(exp.name))
                         for exp in scenario.experiments}
                 for kv in range(scenario.kv_heads):
                     for exp in scenario.experiments:

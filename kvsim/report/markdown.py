@@ -264,6 +264,9 @@ def _allocation_note(exp: Experiment) -> str:
         return f"; allocation `ada` (floor_share {exp.floor_share:g}), B = mean cap per KV head"
     if exp.allocation == "pyramid":
         return f"; allocation `pyramid` (beta {exp.beta:g}), B = mean cap per KV head"
+    if exp.allocation == "cake":
+        return (f"; allocation `cake` (tau1 {exp.tau1:g}, tau2 {exp.tau2:g}), "
+                f"B = mean cap per KV head")
     return ""
 
 

@@ -46,8 +46,8 @@ class Needs(enum.Flag):
                 Needs.TRUTH: "ground-truth important tokens, which this attention source lacks",
                 Needs.VALUES: "value vectors, which this attention source lacks",
                 Needs.BUDGETS: "more than one budget",
-                Needs.ALLOCATION: "allocation \"ada\" or \"pyramid\", or several layers run "
-                                  "jointly (attention.layers)"}[self]
+                Needs.ALLOCATION: "allocation \"ada\", \"pyramid\" or \"cake\", or several "
+                                  "layers run jointly (attention.layers)"}[self]
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ FORMATS = ("png", "svg", "pdf")
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
 EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget",
-                   "time_budgets", "allocation", "floor_share", "beta")
-ALLOCATIONS = ("uniform", "ada", "pyramid")  # the rules: kvsim.engine.allocation
+                   "time_budgets", "allocation", "floor_share", "beta", "tau1", "tau2")
+ALLOCATIONS = ("uniform", "ada", "pyramid", "cake")  # the rules: kvsim.engine.allocation
 ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.allocation)
     "allocation": Param(str, "uniform", "how the budget is shared across KV heads and layers",
                         choices=ALLOCATIONS),
@@ -40,6 +40,9 @@ ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.
                          expect="a number in (0, 1]"),
     "beta": Param(float, 20.0, "pyramid: the last layer keeps fixed + (B - fixed) / beta",
                   low=1.0, high=1e6),
+    "tau1": Param(float, 1.0, "cake: a layer's preference is entropy^(1/tau1) * "
+                  "variance^(1/tau2)", low=0.01, high=100.0),
+    "tau2": Param(float, 1.0, "cake: see tau1", low=0.01, high=100.0),
 }
 OUTPUT_KEYS = ("formats", "dpi")
 
@@ -68,6 +71,8 @@ class Experiment:
     allocation: str = "uniform"  # budget allocation across KV heads and layers
     floor_share: float = 0.2  # ada
     beta: float = 20.0  # pyramid
+    tau1: float = 1.0  # cake
+    tau2: float = 1.0  # cake
 
 
 @dataclass(frozen=True)
@@ -213,11 +218,13 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tu
 
 def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt_len: int,
                      budgets: list[int], chosen: list[PolicyConfig]) -> dict:
-    """Checked ``allocation``, ``floor_share`` and ``beta`` of an experiment."""
+    """Checked ``allocation``, ``floor_share``, ``beta``, ``tau1`` and ``tau2`` of an
+    experiment."""
     given = {k: v for k, v in table.items() if k in ALLOCATION_PARAMS}
     values = chk.params(given, ALLOCATION_PARAMS, where + ".")
     rule = values.get("allocation", "uniform")
-    for key, owner in (("floor_share", "ada"), ("beta", "pyramid")):
+    for key, owner in (("floor_share", "ada"), ("beta", "pyramid"), ("tau1", "cake"),
+                       ("tau2", "cake")):
         if key in given and rule != owner:
             chk.add(f"{where}.{key}", f"expected only with allocation = {owner!r}, "
                                       f"got allocation = {rule!r}")
