@@ -877,3 +877,66 @@ def policy_cake(src, P, T, B, gqa, window, gamma):
 SOURCE_RULES["cake"] = SourceRule(policy_cake, {"window": 32, "gamma": 200.0})
 DEFAULTS["cake"] = SOURCE_RULES["cake"].defaults
 MULTI_HEAD.add("cake")
+
+
+# ---------------------------------------------------------------- KIVI storage (876b4d2)
+def kivi_dequantise_group(xs, bits):
+    """One group through KIVI: codes round_half_even(clip((x - lo) / s, 0, 2^b - 1)),
+    s = (hi - lo) / (2^b - 1), read back as code * s + lo (a constant group reads lo)."""
+    levels = 2.0 ** bits - 1.0
+    lo, hi = min(xs), max(xs)
+    s = (hi - lo) / levels
+    if s == 0.0:
+        return [lo for _ in xs]
+    return [round(min(max((x - lo) / s, 0.0), levels)) * s + lo for x in xs]  # round: half-even
+
+
+def kivi_cache(keys, values, bits, group, residual):
+    """The cache's keys (n, d) and values (n, dv), in position order, as KIVI stores them:
+    keys of the first residual * floor((n-1) / residual) tokens per channel in groups of
+    `group` tokens; values of the first n - 1 - residual tokens per token in groups of
+    `group` channels; the others exact."""
+    keys = np.array(keys, dtype=np.float64)
+    values = np.array(values, dtype=np.float64)
+    n = keys.shape[0]
+    n_keys = residual * ((n - 1) // residual) if n > 0 else 0
+    n_values = max(n - 1 - residual, 0)
+    for start in range(0, n_keys, group):
+        for i in range(keys.shape[1]):
+            keys[start:start + group, i] = kivi_dequantise_group(
+                [float(x) for x in keys[start:start + group, i]], bits)
+    for j in range(n_values):
+        for start in range(0, values.shape[1], group):
+            values[j, start:start + group] = kivi_dequantise_group(
+                [float(x) for x in values[j, start:start + group]], bits)
+    return keys, values
+
+
+def kivi_metrics(src, P, caches, bits, group, residual):
+    """(mass, error), each (G, steps), of attention over the KIVI cache at each step:
+    p~ = softmax over the cache of scaling * q . k~, o~ = sum p~ v~; mass = exp(-KL(p~ || p))
+    with p the full attention of the exact keys; error = |o~ - o| / |o|."""
+    mass = np.zeros((src.G, len(caches)))
+    error = np.zeros((src.G, len(caches)))
+    for s, cache in enumerate(caches):
+        t = P + s
+        cache = sorted(cache)
+        kq, vq = kivi_cache(src.keys[cache], src.values[cache], bits, group, residual)
+        for g in range(src.G):
+            q = src.queries[g, t]
+            quantised = [src.scaling[g] * dot_seq(q, k) for k in kq]
+            full = [src.scaling[g] * dot_seq(q, src.keys[k]) for k in range(t + 1)]
+            log_z = max(quantised) + math.log(sum_seq([math.exp(x - max(quantised))
+                                                        for x in quantised]))
+            log_full_z = max(full) + math.log(sum_seq([math.exp(x - max(full)) for x in full]))
+            kl = 0.0
+            o = np.zeros(vq.shape[1])
+            for j, k in enumerate(cache):
+                log_w = quantised[j] - log_z
+                kl += math.exp(log_w) * (log_w - (full[k] - log_full_z))
+                o = o + math.exp(log_w) * vq[j]
+            mass[g, s] = math.exp(-kl)
+            exact = output(src, {k: src.probs[g, t, k] for k in range(t + 1)})
+            norm = l2_norm(exact)
+            error[g, s] = l2_norm(o - exact) / norm if norm > 0 else 0.0
+    return mass, error
