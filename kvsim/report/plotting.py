@@ -144,10 +144,10 @@ POLICY_COLORS = {
     "full": "#000000", "window": "#1f77b4", "streaming_llm": "#17becf", "h2o": "#d62728",
     "h2o_offline": "#ff7f0e", "snapkv": "#2ca02c", "tova": "#6a3d9a", "random": "#8c8c8c",
     "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
-    "caote": "#ff1aff", "quest": "#000080",
+    "caote": "#ff1aff", "quest": "#000080", "cake": "#1a4d1a",
 }
 # For labels that are not a policy name (a second configuration, a sweep point), in order.
-SPARE_COLORS = ("#1a4d1a", "#ff0080", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
+SPARE_COLORS = ("#ff0080", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
 
 
 def color_map(labels: list[str]) -> dict[str, str]:
