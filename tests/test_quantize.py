@@ -165,3 +165,14 @@ def test_a_quantised_experiment_runs_and_reports_bytes(tmp_path):
             if p.suffix == ".png"]
     width = int.from_bytes(png.read_bytes()[16:20], "big")  # the PNG header's width
     assert 0 < width <= plotting.MAX_WIDTH_PX
+
+
+def test_figures_draw_full_under_kivi(tmp_path):
+    """Under KIVI storage `full` loses mass and has a real output error: drawn, not named."""
+    from kvsim.report import figures
+    scenario = load_scenario(_scenario(tmp_path, QK.format(d=64), "bits = 2"))
+    exp = scenario.experiments[0]
+    plain = type(exp)(**{**vars(exp), "quantize": None,
+                         "policies": exp.policies + (type(exp.policies[0])("full", "full", {}),)})
+    assert figures._full_labels(plain) == ["full"]
+    assert figures._full_labels(type(exp)(**{**vars(plain), "quantize": exp.quantize})) == []
