@@ -715,6 +715,8 @@ def min_budget(policy, params):
         return params["page_size"]
     if policy == "expected_attention":  # its sinks are always kept
         return params["n_sink"] + 1
+    if policy == "cake":
+        return params["window"] + 1
     return 1
 
 
@@ -1175,3 +1177,136 @@ SOURCE_RULES["expected_attention"] = SourceRule(
     ("keys", "values", "pre_rope_queries"))
 DEFAULTS["expected_attention"] = SOURCE_RULES["expected_attention"].defaults
 MULTI_HEAD.add("expected_attention")
+
+
+
+# ---------------------------------------------------------------- cake (CAKE, cakekv c4675ce)
+CAKE_POOL = 5
+
+
+def cake_pool(values):
+    """Average pool of width 5 with zero padding, divided by 5 (avg_pool1d, padding 2)."""
+    m = len(values)
+    return [sum_seq(values[max(0, i - 2): min(m, i + 3)]) / CAKE_POOL for i in range(m)]
+
+
+def cake_rating(column, gamma):
+    """mean + gamma * unbiased variance of one key's attention over the window's queries."""
+    w = len(column)
+    mean = sum_seq(column) / w
+    var = sum_seq([(x - mean) ** 2 for x in column]) / (w - 1)
+    return mean + gamma * var
+
+
+def _note_band(inside, outside, what):
+    """A near tie if a kept and an evicted key score within rounding, even exactly equal:
+    a pooled score is a sum of five numbers, and keys whose sums are equal in exact
+    arithmetic may differ in the last bit in one implementation and not in another."""
+    if inside and outside:
+        a, b = min(inside), max(outside)
+        if abs(a - b) <= NEAR_TIE_RTOL * max(abs(a), abs(b)):
+            _near_ties.append((what, a, b))
+
+
+def policy_cake(src, P, T, B, gqa, window, gamma):
+    """CAKE's indicator: prefill keeps the window + the top B - window prefix keys by the
+    pooled window rating; decode evicts the lowest pooled observed attention of the
+    previous query among the keys outside the newest `window` (the incoming one included)."""
+    if P <= B:
+        cache = list(range(P))
+    else:
+        n = P - window
+        per_head = []
+        for g in range(src.G):
+            ratings = [cake_rating(src.probs[g, n:P, k], gamma) for k in range(n)]
+            per_head.append(dict(enumerate(cake_pool(ratings))))
+        score = combined_scores(per_head, gqa)
+        cache = top_k(range(n), score, B - window) + list(range(n, P))
+        kept = set(cache)
+        _note_band([v for k, v in score.items() if k in kept],
+                   [v for k, v in score.items() if k not in kept], "cake prefill")
+    prefill = list(cache)
+    prev = [{k: src.probs[g, P - 1, k] for k in cache} for g in range(src.G)] if P else []
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            candidates = sorted(cache)[:B + 1 - window]
+            per_head = [dict(zip(candidates, cake_pool([prev[g][k] for k in candidates])))
+                        for g in range(src.G)]
+            score = combined_scores(per_head, gqa)
+            evicted = lowest_ranked(candidates, score)
+            _note_band([v for k, v in score.items() if k != evicted], [score[evicted]],
+                       "cake evict")
+            cache.remove(evicted)
+        cache.append(t)
+        prev = head_observed(src, t, cache)
+        steps.append(list(cache))
+    return prefill, steps
+
+
+SOURCE_RULES["cake"] = SourceRule(policy_cake, {"window": 32, "gamma": 200.0})
+DEFAULTS["cake"] = SOURCE_RULES["cake"].defaults
+MULTI_HEAD.add("cake")
+
+
+# ---------------------------------------------------------------- KIVI storage (876b4d2)
+def kivi_dequantise_group(xs, bits):
+    """One group through KIVI: codes round_half_even(clip((x - lo) / s, 0, 2^b - 1)),
+    s = (hi - lo) / (2^b - 1), read back as code * s + lo (a constant group reads lo)."""
+    levels = 2.0 ** bits - 1.0
+    lo, hi = min(xs), max(xs)
+    s = (hi - lo) / levels
+    if s == 0.0:
+        return [lo for _ in xs]
+    return [round(min(max((x - lo) / s, 0.0), levels)) * s + lo for x in xs]  # round: half-even
+
+
+def kivi_cache(keys, values, bits, group, residual):
+    """The cache's keys (n, d) and values (n, dv), in position order, as KIVI stores them:
+    keys of the first residual * floor((n-1) / residual) tokens per channel in groups of
+    `group` tokens; values of the first n - 1 - residual tokens per token in groups of
+    `group` channels; the others exact."""
+    keys = np.array(keys, dtype=np.float64)
+    values = np.array(values, dtype=np.float64)
+    n = keys.shape[0]
+    n_keys = residual * ((n - 1) // residual) if n > 0 else 0
+    n_values = max(n - 1 - residual, 0)
+    for start in range(0, n_keys, group):
+        for i in range(keys.shape[1]):
+            keys[start:start + group, i] = kivi_dequantise_group(
+                [float(x) for x in keys[start:start + group, i]], bits)
+    for j in range(n_values):
+        for start in range(0, values.shape[1], group):
+            values[j, start:start + group] = kivi_dequantise_group(
+                [float(x) for x in values[j, start:start + group]], bits)
+    return keys, values
+
+
+def kivi_metrics(src, P, caches, bits, group, residual):
+    """(mass, error), each (G, steps), of attention over the KIVI cache at each step:
+    p~ = softmax over the cache of scaling * q . k~, o~ = sum p~ v~; mass = exp(-KL(p~ || p))
+    with p the full attention of the exact keys; error = |o~ - o| / |o|."""
+    mass = np.zeros((src.G, len(caches)))
+    error = np.zeros((src.G, len(caches)))
+    for s, cache in enumerate(caches):
+        t = P + s
+        cache = sorted(cache)
+        kq, vq = kivi_cache(src.keys[cache], src.values[cache], bits, group, residual)
+        for g in range(src.G):
+            q = src.queries[g, t]
+            quantised = [src.scaling[g] * dot_seq(q, k) for k in kq]
+            full = [src.scaling[g] * dot_seq(q, src.keys[k]) for k in range(t + 1)]
+            log_z = max(quantised) + math.log(sum_seq([math.exp(x - max(quantised))
+                                                        for x in quantised]))
+            log_full_z = max(full) + math.log(sum_seq([math.exp(x - max(full)) for x in full]))
+            kl = 0.0
+            o = np.zeros(vq.shape[1])
+            for j, k in enumerate(cache):
+                log_w = quantised[j] - log_z
+                kl += math.exp(log_w) * (log_w - (full[k] - log_full_z))
+                o = o + math.exp(log_w) * vq[j]
+            mass[g, s] = math.exp(-kl)
+            exact = output(src, {k: src.probs[g, t, k] for k in range(t + 1)})
+            norm = l2_norm(exact)
+            error[g, s] = l2_norm(o - exact) / norm if norm > 0 else 0.0
+    return mass, error

@@ -48,6 +48,7 @@ VARIANTS = {
                 {"window": 4, "kernel": 7, "pooling": "none", "chunk": 5}],
     "expected_attention": [{"n_sink": 0, "n_future": 3}, {"n_sink": 2, "covariance": False},
                            {"n_sink": 1, "vnorm": False, "n_future": 1}],
+    "cake": [{"window": 3}, {"window": 2, "gamma": 0.0}, {"window": 4, "gamma": 5.0}],
 }
 
 

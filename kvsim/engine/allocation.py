@@ -1,4 +1,4 @@
-"""Budget allocation across KV heads and layers: ``uniform``, ``ada`` and ``pyramid``.
+"""Budget allocation across KV heads and layers: ``uniform``, ``ada``, ``pyramid``, ``cake``.
 
 The budget ``B`` of an experiment is the *mean* cap per KV head; an allocation turns it
 into each KV head's own cap ``b_h`` (its hard limit for the whole decode), so that
@@ -17,6 +17,12 @@ allocations compare at equal memory. Plain NumPy: the rules run once per layer.
   more than the T keys of the sequence): a layer above it is cut to ``T`` and the tokens
   cut go one each, round after round, to the earliest layers still below ``T``, so the
   layers share ``L * B`` keys (budgets are at most ``T``, so they always fit).
+- ``cake`` (CAKE, Qin et al. 2025; antgroup/cakekv ``c4675ce``): each layer's preference
+  ``P_l = H_l^(1/tau1) * V_l^(1/tau2)`` from the attention of its last 32 prompt queries
+  to the prefix keys (entropy ``H_l``, summed unbiased variances ``V_l``, over every query
+  head); the selectable slots ``L * (B - fixed)`` go to the layers in proportion (floored),
+  through the authors' ``adjust_budgets``, each at most ``P - fixed``; every KV head of
+  layer ``l`` gets ``fixed + b_l``.
 
 A head's fixed parts (sinks, observation window, recent tokens) stay those of ``B``
 whatever its cap; only its selectable part grows or shrinks.
@@ -25,10 +31,12 @@ whatever its cap; only its selectable part grows or shrinks.
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import numpy as np
 
 from kvsim.errors import InvariantError
+from kvsim.numerics.field import logits_row
 from kvsim.policies.run import get_policy
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -79,6 +87,86 @@ def pyramid_budgets(budget: int, fixed: int, beta: float, layers: int, T: int) -
     return caps
 
 
+CAKE_WINDOW = 32  # the prompt queries whose attention rates a layer (the code's window_size)
+
+
+def cake_preference(rows: list[np.ndarray], n: int, tau1: float, tau2: float) -> float:
+    """A layer's preference from ``rows[h]`` (w, >= n), the full attention of its last
+    ``w`` prompt queries in query head ``h``, over the prefix keys ``0 .. n-1``:
+    ``H^(1/tau1) * V^(1/tau2)``, ``H = -sum A log(A + 1e-10)``, ``V`` = the unbiased
+    variances over the queries, summed over keys and heads."""
+    entropy = variance = 0.0
+    for a in rows:
+        a = a[:, :n]
+        entropy -= float(np.sum(a * np.log(a + 1e-10)))
+        variance += float(np.sum(np.var(a, axis=0, ddof=1)))
+    return entropy ** (1.0 / tau1) * variance ** (1.0 / tau2)
+
+
+def adjust_budgets(budgets: list[float], total: int, seq_len: int) -> np.ndarray:
+    """The authors' ``adjust_budgets``: truncate to integers, cap at ``seq_len`` and hand
+    the excess out evenly (remainder to the first) to the layers below it, then make the
+    sum ``total`` by adding to layers below ``seq_len`` or taking from layers above 1."""
+    b = np.array(budgets, dtype=np.int64)  # truncation, as numpy's int cast
+    excess = int(np.maximum(b - seq_len, 0).sum())
+    b = np.minimum(b, seq_len)
+    if excess > 0:
+        valid = b < seq_len
+        if valid.sum() > 0:
+            b[valid] += excess // int(valid.sum())
+            b[np.flatnonzero(valid)[:excess % int(valid.sum())]] += 1
+    diff = total - int(b.sum())
+    if diff != 0:
+        valid = b < seq_len if diff > 0 else b > 1
+        count = int(valid.sum())
+        if count > 0:
+            step = 1 if diff > 0 else -1
+            b[valid] += step * (abs(diff) // count)
+            b[np.flatnonzero(valid)[:abs(diff) % count]] += step
+    return b
+
+
+def cake_caps(preferences: np.ndarray, budget: int, fixed: int, prompt_len: int) -> np.ndarray:
+    """Per-layer caps under CAKE: ``fixed + b_l``, ``b_l`` = ``adjust_budgets`` of
+    ``floor(P_l / sum P * L * (B - fixed))``, then at most ``P - fixed``. Every layer keeps
+    ``B`` when the prompt fits (``P <= B``) or no layer has a preference."""
+    layers = preferences.shape[0]
+    total = layers * (budget - fixed)
+    if prompt_len <= budget or not preferences.sum() > 0:
+        return np.full(layers, budget, np.int64)
+    shares = [p / preferences.sum() * total for p in preferences]
+    b = np.minimum(adjust_budgets(shares, total, prompt_len - fixed), prompt_len - fixed)
+    return (fixed + b).astype(np.int64)
+
+
+def layer_window_rows(field, P: int, w: int) -> list[np.ndarray]:
+    """(w, P) full causal attention of queries ``P-w .. P-1`` of every query head of a
+    field (float64 softmax of its logits; a dense field's own rows)."""
+    out = []
+    keys = np.arange(P)
+    for h in range(field.heads):
+        if field.is_dense:
+            out.append(np.array(field.probs[h, P - w:P, :P], np.float64))
+            continue
+        rows = np.zeros((w, P))
+        work = np.empty(P)
+        for i, q in enumerate(range(P - w, P)):
+            logits = np.empty(q + 1)
+            logits_row(field, h, q, keys, q + 1, logits, work)
+            e = np.exp(logits - logits.max())
+            rows[i, :q + 1] = e / e.sum()
+        out.append(rows)
+    return out
+
+
+def cake_preferences(fields: Iterable, P: int, tau1: float, tau2: float) -> np.ndarray:
+    """Each layer's preference (``fields``: one per layer run jointly, in order, read one
+    at a time); 0 when the window covers the prompt."""
+    w = min(CAKE_WINDOW, P)
+    return np.array([cake_preference(layer_window_rows(f, P, w), P - w, tau1, tau2)
+                     if P - w > 0 and w >= 2 else 0.0 for f in fields])
+
+
 def check_total(caps: np.ndarray, total: int, where: str) -> None:
     """Raise :class:`InvariantError` unless the caps sum to ``total``."""
     if int(np.sum(caps)) != total:
@@ -86,11 +174,13 @@ def check_total(caps: np.ndarray, total: int, where: str) -> None:
                              f"expected the layer total {total}")
 
 
-def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int) -> np.ndarray:
+def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int,
+               preferences: np.ndarray | None = None) -> np.ndarray:
     """Caps ``b_h`` of one layer, shape (policies, budgets, KV heads).
 
     ``place`` is the layer's index among the layers run jointly; ``group_for(exp, kv)``
-    gives KV head ``kv``'s group (needed by ``ada`` only). Unbudgeted policies (``full``)
+    gives KV head ``kv``'s group (needed by ``ada`` only); ``preferences`` the layers'
+    CAKE preferences (``cake`` only). Unbudgeted policies (``full``)
     and ``uniform`` get ``B``. Raises :class:`InvariantError` if the caps of a layer do
     not add up.
     """
@@ -108,10 +198,15 @@ def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int) -> np
                 per_layer = pyramid_budgets(budget, fixed, exp.beta, layers, scenario.T)
                 check_total(per_layer, layers * budget, where)
                 caps[i, j] = per_layer[place]
+            elif exp.allocation == "cake":
+                per_layer = cake_caps(preferences, budget, fixed, exp.prompt_len)
+                if per_layer.sum() > layers * budget:  # the cap at P - fixed may leave keys
+                    check_total(per_layer, layers * budget, where)
+                caps[i, j] = per_layer[place]
             else:
                 groups = groups or [group_for(exp, kv) for kv in range(kv_heads)]
                 scores = [policy.prefill_score(g, budget, config.params) for g in groups]
                 caps[i, j] = ada_caps(scores, budget, fixed, exp.floor_share)
-            check_total(caps[i, j], kv_heads * int(caps[i, j, 0] if exp.allocation == "pyramid"
-                                                   else budget), where)
+            check_total(caps[i, j], kv_heads * int(caps[i, j, 0] if exp.allocation in
+                                                   ("pyramid", "cake") else budget), where)
     return caps

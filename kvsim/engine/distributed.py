@@ -175,8 +175,8 @@ def _head_units(scenario: Scenario, seed: int, kv: int, done: frozenset[str],
 
 
 def _check_supported(scenario: Scenario) -> None:
-    """Tasks run one KV head of one layer with budget B: several layers run jointly and
-    budget allocation (caps shared across heads and layers) are local-only."""
+    """Tasks run one KV head of one layer with budget B: several layers run jointly,
+    budget allocation (caps shared across heads and layers) and KIVI storage are local-only."""
     if len(scenario.layers) > 1:
         raise KvsimError(f"--dask: expected one layer per run on a cluster, got "
                          f"{len(scenario.layers)} layers run jointly (run without --dask)")
@@ -184,6 +184,9 @@ def _check_supported(scenario: Scenario) -> None:
         if exp.allocation != "uniform":
             raise KvsimError(f"--dask: expected allocation = 'uniform' on a cluster, got "
                              f"{exp.allocation!r} in experiment {exp.name!r} (run without --dask)")
+        if exp.quantize is not None:
+            raise KvsimError(f"--dask: expected no [experiment.quantize] on a cluster, got one "
+                             f"in experiment {exp.name!r} (run without --dask)")
 
 
 class _Collected:

@@ -13,8 +13,9 @@ from kvsim.numerics import kernels
 from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
 from kvsim.policies.run import get_policy, make_group, run_budgets, run_capped
-from kvsim.engine.allocation import layer_caps
-from kvsim.engine.records import ExperimentSteps, result_row
+from kvsim.engine.allocation import cake_preferences, layer_caps
+from kvsim.engine.records import ExperimentSteps, bytes_columns, result_row
+from kvsim.engine.storage import run_quantised
 from kvsim.engine.resume import UnitStore, unit_key
 
 COMPILING = "compiling kernels (first run only)"
@@ -82,6 +83,10 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
     compiling = _compile_phase(bar)
     try:
         for seed in scenario.seeds:
+            preferences = {e.name: cake_preferences(
+                (scenario.field(seed, layer).data for layer in scenario.layers),
+                e.prompt_len, e.tau1, e.tau2) for e in scenario.experiments
+                if e.allocation == "cake"}
             for place, layer in enumerate(scenario.layers):
                 # O(T) arrays; the full passes come on demand
                 sequence = scenario.field(seed, layer)
@@ -90,13 +95,16 @@ def simulate_scenario(scenario: Scenario, *, progress: bool = True, workers: int
                 def group_for(exp, kv, place=place, sequence=sequence, passes=passes):
                     return head_group(scenario, sequence, passes, seed, kv, exp,
                                       steps[exp.name].snap_steps, progress, place)
-                caps = {exp.name: layer_caps(scenario, exp, group_for, place)
+                caps = {exp.name: layer_caps(scenario, exp, group_for, place,
+                                             preferences.get(exp.name))
                         for exp in scenario.experiments}
                 for kv in range(scenario.kv_heads):
+                    dims = (sequence.data.keys.shape[1], sequence.data.values.shape[2]
+                            if sequence.data.has_values(kv) else 0)
                     for exp in scenario.experiments:
                         _run_experiment(scenario, exp, lambda exp=exp, kv=kv: group_for(exp, kv),
                                         sequence.mask, seed, kv, rows, steps[exp.name], bar,
-                                        workers, store, layer, caps[exp.name])
+                                        workers, store, layer, caps[exp.name], dims)
                 if compiling:  # every kernel of the scenario has run once: ETAs from now on
                     compiling = _end_compile_phase(bar, scenario.name)
                 if seed == scenario.seeds[0] and place == 0:
@@ -122,11 +130,12 @@ def unit_keys(scenario: Scenario, exp: Experiment, seed: int, kv: int,
               snap_steps: np.ndarray, layer: int, caps: np.ndarray) -> list[str]:
     """Resume-store keys of the units (one per policy) of ``exp`` on one seed, layer and
     KV head; ``caps[i, j, kv]`` is policy ``i``'s cap at budget ``j``."""
+    storage = {"quantize": vars(exp.quantize)} if exp.quantize else {}
     return [unit_key(source=scenario.source, attention=scenario.attention, T=scenario.T,
                      heads=scenario.heads, kv_heads=scenario.kv_heads, gqa=scenario.gqa,
                      seed=seed, kv=kv, prompt_len=exp.prompt_len, kind=c.kind, params=c.params,
                      budgets=exp.budgets, focus=exp.focus_budget, snaps=snap_steps.tolist(),
-                     layer=layer, caps=caps[i, :, kv].tolist())
+                     layer=layer, caps=caps[i, :, kv].tolist(), **storage)
             for i, c in enumerate(exp.policies)]
 
 
@@ -177,9 +186,9 @@ def _field_samples(scenario: Scenario, sequence, passes: dict) -> list[FieldSamp
 def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.ndarray,
                     seed: int, kv: int, rows: list[dict], steps: ExperimentSteps, bar: tqdm,
                     workers: int, store: UnitStore | None, layer: int,
-                    caps: np.ndarray) -> None:
+                    caps: np.ndarray, dims: tuple[int, int]) -> None:
     """Every policy of ``exp`` on KV head ``kv`` of one layer; ``caps[i, j, kv]`` is the
-    cap of policy ``i`` at budget ``j``."""
+    cap of policy ``i`` at budget ``j``; ``dims`` the key and value sizes (0: none)."""
     heads_per_kv = scenario.heads // scenario.kv_heads
     keys = unit_keys(scenario, exp, seed, kv, steps.snap_steps, layer, caps)
     stored = [store.load(k) if store else None for k in keys]
@@ -192,7 +201,13 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
             config = exp.policies[i]
             policy = get_policy(config.kind)
             source = f"the {scenario.source!r} attention source"
-            if exp.allocation == "uniform" or not policy.budgeted:
+            uniform = exp.allocation == "uniform" or not policy.budgeted
+            if exp.quantize is not None:
+                traces = [run_quantised(policy, group, budget, None if uniform else int(cap),
+                                        config.params, budget == exp.focus_budget, source,
+                                        exp.quantize)
+                          for budget, cap in zip(exp.budgets, caps[i, :, kv])]
+            elif uniform:
                 traces = run_budgets(policy, group, list(exp.budgets), config.params, source)
             else:
                 traces = [run_capped(policy, group, int(cap), budget, config.params,
@@ -225,4 +240,5 @@ def _run_experiment(scenario: Scenario, exp: Experiment, group_for, truth: np.nd
                          "steps": scenario.T - exp.prompt_len}
                 rows.append(result_row(ident, config.kind, config.params, trace, g, truth[h],
                                        scenario.has_truth, scenario.T))
+                rows[-1].update(bytes_columns(trace.cache_size, *dims, exp.quantize))
                 steps.add(trace, g, scenario.has_truth)

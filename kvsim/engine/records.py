@@ -19,6 +19,7 @@ from typing import IO
 
 import numpy as np
 
+from kvsim.numerics.quantize import Quantize, cache_bytes
 from kvsim.policies.base import Trace
 from kvsim.policies.run import final_recall
 from kvsim.protocols.settings import label as protocol_label
@@ -69,6 +70,16 @@ def memory(trace: Trace, T: int) -> dict:
     sizes = trace.cache_size if trace.cache_size.size else np.array([trace.kept.shape[0]])
     peak = int(sizes.max())
     return {"peak_size": peak, "mean_size": float(sizes.mean()), "effective_ratio": peak / T}
+
+
+def bytes_columns(cache_size: np.ndarray, d: int, dv: int, quant: Quantize | None) -> dict:
+    """``kv_bits`` (16 unless quantised) and the mean and peak bytes over the decode steps
+    of the KV head's keys and values (NaN for a source without both)."""
+    nan = float("nan")
+    sizes = cache_bytes(cache_size, d, dv, quant) if d and dv and cache_size.size else None
+    return {"kv_bits": quant.bits if quant else 16,
+            "bytes_mean": float(sizes.mean()) if sizes is not None else nan,
+            "bytes_peak": float(sizes.max()) if sizes is not None else nan}
 
 
 def result_columns(rows: list[dict]) -> list[str]:

@@ -46,7 +46,7 @@ def register(policy: Policy) -> Policy:
 
 MODULES = ("full", "window", "streaming_llm", "h2o", "snapkv", "tova", "random_eviction",
            "oracle", "knorm", "keydiff", "scissorhands", "caote", "quest",
-           "rkv", "dropkv", "chunkkv", "expected_attention")
+           "rkv", "dropkv", "chunkkv", "expected_attention", "cake")
 """The registered policy modules, in registry order: each defines ``POLICY``, or
 ``POLICIES`` (a tuple) when it holds several."""
 

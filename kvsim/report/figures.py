@@ -50,8 +50,9 @@ def _seeds_note(scenario: Scenario) -> str:
 
 def _rounding_only(exp: Experiment) -> list[str]:
     """Policies whose output error is rounding (``full`` keeps every key): on a log axis they
-    would stretch it over 16 decades, so error figures name them instead of drawing them."""
-    return [p.label for p in exp.policies if p.kind == "full"]
+    would stretch it over 16 decades, so error figures name them instead of drawing them.
+    None under KIVI storage, where ``full``'s error is the quantisation's."""
+    return _full_labels(exp)
 
 
 def _not_drawn(handles: list, labels: list, skipped: list[str],
@@ -66,7 +67,8 @@ def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
 
 
 def _full_labels(exp: Experiment) -> list[str]:
-    return [p.label for p in exp.policies if p.kind == "full"]
+    """The ``full`` policies of ``exp`` (mass 1), none under KIVI storage (mass below 1)."""
+    return [p.label for p in exp.policies if p.kind == "full" and exp.quantize is None]
 
 
 def _loss_scale(values) -> bool:

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim._version import __version__
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
-from kvsim.report import allocation_summary, protocol_summary
+from kvsim.report import allocation_summary, bytes_figure, protocol_summary
 from kvsim.report.plotting import head_label
 from kvsim.report.stats import estimate, plural
 from kvsim.report.studies import STUDIES
@@ -265,6 +265,9 @@ def _allocation_note(exp: Experiment) -> str:
         return f"; allocation `ada` (floor_share {exp.floor_share:g}), B = mean cap per KV head"
     if exp.allocation == "pyramid":
         return f"; allocation `pyramid` (beta {exp.beta:g}), B = mean cap per KV head"
+    if exp.allocation == "cake":
+        return (f"; allocation `cake` (tau1 {exp.tau1:g}, tau2 {exp.tau2:g}), "
+                f"B = mean cap per KV head")
     return ""
 
 
@@ -303,6 +306,9 @@ def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     compared = _images(figures.get((0, "allocation_vs_uniform"), []), folder)
     lines += compared + ([""] if compared else [])
     lines += protocol_summary.lines(results[0].rows)
+    lines += bytes_figure.summary_lines(first, results[0].rows)
+    at_bytes = _images(figures.get((0, "mass_vs_bytes"), []), folder)
+    lines += at_bytes + ([""] if at_bytes else [])
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:

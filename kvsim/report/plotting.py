@@ -46,8 +46,8 @@ class Needs(enum.Flag):
                 Needs.TRUTH: "ground-truth important tokens, which this attention source lacks",
                 Needs.VALUES: "value vectors, which this attention source lacks",
                 Needs.BUDGETS: "more than one budget",
-                Needs.ALLOCATION: "allocation \"ada\" or \"pyramid\", or several layers run "
-                                  "jointly (attention.layers)"}[self]
+                Needs.ALLOCATION: "allocation \"ada\", \"pyramid\" or \"cake\", or several "
+                                  "layers run jointly (attention.layers)"}[self]
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,10 @@ POLICY_COLORS = {
     "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
     "caote": "#ff1aff", "quest": "#000080",
     "rkv": "#1a4d1a", "dropkv": "#ff0080", "chunkkv": "#770033", "expected_attention": "#fdb863",
+    "cake": "#ff9988",
 }
 # For labels that are not a policy name (a second configuration, a sweep point), in order.
-SPARE_COLORS = ("#ff9988", "#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
+SPARE_COLORS = ("#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
 
 
 def color_map(labels: list[str]) -> dict[str, str]:

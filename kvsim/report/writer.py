@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim._version import __version__
-from kvsim.report import figures, markdown
+from kvsim.report import bytes_figure, figures, markdown
 from kvsim.report.studies import STUDIES
 from kvsim.engine.experiments import ScenarioResults
 from kvsim.engine.records import steps_arrays, write_rows
@@ -170,6 +170,8 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
         jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
         jobs.append(((i, "allocation_vs_uniform"), figures.allocation_vs_uniform,
+                     (scenario, res.rows, target)))
+        jobs.append(((i, "mass_vs_bytes"), bytes_figure.mass_vs_bytes,
                      (scenario, res.rows, target)))
         colors = figures.policy_colors(scenario)
         for exp in scenario.experiments:

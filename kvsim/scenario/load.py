@@ -20,6 +20,7 @@ from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.paths import read_text
 from kvsim.numerics.kernels import GQA_MODES
+from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import INT64_MAX, Param
 from kvsim.protocols.settings import PROTOCOL_PARAMS
@@ -32,8 +33,9 @@ FORMATS = ("png", "svg", "pdf")
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
 EXPERIMENT_KEYS = ("name", "prompt_len", "budgets", "policies", "figures", "focus_budget",
-                   "time_budgets", "allocation", "floor_share", "beta")
-ALLOCATIONS = ("uniform", "ada", "pyramid")  # the rules: kvsim.engine.allocation
+                   "time_budgets", "allocation", "floor_share", "beta", "tau1", "tau2",
+                   "quantize")
+ALLOCATIONS = ("uniform", "ada", "pyramid", "cake")  # the rules: kvsim.engine.allocation
 ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.allocation)
     "allocation": Param(str, "uniform", "how the budget is shared across KV heads and layers",
                         choices=ALLOCATIONS),
@@ -42,6 +44,16 @@ ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.
                          expect="a number in (0, 1]"),
     "beta": Param(float, 20.0, "pyramid: the last layer keeps fixed + (B - fixed) / beta",
                   low=1.0, high=1e6),
+    "tau1": Param(float, 1.0, "cake: a layer's preference is entropy^(1/tau1) * "
+                  "variance^(1/tau2)", low=0.01, high=100.0),
+    "tau2": Param(float, 1.0, "cake: see tau1", low=0.01, high=100.0),
+}
+QUANTIZE_PARAMS = {  # [experiment.quantize]: KIVI storage (kvsim.numerics.quantize)
+    "bits": Param(int, 2, "bits per quantised key or value", low=1, high=8),
+    "group": Param(int, 32, "elements per quantisation group (slots for keys, channels for "
+                   "values)", low=1, high=65536),
+    "residual": Param(int, 32, "newest tokens kept in full precision (a multiple of group)",
+                      low=1, high=INT64_MAX),
 }
 OUTPUT_KEYS = ("formats", "dpi")
 
@@ -70,6 +82,9 @@ class Experiment:
     allocation: str = "uniform"  # budget allocation across KV heads and layers
     floor_share: float = 0.2  # ada
     beta: float = 20.0  # pyramid
+    tau1: float = 1.0  # cake
+    tau2: float = 1.0  # cake
+    quantize: Quantize | None = None  # KIVI storage of keys and values (None: 16-bit)
 
 
 @dataclass(frozen=True)
@@ -218,11 +233,13 @@ def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tu
 
 def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt_len: int,
                      budgets: list[int], chosen: list[PolicyConfig]) -> dict:
-    """Checked ``allocation``, ``floor_share`` and ``beta`` of an experiment."""
+    """Checked ``allocation``, ``floor_share``, ``beta``, ``tau1`` and ``tau2`` of an
+    experiment."""
     given = {k: v for k, v in table.items() if k in ALLOCATION_PARAMS}
     values = chk.params(given, ALLOCATION_PARAMS, where + ".")
     rule = values.get("allocation", "uniform")
-    for key, owner in (("floor_share", "ada"), ("beta", "pyramid")):
+    for key, owner in (("floor_share", "ada"), ("beta", "pyramid"), ("tau1", "cake"),
+                       ("tau2", "cake")):
         if key in given and rule != owner:
             chk.add(f"{where}.{key}", f"expected only with allocation = {owner!r}, "
                                       f"got allocation = {rule!r}")
@@ -246,6 +263,40 @@ def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt
                         f"that every head keeps a selectable key (policy {config.label!r}, "
                         f"B = {budget}: {values['floor_share']:g} * {slots} < 1)")
     return values
+
+
+def _read_quantize(chk: _Checker, table: dict, where: str,
+                   source: tuple[str, frozenset]) -> Quantize | None:
+    """The checked ``[experiment.quantize]`` table, or None."""
+    if "quantize" not in table:
+        return None
+    raw = table["quantize"]
+    if not isinstance(raw, dict):
+        chk.add(f"{where}.quantize", f"expected a table (bits, group, residual), got {raw!r}")
+        return None
+    before = len(chk.problems)
+    values = chk.params(raw, QUANTIZE_PARAMS, f"{where}.quantize.")
+    if len(chk.problems) == before and values["residual"] % values["group"]:
+        chk.add(f"{where}.quantize.residual", f"expected a multiple of group "
+                f"({values['group']}), got {values['residual']}")
+    if not {"keys", "values"} <= source[1]:
+        chk.add(f"{where}.quantize", f"expected a source with key and value vectors, "
+                                     f"which the {source[0]!r} attention source does not have")
+    return Quantize(**values) if len(chk.problems) == before else None
+
+
+def _check_head_dims(chk: _Checker, scenario: "Scenario") -> None:
+    """Every quantising experiment's group divides the head dimensions (first layer)."""
+    quantised = [(i, e) for i, e in enumerate(scenario.experiments) if e.quantize]
+    if not quantised:
+        return
+    data = scenario.field(scenario.seeds[0]).data
+    dims = {"key": data.keys.shape[1], "value": data.values.shape[2]}
+    for i, exp in quantised:
+        for what, d in dims.items():
+            if d % exp.quantize.group:
+                chk.add(f"experiment[{i}].quantize.group", f"expected a divisor of the "
+                        f"{what} dimension {d}, got {exp.quantize.group}")
 
 
 def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
@@ -305,6 +356,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
                                               f"have{note}")
         chosen.append(config)
     allocation = _read_allocation(chk, table, where, layers, prompt_len, budgets, chosen)
+    quantize = _read_quantize(chk, table, where, source)
     # Figure names and what each needs are the report's to check (kvsim.report.plotting).
     figures = table.get("figures")
     if figures is not None and (not isinstance(figures, list)
@@ -325,7 +377,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
         return None
     return Experiment(name, prompt_len, tuple(budgets), tuple(specs), tuple(chosen),
                       None if figures is None else tuple(figures), focus,
-                      tuple(sorted(set(over_time))), **allocation)
+                      tuple(sorted(set(over_time))), **allocation, quantize=quantize)
 
 
 def _read_field(chk: _Checker, table: dict) -> dict:
@@ -574,8 +626,12 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
                     experiments.append(exp)
     if chk.problems:
         raise ScenarioError(chk.problems)
-    return Scenario(path.resolve(), name, description, tuple(seeds), source_name, attn_params,
-                    T, heads, kv_heads, attn_params.get("gqa", "mean"),
-                    has_truth, tuple(experiments), tuple(formats), dpi, dict(variant or {}),
-                    tuple(layers))
+    scenario = Scenario(path.resolve(), name, description, tuple(seeds), source_name,
+                        attn_params, T, heads, kv_heads, attn_params.get("gqa", "mean"),
+                        has_truth, tuple(experiments), tuple(formats), dpi,
+                        dict(variant or {}), tuple(layers))
+    _check_head_dims(chk, scenario)
+    if chk.problems:
+        raise ScenarioError(chk.problems)
+    return scenario
 

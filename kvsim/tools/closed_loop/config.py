@@ -17,8 +17,9 @@ from kvsim.params import Param
 from kvsim.policies.run import budget_problem, get_policy
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import preflight
+from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_budgets, read_name,
-                                 _read_policies, read_document)
+                                 _read_policies, _read_quantize, read_document)
 from kvsim.tools import models
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
@@ -142,6 +143,7 @@ class ClosedLoopConfig:
     seed: int
     formats: tuple[str, ...]
     dpi: int
+    quantize: Quantize | None = None  # KIVI storage of every compressed cache
 
 
 def load_config(path: str | Path) -> ClosedLoopConfig:
@@ -154,7 +156,8 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     table = chk.table(doc, "closed_loop", "closed_loop") or {}
     if "closed_loop" not in doc:
         chk.add("closed_loop", "expected a [closed_loop] table")
-    s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets",))
+    s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets", "quantize"))
+    quantize = _read_quantize(chk, table, "closed_loop", ("model", frozenset({"keys", "values"})))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
         model, gguf = read_model(chk, "closed_loop", s, path.parent)
@@ -184,4 +187,5 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
         raise ScenarioError(chk.problems)
     return ClosedLoopConfig(path.resolve(), name, description, model, gguf, text, s["tokens"],
                             s["prompt_len"], tuple(budgets), focus, tuple(configs.values()),
-                            s["gqa"], s["batch"], s["bootstrap"], s["seed"], tuple(formats), dpi)
+                            s["gqa"], s["batch"], s["bootstrap"], s["seed"], tuple(formats), dpi,
+                            quantize)

@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.numerics.quantize import Quantize, quantised_counts
 
 ATTENTION = "kvsim_closed_loop"
 _ACTIVE: list[Callable] = []  # the pass the registered attention function serves
@@ -247,6 +248,40 @@ class FullCache:
         """Nothing to learn: the full cache keeps everything."""
 
 
+def _dequantised_groups(x, dim: int, bits: int):
+    """KIVI's groups of float64 tensor ``x`` along ``dim`` (one group per slice): codes
+    ``round_half_even(clip((x - lo) / s, 0, 2^b - 1))`` read back as ``code * s + lo``; a
+    constant group reads back ``lo`` (the arithmetic of
+    :func:`kvsim.numerics.quantize.dequantised`, vectorised)."""
+    torch = _torch()
+    levels = 2.0 ** bits - 1.0
+    lo, hi = x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    s = (hi - lo) / levels
+    code = torch.round(((x - lo) / s).clamp(0.0, levels))  # torch.round: half to even
+    return torch.where(s == 0.0, lo, code * s + lo)
+
+
+def kivi_store(keys, values, slots: np.ndarray, quant: Quantize) -> None:
+    """One cache's gathered keys (width, d) and values (width, dv) (torch, slot order; the
+    first ``len(slots)`` in use) as KIVI stores them, in place: the rule of
+    :mod:`kvsim.numerics.quantize` over the cached positions in order."""
+    torch = _torch()
+    n = slots.shape[0]
+    n_keys, n_values = quantised_counts(n, quant.residual)
+    order = torch.from_numpy(np.argsort(slots))
+    G = quant.group
+    if n_keys:  # per channel: groups of G slots
+        at = order[:n_keys]
+        k = keys[at].double()
+        keys[at] = _dequantised_groups(k.view(n_keys // G, G, -1), 1, quant.bits).view(
+            n_keys, -1).to(keys.dtype)
+    if n_values:  # per token: groups of G channels
+        at = order[:n_values]
+        v = values[at].double()
+        values[at] = _dequantised_groups(v.view(n_values, -1, G), 2, quant.bits).view(
+            n_values, -1).to(values.dtype)
+
+
 class Decoder:
     """Teacher-forced decode of ``C`` compressed caches at once, from a shared full prefill.
 
@@ -269,10 +304,13 @@ class Decoder:
         every global layer.
     queries : the stores of :func:`query_stores` (cache -> store), row ``t`` written before
         ``admit(t)`` like the keys'.
+    storage : per cache, its KIVI settings (its keys and values quantised on global layers
+        as :func:`kivi_store` does, at every step) or None (16-bit; the default for all).
     """
 
     def __init__(self, net, full: FullRun, prompt_len: int, policies: list, keys: np.ndarray,
-                 values: np.ndarray, width: int, queries: dict | None = None):
+                 values: np.ndarray, width: int, queries: dict | None = None,
+                 storage: list | None = None):
         torch = _torch()
         self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
@@ -284,6 +322,7 @@ class Decoder:
         self.sizes = np.zeros((C, H_kv), np.int64)
         self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
         self.t = prompt_len
+        self.storage = storage or [None] * C
 
     def step(self, tokens: np.ndarray | None = None) -> np.ndarray:
         """Decode position ``t`` in every cache, reading the full run's token ``t`` or each
@@ -333,6 +372,9 @@ class Decoder:
         rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
         keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
         vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
+        for c, quant in enumerate(self.storage):
+            for j in range(H_kv) if quant is not None else ():
+                kivi_store(keys[c, j], vals[c, j], self.slots[c, j, :self.sizes[c, j]], quant)
         logits = geometry.logits(q, keys)
         p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)

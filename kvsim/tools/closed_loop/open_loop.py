@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.attention.trace import layer_field
+from kvsim.engine.storage import run_quantised
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
+from kvsim.numerics.quantize import Quantize
 from kvsim.policies.run import get_policy, make_group, run_budgets
 
 
@@ -31,9 +33,9 @@ class OpenLoop:
 
 
 def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int],
-              gqa: str = "mean") -> dict[int, OpenLoop]:
+              gqa: str = "mean", quantize: Quantize | None = None) -> dict[int, OpenLoop]:
     """Run policy ``kind`` at every budget on every global layer and KV head of the full
-    run."""
+    run (its cache stored by KIVI if ``quantize``)."""
     policy = get_policy(kind)
     _, H, T, _ = full.queries.shape
     layers = full.global_layers
@@ -56,7 +58,10 @@ def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int]
             out[b].kept.append([])
         for j in range(H_kv):
             group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa])
-            for b, trace in zip(budgets, run_budgets(policy, group, budgets, params)):
+            traces = run_budgets(policy, group, budgets, params) if quantize is None else [
+                run_quantised(policy, group, b, None, params, False, "the model", quantize)
+                for b in budgets]
+            for b, trace in zip(budgets, traces):
                 out[b].mass[i, j * G:(j + 1) * G] = trace.mass
                 out[b].error[i, j * G:(j + 1) * G] = trace.error
                 out[b].kept[i].append(trace.kept)

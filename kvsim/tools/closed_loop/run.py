@@ -30,6 +30,7 @@ from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
                                            query_stores, stores)
 from kvsim.tools.closed_loop.open_loop import open_loop
+from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.load import PolicyConfig
 
 FULL = "full"  # label of the full-cache reference run
@@ -82,7 +83,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
             prompt = full.prompt_attention(layer, j, prompt_len) \
                 if any(cfg is not None for cfg, _ in runs) else None
             for c, (cfg, budget) in enumerate(runs):
-                if cfg is None:
+                if cfg is None or cfg.kind == FULL:  # the reference, or a full KIVI cache
                     out[c][layer][j] = FullCache(prompt_len)
                 else:
                     out[c][layer][j] = Stepper(
@@ -95,15 +96,18 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
 
 
 def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
-                prompt_len: int, gqa: str, seed: int, tick=None) -> list[tuple]:
+                prompt_len: int, gqa: str, seed: int, tick=None,
+                quantize: Quantize | None = None) -> list[tuple]:
     """(kl, nll) per decode step for each run, all decoded together (one forward per step);
-    ``tick(n)`` is called after each step with the number of runs."""
+    ``tick(n)`` is called after each step with the number of runs. With ``quantize``, every
+    run but the reference (``None``) stores its cache by KIVI."""
     T = full.T
     keys, values = stores(full, len(runs), prompt_len)
     queries = query_stores(full, query_runs(runs), prompt_len)
     steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed, queries)
     width = max(T if cfg is None else budget for cfg, budget in runs)
-    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width, queries)
+    decoder = Decoder(net, full, prompt_len, steppers, keys, values, width, queries,
+                      [None if cfg is None else quantize for cfg, _ in runs])
     steps = T - prompt_len
     kl, nll = np.zeros((len(runs), steps)), np.zeros((len(runs), steps))
     for s, t in enumerate(range(prompt_len, T)):
@@ -130,15 +134,16 @@ def forked_pool(workers: int, queue=None):
 
 
 def _worker(members: list[int]) -> list[tuple]:
-    net, full, runs, P, gqa, seed = _FORKED["job"]
+    net, full, runs, P, gqa, seed, quantize = _FORKED["job"]
     return closed_loop(net, full, [runs[c] for c in members], P, gqa, seed,
-                       _FORKED["queue"].put)
+                       _FORKED["queue"].put, quantize)
 
 
 def _open_worker(i: int) -> dict:
     full, cfg = _FORKED["open"]
     pc = cfg.policies[i]
-    return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa)
+    return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa,
+                     cfg.quantize)
 
 
 def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: bool) -> list:
@@ -149,7 +154,7 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
             out = []
             for pc in cfg.policies:
                 out.append(open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                     list(cfg.budgets), cfg.gqa))
+                                     list(cfg.budgets), cfg.gqa, cfg.quantize))
                 bar.update()
             return out
         _FORKED["open"] = (full, cfg)
@@ -164,7 +169,8 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
 
 
 def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: int, gqa: str,
-                   seed: int, workers: int, bar) -> dict[int, tuple]:
+                   seed: int, workers: int, bar,
+                   quantize: Quantize | None = None) -> dict[int, tuple]:
     """(kl, nll) of every run, batch by batch, on ``workers`` forked processes.
 
     A run's numbers depend on its batch (one forward pass per step for the whole batch),
@@ -174,12 +180,12 @@ def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: 
     if workers <= 1 or len(batches) == 1:
         for members in batches:
             for c, res in zip(members, closed_loop(net, full, [runs[c] for c in members], P,
-                                                   gqa, seed, bar.update)):
+                                                   gqa, seed, bar.update, quantize)):
                 done[c] = res
         return done
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    _FORKED["job"] = (net, full, runs, P, gqa, seed)
+    _FORKED["job"] = (net, full, runs, P, gqa, seed, quantize)
     try:
         with forked_pool(min(workers, len(batches)), queue) as pool:
             futures = {pool.submit(_worker, members): members for members in batches}
@@ -196,6 +202,15 @@ def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: 
     finally:
         _FORKED.clear()
     return done
+
+
+def check_head_dims(full: FullRun, quant: Quantize) -> None:
+    """A one-line error unless the quantisation group divides the model's key and value
+    dimensions."""
+    for what, d in (("key", full.keys.shape[-1]), ("value", full.values.shape[-1])):
+        if d % quant.group:
+            raise KvsimError(f"closed_loop.quantize.group: expected a divisor of the model's "
+                             f"{what} dimension {d}, got {quant.group}")
 
 
 def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
@@ -222,6 +237,13 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
         series = [Series(FULL, FULL, T, None, None, whole.mean(axis=(0, 1)),
                          metrics.open_metrics(whole, 0.0 * whole, weights))]
         runs: list[tuple[PolicyConfig | None, int]] = [(None, T)]
+        if cfg.quantize is not None:  # every token kept, stored by KIVI
+            check_head_dims(full, cfg.quantize)
+            kivi = PolicyConfig(f"{FULL}_kivi{cfg.quantize.bits}", FULL, {})
+            ol = open_loop(full, P, FULL, {}, [T], cfg.gqa, cfg.quantize)[T]
+            series.append(Series(kivi.label, FULL, T, None, None, ol.mass.mean(axis=(0, 1)),
+                                 metrics.open_metrics(ol.mass, ol.error, weights)))
+            runs.append((kivi, T))
         for pc, ol in zip(cfg.policies, open_loops(full, cfg, workers, progress)):
             for b in cfg.budgets:
                 series.append(Series(pc.label, pc.kind, b, None, None,
@@ -235,7 +257,8 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
         batches = [order[:1]] + [order[lo:lo + batch] for lo in range(1, len(order), batch)]
         with tqdm(total=len(runs) * (T - P), unit="step", disable=not progress,
                   desc="closed loop (runs x steps)") as bar:
-            done = decode_batches(net, full, runs, batches, P, cfg.gqa, cfg.seed, workers, bar)
+            done = decode_batches(net, full, runs, batches, P, cfg.gqa, cfg.seed, workers, bar,
+                                  cfg.quantize)
         for c, (kl, nll) in done.items():
             series[c].kl, series[c].nll = kl, nll
     finally:

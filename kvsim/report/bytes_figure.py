@@ -1,0 +1,125 @@
+"""Evict or quantise, at equal bytes: mass and output error against the cache's bytes,
+one line per (experiment, policy), drawn when a scenario has a quantised experiment."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, NullFormatter
+
+from kvsim.report.figures import CROWDED
+from kvsim.report.plotting import MARKERS, Target, color_map, grid, save
+from kvsim.scenario.load import Scenario
+
+STYLES = ("-", "--", ":", "-.")
+
+
+def storage_label(exp) -> str:
+    """``16-bit`` or ``KIVI 2-bit`` (group, residual)."""
+    q = exp.quantize
+    return "16-bit" if q is None else f"KIVI {q.bits}-bit (G {q.group}, R {q.residual})"
+
+
+def curves(rows: list[dict]) -> dict:
+    """``{(experiment, policy): [(bytes, mass, error), ...]}`` by budget, each the mean over
+    seeds, layers and heads; rows without bytes left out."""
+    acc = defaultdict(list)
+    for r in rows:
+        if np.isfinite(r.get("bytes_mean", np.nan)):
+            acc[r["experiment"], r["policy"], r["budget"]].append(
+                (r["bytes_mean"], r["mass_mean"], r["error_mean"]))
+    out = defaultdict(list)
+    for (exp, policy, budget), values in acc.items():
+        out[exp, policy].append(tuple(np.mean(values, axis=0)))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def mass_vs_bytes(scenario: Scenario, rows: list[dict], out: Target) -> list[Path]:
+    """Two panels against the bytes of a KV head's cache (log axis): the mass kept (``1 -
+    mass`` on a log axis when masses crowd near 1) and the output error (log)."""
+    if not any(e.quantize for e in scenario.experiments):
+        return []
+    lines = curves(rows)
+    if not lines:
+        return []
+    exps = [e for e in scenario.experiments if any(k[0] == e.name for k in lines)]
+    style = {e.name: STYLES[i % len(STYLES)] for i, e in enumerate(exps)}
+    policies = list(dict.fromkeys(k[1] for k in lines))
+    colors = color_map(policies)
+    markers = {p: MARKERS[i % len(MARKERS)] for i, p in enumerate(policies)}
+    loss = any(m > CROWDED for (e, p), pts in lines.items() for _, m, _ in pts
+               if not (p == "full" and e in _exact(scenario)))
+    fig, axes, layout = grid(2, scenario, panel=(4.2, 3.0))
+    bits = {e.name: e.quantize.bits for e in exps if e.quantize}
+    for (exp, policy), pts in lines.items():
+        b, m, err = (np.array(x) for x in zip(*pts))
+        b = b / 1024
+        exact_full = policy == "full" and exp in _exact(scenario)
+        kw = dict(color=colors[policy], ls=style[exp], marker=markers[policy], lw=1.3, ms=4)
+        if exact_full:  # 16-bit full: mass 1 and rounding-level error, named instead
+            continue
+        for ax, y in zip(axes, (1.0 - m if loss else m, err)):
+            ax.plot(b, y, **kw)
+            if len(b) == 1 and exp in bits:  # a single point (full): name its storage
+                ax.annotate(f"{bits[exp]}-bit", (b[0], y[0]), xytext=(4, 3),
+                            textcoords="offset points", fontsize=7)
+    kib = [x / 1024 for pts in lines.values() for x, _, _ in pts]
+    ticks = [2.0 ** k for k in range(int(np.floor(np.log2(min(kib)))),
+                                      int(np.ceil(np.log2(max(kib)))) + 1)]
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("KiB of a KV head's keys and values (mean over steps, log2 axis)")
+        ax.grid(True, alpha=0.3)
+    if loss:
+        axes[0].set_yscale("log", nonpositive="mask")
+    else:
+        axes[0].set_ylim(0, 1.03)
+    axes[0].set(title="mass kept" + (" (as 1 - mass)" if loss else ""),
+                ylabel="mass lost, 1 - mass (log)" if loss else "mass")
+    axes[1].set_yscale("log", nonpositive="mask")
+    axes[1].set(title="relative output error", ylabel="|o~ - o| / |o| (log)")
+    handles = [Line2D([], [], color=colors[p], marker=markers[p], lw=1.3) for p in policies]
+    labels = list(policies)
+    handles += [Line2D([], [], color="0.3", ls=style[e.name]) for e in exps]
+    labels += [f"{e.name}: {storage_label(e)}" for e in exps]
+    exact = [e for e in exps if e.quantize is None]
+    note = "; full at 16 bits (mass 1) not drawn" if exact else ""
+    layout.finish(fig, f"{scenario.name}: evict or quantise, at equal bytes\nmean over "
+                       f"steps, layers, heads and seeds; one point per budget{note}",
+                  handles, labels)
+    return save(fig, out, "mass_vs_bytes", scenario)
+
+
+def _exact(scenario: Scenario) -> set[str]:
+    return {e.name for e in scenario.experiments if e.quantize is None}
+
+
+def summary_lines(scenario: Scenario, rows: list[dict]) -> list[str]:
+    """For each quantised experiment's ``full`` run: its bytes and mass, beside the best
+    mass any 16-bit evicting run reaches within those bytes."""
+    lines = curves(rows)
+    exact = _exact(scenario)
+    out = []
+    for exp in scenario.experiments:
+        if exp.quantize is None or not exact:
+            continue
+        for (name, policy), pts in lines.items():
+            if name != exp.name or policy != "full":
+                continue
+            b, m, err = pts[0]
+            rivals = [(mm, e, p, bb) for (e, p), ps in lines.items() if e in exact
+                      and p != "full" for bb, mm, _ in ps if bb <= b]
+            text = (f"- `{exp.name}` ({storage_label(exp)}), every token kept: "
+                    f"{b / 1024:.1f} KiB per KV head, mass {m:.4f}, output error {err:.3f}")
+            if rivals:
+                mm, e, p, bb = max(rivals)
+                text += (f"; the best 16-bit eviction within those bytes: `{p}` in `{e}` "
+                         f"({bb / 1024:.1f} KiB), mass {mm:.4f}")
+            out.append(text)
+    return out + [""] if out else []
