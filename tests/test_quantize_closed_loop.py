@@ -41,7 +41,7 @@ def test_the_decoder_attends_over_quantised_caches_and_keeps_the_stores_exact(ti
     keys, values = stores(full, 3, P)
     caches = [[[FullCache(P) for _ in range(H_kv)] for _ in range(L)] for _ in range(3)]
     storage = [None, Quantize(2, 4, 64), Quantize(2, 4, 4)]  # residual 64 > T: all exact
-    decoder = Decoder(net, full, P, caches, keys, values, T, storage)
+    decoder = Decoder(net, full, P, caches, keys, values, T, storage=storage)
     differ = False
     for t in range(P, T):
         logits = decoder.step()

@@ -220,7 +220,8 @@ TRACE = Source(
                                  "text + tokens)"),
         "model": Param(str, None, "instead of path: a model (smollm2-135m, gemma3-270m or a "
                                   "model folder) whose capture on text is cached on first use"),
-        "text": Param(str, None, "text file the model reads, relative to the scenario file"),
+        "text": Param(str, None, "text file the model reads, relative to the scenario file, or a "
+                     "text shipped with kvsim (gpl-3)"),
         "tokens": Param(int, None, "tokens of the text captured", low=1),
         "gguf_file": Param(str, None, "GGUF weights inside a model folder"),
         "layer": Param(int, None, "model layer index (default: the first recorded)", low=0),

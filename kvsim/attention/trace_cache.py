@@ -100,7 +100,9 @@ def cache_key(model_id: str, text: bytes, tokens: int, capture_version: int) -> 
 def resolve(params: dict, base: Path) -> Path:
     """The cached trace of ``params`` (``model``, ``text``, ``tokens``, ``gguf_file``),
     captured first if it is not there yet."""
-    text = Path(os.path.realpath(base / params["text"]))
+    from kvsim.texts import shipped_text
+
+    text = shipped_text(params["text"]) or Path(os.path.realpath(base / params["text"]))
     try:
         raw = read_text(text).encode("utf-8")  # the file's bytes, known to be UTF-8
     except ValueError as exc:

@@ -237,6 +237,9 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             gguf_file: str | None = None, dtype=np.float16) -> Path:
     """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
     ``dtype``), save it atomically."""
+    from kvsim.texts import shipped_text
+
+    text = shipped_text(str(text)) or text
     try:
         raw = read_text(text)
     except ValueError as exc:
