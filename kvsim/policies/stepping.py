@@ -42,6 +42,9 @@ class Stepper:
     gqa : how the group's scores combine ("mean", "max", "sum").
     seed : the seed of seeded policies (``random``).
     capacity_T : the largest position + 1 that will ever be admitted.
+    passes : a memo of the full passes over ``prompt_attention``, shared by the steppers
+        built on the very same array (each policy and budget of one KV head) so that its
+        column sums are computed once; None: a memo of its own.
 
     Raises
     ------
@@ -52,7 +55,7 @@ class Stepper:
     def __init__(self, policy: str, budget: int, params: dict | None = None, *,
                  prompt_attention: np.ndarray, keys: np.ndarray | None = None,
                  values: np.ndarray | None = None, gqa: str = "mean", seed: int = 0,
-                 capacity_T: int):
+                 capacity_T: int, passes: dict | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
         reason = spec.closed_loop(resolved)
@@ -84,7 +87,7 @@ class Stepper:
         # P = 0, so that the field is not empty; the prompt has no row to read).
         probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G, 1, 1))
         prompt = make_group(dense_field(probs, kv_heads=1), 0, P, np.zeros((G, max(P, 1)), bool),
-                            {}, GQA_MODES[gqa], int(seed))
+                            {} if passes is None else passes, GQA_MODES[gqa], int(seed))
         empty = np.zeros((0, 0), np.float32)
         prompt = dataclasses.replace(prompt, vectors=(
             empty if self._keys is None else self._keys.T,  # by dimension, like a field's

@@ -123,16 +123,27 @@ class FullRun:
         G, g = self.group, self.geometry[layer]
         q = self.queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len].astype(np.float64)
         k = self.keys[layer, kv_head, :prompt_len].astype(np.float64)
-        logits = (q @ k.T) * g.scaling
-        return causal_softmax(np.tanh(logits / g.softcap) * g.softcap if g.softcap else logits)
+        logits = q @ k.T
+        logits *= g.scaling
+        if g.softcap:
+            logits /= g.softcap
+            np.tanh(logits, out=logits)
+            logits *= g.softcap
+        return causal_softmax(logits, out=logits)
 
 
-def causal_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64)."""
+def causal_softmax(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64), into
+    ``out`` if given (``logits`` itself may be ``out``: the same numbers, no copies)."""
     n = logits.shape[-1]
-    masked = np.where(np.tri(n, dtype=bool), logits, -np.inf)
-    p = np.exp(masked - masked.max(axis=-1, keepdims=True))
-    return p / p.sum(axis=-1, keepdims=True)
+    if out is None:
+        out = np.empty_like(logits)
+    np.copyto(out, logits)
+    np.copyto(out, -np.inf, where=~np.tri(n, dtype=bool))
+    out -= out.max(axis=-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
 
 
 def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0) -> FullRun:
@@ -213,10 +224,14 @@ class Decoder:
     """Teacher-forced decode of ``C`` compressed caches at once, from a shared full prefill.
 
     At step ``t`` each layer first writes the new key and value into the store, lets every
-    policy admit ``t`` (evicting first when full), then gathers each cache's keys in the
+    policy admit ``t`` (evicting first when full), then holds each cache's keys in the
     policy's slot order: the model attends over exactly those, and the attention rows it
-    computes are, as they stand, what the policy observes. On a sliding-window layer no
-    policy runs: every cache attends over the window ``t - W < s <= t``.
+    computes are, as they stand, what the policy observes. The keys and values in slot order
+    live in one compact buffer per layer, in which only the slots whose position changed
+    are copied from the store (one per step and cache: the incoming key), instead of
+    gathering every cached key at every step; the numbers are the same. On a
+    sliding-window layer no policy runs: every cache attends over the window
+    ``t - W < s <= t``.
 
     Parameters
     ----------
@@ -237,11 +252,12 @@ class Decoder:
         self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
         C, H_kv = keys.shape[1], keys.shape[2]
-        self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order
+        self.width = width
+        self.slots = np.zeros((C, H_kv, width), np.int64)  # the last layer's, in slot order
         self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
-        self._slots, self._absent = torch.from_numpy(self.slots), torch.from_numpy(self.absent)
+        self._absent = torch.from_numpy(self.absent)
         self.sizes = np.zeros((C, H_kv), np.int64)
-        self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
+        self._held: dict = {}  # global layer -> (positions, keys, values) in slot order
         self.t = prompt_len
 
     def step(self, tokens: np.ndarray | None = None) -> np.ndarray:
@@ -274,7 +290,13 @@ class Decoder:
             p = torch.softmax(geometry.logits(q, K[:, :, lo:t + 1]), dim=-1,
                               dtype=torch.float32).to(query.dtype)
             return torch.matmul(p, V[:, :, lo:t + 1]).reshape(C, 1, H, -1), None
-        width = self.slots.shape[-1]
+        width = self.width
+        if layer not in self._held:  # no slot holds a position yet
+            self._held[layer] = (np.full((C, H_kv, width), -1, np.int64),
+                                 torch.zeros(C, H_kv, width, d, dtype=K.dtype),
+                                 torch.zeros(C, H_kv, width, V.shape[-1], dtype=V.dtype))
+        held, keys, vals = self._held[layer]
+        slots = self.slots
         for c, per_layer in enumerate(self.policies):
             for j in range(H_kv):
                 policy = per_layer[layer][j]
@@ -283,13 +305,17 @@ class Decoder:
                 n = cache.shape[0]
                 if n > width:
                     raise AssertionError(f"cache of {n} keys exceeds its budget of {width}")
-                self.slots[c, j, :n] = cache
+                slots[c, j, :n] = cache
+                slots[c, j, n:] = -1
                 self.absent[c, j, 0, :n] = False
                 self.absent[c, j, 0, n:] = True
                 self.sizes[c, j] = n
-        rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
-        keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
-        vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
+        c, j, s = np.nonzero((slots != held) & (slots >= 0))  # slots whose position changed
+        if c.size:
+            c, j, s, at = (torch.from_numpy(x) for x in (c, j, s, slots[c, j, s]))
+            keys[c, j, s] = K[c, j, at]
+            vals[c, j, s] = V[c, j, at]
+        held[...] = slots
         logits = geometry.logits(q, keys)
         p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)

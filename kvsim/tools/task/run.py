@@ -108,10 +108,11 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
                 assert at == P
                 rows_of[layer, j] = question_rows(prompt, attention)
             on_digits = rows_of[layer, j][digits]
+            passes: dict = {}  # the column sums of ``attention``, computed once for all
             for c, (pc, b) in enumerate(runs):
                 s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
                             keys=keys[layer, c, j], values=values[layer, c, j], gqa=cfg.gqa,
-                            seed=cfg.seed, capacity_T=capacity)
+                            seed=cfg.seed, capacity_T=capacity, passes=passes)
                 cache = s.cache
                 held[c, i, j] = _holds(cache, prompt.digits)
                 kept = np.isin(digits, cache)
