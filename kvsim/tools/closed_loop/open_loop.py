@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.attention.trace import layer_field
+from kvsim.engine.experiments import random_seed
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies.run import get_policy, make_group, run_budgets
@@ -31,9 +32,9 @@ class OpenLoop:
 
 
 def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int],
-              gqa: str = "mean") -> dict[int, OpenLoop]:
+              gqa: str = "mean", seed: int = 0) -> dict[int, OpenLoop]:
     """Run policy ``kind`` at every budget on every global layer and KV head of the full
-    run."""
+    run (a seeded policy seeded per layer and KV head as in the closed loop)."""
     policy = get_policy(kind)
     _, H, T, _ = full.queries.shape
     layers = full.global_layers
@@ -53,7 +54,8 @@ def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int]
         for b in budgets:
             out[b].kept.append([])
         for j in range(H_kv):
-            group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa])
+            group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa],
+                               random_seed(seed, j, layer))
             for b, trace in zip(budgets, run_budgets(policy, group, budgets, params)):
                 out[b].mass[i, j * G:(j + 1) * G] = trace.mass
                 out[b].error[i, j * G:(j + 1) * G] = trace.error

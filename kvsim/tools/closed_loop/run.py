@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from kvsim.engine.experiments import random_seed
 from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
 from kvsim.policies.stepping import Stepper
@@ -78,7 +79,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                     out[c][layer][j] = Stepper(
                         cfg.kind, budget, cfg.params, prompt_attention=prompt,
                         keys=keys[layer, c, j], values=values[layer, c, j], gqa=gqa,
-                        seed=seed, capacity_T=T)
+                        seed=random_seed(seed, j, layer), capacity_T=T)
     return out
 
 
@@ -125,7 +126,8 @@ def _worker(members: list[int]) -> list[tuple]:
 def _open_worker(i: int) -> dict:
     full, cfg = _FORKED["open"]
     pc = cfg.policies[i]
-    return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa)
+    return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa,
+                     cfg.seed)
 
 
 def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: bool) -> list:
@@ -134,7 +136,7 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
     with bar:
         if workers <= 1:
             return [bar.update() or open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                              list(cfg.budgets), cfg.gqa)
+                                              list(cfg.budgets), cfg.gqa, cfg.seed)
                     for pc in cfg.policies]
         _FORKED["open"] = (full, cfg)
         try:

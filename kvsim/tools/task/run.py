@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.engine.experiments import random_seed
 from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
 from kvsim.tools.closed_loop.model import Decoder, FullCache, FullRun, prefill, stores
@@ -112,7 +113,8 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
             for c, (pc, b) in enumerate(runs):
                 s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
                             keys=keys[layer, c, j], values=values[layer, c, j], gqa=cfg.gqa,
-                            seed=cfg.seed, capacity_T=capacity, passes=passes)
+                            seed=random_seed(cfg.seed, j, layer), capacity_T=capacity,
+                            passes=passes)
                 cache = s.cache
                 held[c, i, j] = _holds(cache, prompt.digits)
                 kept = np.isin(digits, cache)
