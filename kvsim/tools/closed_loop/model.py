@@ -260,9 +260,10 @@ class Decoder:
         self._held: dict = {}  # global layer -> (positions, keys, values) in slot order
         self.t = prompt_len
 
-    def step(self, tokens: np.ndarray | None = None) -> np.ndarray:
+    def step(self, tokens: np.ndarray | None = None, logits: bool = True) -> np.ndarray | None:
         """Decode position ``t`` in every cache, reading the full run's token ``t`` or each
-        cache's own ``tokens[c]`` (generation); returns the (C, V) float32 next-token logits."""
+        cache's own ``tokens[c]`` (generation); returns the (C, V) float32 next-token logits
+        (``logits=False``: the model's body only, no output layer, and None)."""
         torch = _torch()
         C = len(self.policies)
         ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long) \
@@ -271,11 +272,15 @@ class Decoder:
         _ACTIVE.append(self._attend)
         try:
             with torch.no_grad():
-                logits = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
+                if not logits:  # the caches fill the same way; the output layer is skipped
+                    self.net.model(input_ids=ids, position_ids=pos, use_cache=False)
+                    self.t += 1
+                    return None
+                out = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
         finally:
             _ACTIVE.pop()
         self.t += 1
-        return logits[:, 0].float().numpy()
+        return out[:, 0].float().numpy()
 
     def _attend(self, layer, query, key, value, geometry):
         torch = _torch()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.tools.closed_loop.metrics import spearman_ci
-from kvsim.tools.closed_loop.report import _csv
+from kvsim.tools.closed_loop.report import _caches, _csv, _layers
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.run import FULL
 
@@ -281,8 +281,9 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         f"(torch on one thread each); load average {one:.1f} over the last minute and "
         f"{fifteen:.1f} over 15 minutes, at the end",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{facts['layers']} layers, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV heads; every layer and KV head holds its own cache (GQA `{cfg.gqa}`)",
+        f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
+        f"KV heads. {_caches(facts)} (GQA `{cfg.gqa}`)."
+        + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
         f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
         f"{cfg.trials} trials per cell ({n_cells} trials, seed {cfg.seed}); filler "

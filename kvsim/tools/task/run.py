@@ -136,8 +136,11 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
                       int(caches.budgets.max()))
     logits = np.repeat(full.logits[-1:], C, axis=0)
     peak = np.zeros(C, np.int64)
-    for _ in range(caches.free):  # the question, teacher-forced, joining without eviction
-        logits = decoder.step()
+    for i in range(caches.free):  # the question, teacher-forced, joining without eviction
+        if i < caches.free - 1:  # only its last token's logits are read
+            decoder.step(logits=False)
+        else:
+            logits = decoder.step()
         peak = np.maximum(peak, decoder.sizes.max(axis=1))
     tokens, answer_peak = decode_answers(decoder, logits, answer_tokens)
     peak = np.maximum(peak, answer_peak)
