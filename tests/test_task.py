@@ -287,6 +287,34 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
         assert (peak == caches.budgets).any()
 
 
+def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    for layer in range(2):  # the prompt's attention: the plain formula's numbers, exactly
+        q = full.queries[layer, :2, :N].astype(np.float64)
+        logits = (q @ full.keys[layer, 0, :N].astype(np.float64).T) * full.geometry[layer].scaling
+        masked = np.where(np.tri(N, dtype=bool), logits, -np.inf)
+        p = np.exp(masked - masked.max(axis=-1, keepdims=True))
+        assert np.array_equal(full.prompt_attention(layer, 0, N), p / p.sum(-1, keepdims=True))
+    cfg = task_config(configs(8), compress=("before_question",))
+    caches = task_run.compress(full, prompt, cfg, "before_question", task_run_rows(full, prompt))
+    decoder = Decoder(net, full, caches.at, caches.steppers, caches.keys, caches.values,
+                      int(caches.budgets.max()))
+    for t in range(caches.at, N):
+        decoder.step()
+        for layer in range(2):
+            held, keys, values = decoder._held[layer]
+            for c, per_layer in enumerate(caches.steppers):
+                for j in range(2):
+                    cache = per_layer[layer][j].cache
+                    assert np.array_equal(held[c, j, :len(cache)], cache)
+                    assert (held[c, j, len(cache):] == -1).all()
+                    assert np.array_equal(keys[c, j, :len(cache)].numpy(),
+                                          caches.keys[layer, c, j, cache])
+                    assert np.array_equal(values[c, j, :len(cache)].numpy(),
+                                          caches.values[layer, c, j, cache])
+
+
 def task_run_rows(full, prompt) -> dict:
     return {(layer, j): task_run.question_rows(prompt, full.prompt_attention(layer, j, N))
             for layer in range(full.keys.shape[0]) for j in range(full.keys.shape[1])}
