@@ -29,6 +29,7 @@ from kvsim.numerics.lanes import lane_sum  # noqa: E402
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import make_group, resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
+from kvsim.engine.experiments import random_seed  # noqa: E402
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, causal_softmax,  # noqa: E402
                                            prefill, query_stores, stores)
 from kvsim.tools.closed_loop.run import make_steppers, query_runs  # noqa: E402
@@ -99,6 +100,7 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
             for j in range(H_kv):
                 for c, (_, budget) in enumerate(runs):
                     group = make_group(field, j, P, np.zeros((field.heads, T), bool), {},
+                                       seed=random_seed(0, j, layer),  # the steppers' seed
                                        snap_budget=budget, snap_steps=np.arange(T - P))
                     trace = policy.run(group, budget, params)
                     stepper = steppers[c][layer][j]

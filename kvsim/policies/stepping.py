@@ -65,6 +65,9 @@ class Stepper:
     rope : for policies that need them (``expected_attention``): the (G, P, d) queries of
         the prompt before RoPE, the RoPE inverse frequencies (n,) and the cos/sin factor
         (see :class:`kvsim.numerics.field.FieldData`).
+    passes : a memo of the full passes over ``prompt_attention``, shared by the steppers
+        built on the very same array (each policy and budget of one KV head) so that its
+        column sums are computed once; None: a memo of its own.
 
     Raises
     ------
@@ -76,7 +79,7 @@ class Stepper:
                  prompt_attention: np.ndarray, keys: np.ndarray | None = None,
                  values: np.ndarray | None = None, queries: np.ndarray | None = None,
                  scaling=None, gqa: str = "mean", seed: int = 0, capacity_T: int,
-                 rope: tuple | None = None):
+                 rope: tuple | None = None, passes: dict | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
         if not is_neutral(split(resolved)[1]):
@@ -116,7 +119,7 @@ class Stepper:
         if "rope" in spec.needs:
             field = _with_rope(field, rope, G, P, policy)
         prompt = make_group(field, 0, P, np.zeros((G, max(P, 1)), bool),
-                            {}, GQA_MODES[gqa], int(seed))
+                            {} if passes is None else passes, GQA_MODES[gqa], int(seed))
         empty = np.zeros((0, 0), np.float32)
         vectors = (empty if self._keys is None else self._keys.T,  # by dimension, like a field's
                    empty if self._values is None else self._values)

@@ -128,8 +128,13 @@ class FullRun:
         G, g = self.group, self.geometry[layer]
         q = self.queries[layer, kv_head * G:(kv_head + 1) * G, :prompt_len].astype(np.float64)
         k = self.keys[layer, kv_head, :prompt_len].astype(np.float64)
-        logits = (q @ k.T) * g.scaling
-        return causal_softmax(np.tanh(logits / g.softcap) * g.softcap if g.softcap else logits)
+        logits = q @ k.T
+        logits *= g.scaling
+        if g.softcap:
+            logits /= g.softcap
+            np.tanh(logits, out=logits)
+            logits *= g.softcap
+        return causal_softmax(logits, out=logits)
 
     def prompt_rope(self, layer: int, kv_head: int, prompt_len: int) -> tuple | None:
         """(pre-RoPE prompt queries (G, P, d), inverse frequencies, cos/sin factor) of one
@@ -142,12 +147,18 @@ class FullRun:
                 *self.rope[layer])
 
 
-def causal_softmax(logits: np.ndarray) -> np.ndarray:
-    """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64)."""
+def causal_softmax(logits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Row softmax over keys ``k <= q`` of a (..., n, n) logit array (float64), into
+    ``out`` if given (``logits`` itself may be ``out``: the same numbers, no copies)."""
     n = logits.shape[-1]
-    masked = np.where(np.tri(n, dtype=bool), logits, -np.inf)
-    p = np.exp(masked - masked.max(axis=-1, keepdims=True))
-    return p / p.sum(axis=-1, keepdims=True)
+    if out is None:
+        out = np.empty_like(logits)
+    np.copyto(out, logits)
+    np.copyto(out, -np.inf, where=~np.tri(n, dtype=bool))
+    out -= out.max(axis=-1, keepdims=True)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
 
 
 def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0, rope: bool = False
@@ -286,10 +297,14 @@ class Decoder:
     """Teacher-forced decode of ``C`` compressed caches at once, from a shared full prefill.
 
     At step ``t`` each layer first writes the new key and value into the store, lets every
-    policy admit ``t`` (evicting first when full), then gathers each cache's keys in the
+    policy admit ``t`` (evicting first when full), then holds each cache's keys in the
     policy's slot order: the model attends over exactly those, and the attention rows it
-    computes are, as they stand, what the policy observes. On a sliding-window layer no
-    policy runs: every cache attends over the window ``t - W < s <= t``.
+    computes are, as they stand, what the policy observes. The keys and values in slot order
+    live in one compact buffer per layer, in which only the slots whose position changed
+    are copied from the store (one per step and cache: the incoming key), instead of
+    gathering every cached key at every step; the numbers are the same. On a
+    sliding-window layer no policy runs: every cache attends over the window
+    ``t - W < s <= t``.
 
     Parameters
     ----------
@@ -316,17 +331,19 @@ class Decoder:
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
         self.queries = {c: torch.from_numpy(q) for c, q in (queries or {}).items()}
         C, H_kv = keys.shape[1], keys.shape[2]
-        self.slots = np.zeros((C, H_kv, width), np.int64)  # cached positions in slot order
+        self.width = width
+        self.slots = np.zeros((C, H_kv, width), np.int64)  # the last layer's, in slot order
         self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
-        self._slots, self._absent = torch.from_numpy(self.slots), torch.from_numpy(self.absent)
+        self._absent = torch.from_numpy(self.absent)
         self.sizes = np.zeros((C, H_kv), np.int64)
-        self._base = torch.arange(C * H_kv).view(C, H_kv, 1) * keys.shape[3]
+        self._held: dict = {}  # global layer -> (positions, keys, values) in slot order
         self.t = prompt_len
         self.storage = storage or [None] * C
 
-    def step(self, tokens: np.ndarray | None = None) -> np.ndarray:
+    def step(self, tokens: np.ndarray | None = None, logits: bool = True) -> np.ndarray | None:
         """Decode position ``t`` in every cache, reading the full run's token ``t`` or each
-        cache's own ``tokens[c]`` (generation); returns the (C, V) float32 next-token logits."""
+        cache's own ``tokens[c]`` (generation); returns the (C, V) float32 next-token logits
+        (``logits=False``: the model's body only, no output layer, and None)."""
         torch = _torch()
         C = len(self.policies)
         ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long) \
@@ -335,11 +352,15 @@ class Decoder:
         _ACTIVE.append(self._attend)
         try:
             with torch.no_grad():
-                logits = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
+                if not logits:  # the caches fill the same way; the output layer is skipped
+                    self.net.model(input_ids=ids, position_ids=pos, use_cache=False)
+                    self.t += 1
+                    return None
+                out = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
         finally:
             _ACTIVE.pop()
         self.t += 1
-        return logits[:, 0].float().numpy()
+        return out[:, 0].float().numpy()
 
     def _attend(self, layer, query, key, value, geometry):
         torch = _torch()
@@ -356,7 +377,13 @@ class Decoder:
             p = torch.softmax(geometry.logits(q, K[:, :, lo:t + 1]), dim=-1,
                               dtype=torch.float32).to(query.dtype)
             return torch.matmul(p, V[:, :, lo:t + 1]).reshape(C, 1, H, -1), None
-        width = self.slots.shape[-1]
+        width = self.width
+        if layer not in self._held:  # no slot holds a position yet
+            self._held[layer] = (np.full((C, H_kv, width), -1, np.int64),
+                                 torch.zeros(C, H_kv, width, d, dtype=K.dtype),
+                                 torch.zeros(C, H_kv, width, V.shape[-1], dtype=V.dtype))
+        held, keys, vals = self._held[layer]
+        slots = self.slots
         for c, per_layer in enumerate(self.policies):
             for j in range(H_kv):
                 policy = per_layer[layer][j]
@@ -365,16 +392,22 @@ class Decoder:
                 n = cache.shape[0]
                 if n > width:
                     raise AssertionError(f"cache of {n} keys exceeds its budget of {width}")
-                self.slots[c, j, :n] = cache
+                slots[c, j, :n] = cache
+                slots[c, j, n:] = -1
                 self.absent[c, j, 0, :n] = False
                 self.absent[c, j, 0, n:] = True
                 self.sizes[c, j] = n
-        rows_at = (self._slots + self._base).view(-1)  # row of each slot in the flat store
-        keys = K.view(-1, d).index_select(0, rows_at).view(C, H_kv, width, d)
-        vals = V.view(-1, V.shape[-1]).index_select(0, rows_at).view(C, H_kv, width, -1)
-        for c, quant in enumerate(self.storage):
-            for j in range(H_kv) if quant is not None else ():
-                kivi_store(keys[c, j], vals[c, j], self.slots[c, j, :self.sizes[c, j]], quant)
+        c, j, s = np.nonzero((slots != held) & (slots >= 0))  # slots whose position changed
+        if c.size:
+            c, j, s, at = (torch.from_numpy(x) for x in (c, j, s, slots[c, j, s]))
+            keys[c, j, s] = K[c, j, at]
+            vals[c, j, s] = V[c, j, at]
+        held[...] = slots
+        if any(quant is not None for quant in self.storage):  # KIVI reads a copy; the
+            keys, vals = keys.clone(), vals.clone()             # buffers stay exact
+            for c, quant in enumerate(self.storage):
+                for j in range(H_kv) if quant is not None else ():
+                    kivi_store(keys[c, j], vals[c, j], slots[c, j, :self.sizes[c, j]], quant)
         logits = geometry.logits(q, keys)
         p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)

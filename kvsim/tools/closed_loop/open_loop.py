@@ -15,6 +15,7 @@ import numpy as np
 
 from kvsim.attention.trace import layer_field
 from kvsim.engine.storage import run_quantised
+from kvsim.engine.experiments import random_seed
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.quantize import Quantize
@@ -33,9 +34,11 @@ class OpenLoop:
 
 
 def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int],
-              gqa: str = "mean", quantize: Quantize | None = None) -> dict[int, OpenLoop]:
+              gqa: str = "mean", quantize: Quantize | None = None, seed: int = 0
+              ) -> dict[int, OpenLoop]:
     """Run policy ``kind`` at every budget on every global layer and KV head of the full
-    run (its cache stored by KIVI if ``quantize``)."""
+    run (its cache stored by KIVI if ``quantize``; a seeded policy seeded per layer and KV
+    head as in the closed loop)."""
     policy = get_policy(kind)
     _, H, T, _ = full.queries.shape
     layers = full.global_layers
@@ -57,7 +60,8 @@ def open_loop(full, prompt_len: int, kind: str, params: dict, budgets: list[int]
         for b in budgets:
             out[b].kept.append([])
         for j in range(H_kv):
-            group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa])
+            group = make_group(field, j, prompt_len, none, passes, GQA_MODES[gqa],
+                               random_seed(seed, j, layer))
             traces = run_budgets(policy, group, budgets, params) if quantize is None else [
                 run_quantised(policy, group, b, None, params, False, "the model", quantize)
                 for b in budgets]

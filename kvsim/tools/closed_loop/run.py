@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from kvsim.engine.experiments import random_seed
 from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
 from kvsim.policies.run import get_policy
@@ -90,8 +91,9 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                         cfg.kind, budget, cfg.params, prompt_attention=prompt,
                         keys=keys[layer, c, j], values=values[layer, c, j],
                         queries=queries[c][layer, j] if c in queries else None,
-                        scaling=full.geometry[layer].scaling, gqa=gqa, seed=seed,
-                        capacity_T=T, rope=full.prompt_rope(layer, j, prompt_len))
+                        scaling=full.geometry[layer].scaling, gqa=gqa,
+                        seed=random_seed(seed, j, layer), capacity_T=T,
+                        rope=full.prompt_rope(layer, j, prompt_len))
     return out
 
 
@@ -143,7 +145,7 @@ def _open_worker(i: int) -> dict:
     full, cfg = _FORKED["open"]
     pc = cfg.policies[i]
     return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa,
-                     cfg.quantize)
+                     cfg.quantize, cfg.seed)
 
 
 def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: bool) -> list:
@@ -154,7 +156,7 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
             out = []
             for pc in cfg.policies:
                 out.append(open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                     list(cfg.budgets), cfg.gqa, cfg.quantize))
+                                     list(cfg.budgets), cfg.gqa, cfg.quantize, cfg.seed))
                 bar.update()
             return out
         _FORKED["open"] = (full, cfg)

@@ -85,6 +85,10 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
             rows = run_all(cfg, net, tokenizer, workers, progress)
         finally:
             torch.set_num_threads(threads)
+        from kvsim.tools import models
+        from kvsim.tools.closed_loop.model import prefill
+
+        probe = prefill(net, np.zeros(2, np.int64), logits_to_keep=1)  # each layer's geometry
         facts = {"command": command or f"kvsim task {path}", "kvsim": __version__,
                  "commit": git_commit(),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
@@ -93,6 +97,9 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
                  "layers": net.config.num_hidden_layers,
                  "heads": net.config.num_attention_heads,
                  "kv_heads": net.config.num_key_value_heads,
+                 "global_layers": probe.global_layers,
+                 "windows": sorted({g.window for g in probe.geometry if g.window}),
+                 "licence": models.licence(cfg.gguf_file),
                  "question_len": rows[0]["question_len"]}
         from kvsim.tools.task.report import write_files
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.tools.closed_loop.metrics import spearman_ci
-from kvsim.tools.closed_loop.report import _csv
+from kvsim.tools.closed_loop.report import _caches, _csv, _layers
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.run import FULL
 
@@ -53,10 +53,45 @@ def accuracy_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def logistic_fit(x: np.ndarray, y: np.ndarray) -> dict:
+    """Maximum-likelihood logistic regression ``P(success) = 1 / (1 + exp(-(a + b x)))``:
+    the intercept ``a``, the slope ``b``, ``x50`` (where the fitted probability is 1/2) and
+    McFadden's pseudo-R² (``1 - LL / LL0``, LL0 the constant model's). Without both outcomes
+    or without spread in ``x``, every value is nan; when a threshold on ``x`` separates the
+    outcomes exactly, the likelihood has no maximum: the slope is ``inf`` (its sign the
+    direction), ``x50`` the middle of the gap and R² 1."""
+    nan = {"intercept": math.nan, "slope": math.nan, "x50": math.nan, "r2": math.nan}
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return nan
+    ok, bad = x[y > 0], x[y == 0]
+    for sign, low, high in ((1, bad.max(), ok.min()), (-1, ok.max(), bad.min())):
+        if low < high:  # separated: the likelihood grows without bound
+            return {**nan, "slope": sign * math.inf, "x50": (low + high) / 2, "r2": 1.0}
+    from scipy.optimize import minimize
+    from scipy.special import expit, log_expit
+
+    def nll(theta):
+        z = theta[0] + theta[1] * x
+        return -(y * log_expit(z) + (1 - y) * log_expit(-z)).sum()
+
+    def grad(theta):
+        r = expit(theta[0] + theta[1] * x) - y
+        return np.array([r.sum(), (r * x).sum()])
+
+    fit = minimize(nll, np.zeros(2), jac=grad, method="BFGS")
+    a, b = (float(v) for v in fit.x)
+    p0 = y.mean()
+    null = -len(y) * (p0 * math.log(p0) + (1 - p0) * math.log(1 - p0))
+    return {"intercept": a, "slope": b, "x50": -a / b if b else math.nan,
+            "r2": 1 - float(fit.fun) / null}
+
+
 def prediction_quality(rows: list[dict], reps: int, seed: int) -> list[dict]:
     """How well each predictor orders success (Spearman rho, bootstrap CI) over the
-    compressed runs of each protocol and all together, and the accuracy of
-    "retained => answered" (retained: retention >= RETAINED)."""
+    compressed runs of each protocol and all together, a logistic fit of success on the
+    retention, and the accuracy of "retained => answered" (retained: retention >=
+    RETAINED)."""
     out = []
     protocols = sorted({r["protocol"] for r in rows if r["policy"] != FULL})
     for protocol in [*protocols, "all"]:
@@ -68,7 +103,8 @@ def prediction_quality(rows: list[dict], reps: int, seed: int) -> list[dict]:
                  "answered_if_retained": float(y[retained].mean()) if retained.any()
                  else math.nan,
                  "failed_if_lost": float(1 - y[~retained].mean()) if (~retained).any()
-                 else math.nan}
+                 else math.nan,
+                 "logistic": logistic_fit(np.array([r["retention"] for r in rs]), y)}
         for name in PREDICTORS:
             x = np.array([r[name] for r in rs], np.float64)
             if np.ptp(x) == 0 or np.ptp(y) == 0:
@@ -84,14 +120,17 @@ def _label(protocol: str) -> str:
             "after_question": "after question (query-aware)", FULL: "full cache"}[protocol]
 
 
-def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], folder: Path) -> list[str]:
+def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
+             folder: Path) -> list[str]:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from kvsim.report.plotting import MARKERS, color_map  # the figure standard's palette
+
     labels = [p.label for p in cfg.policies]
-    colors = {lab: plt.get_cmap("tab10")(i % 10) for i, lab in enumerate(labels)}
-    markers = dict(zip(labels, "osD^vP*Xh<>p"))
+    colors = color_map([FULL, *labels])
+    markers = {lab: MARKERS[i % len(MARKERS)] for i, lab in enumerate(labels)}
     names = []
     full = [r for r in rows if r["policy"] == FULL]
     for protocol in cfg.compress:
@@ -128,12 +167,13 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], folder: Path) -
         bar = fig.add_axes((0.92, 0.15, 0.02, 0.7))
         fig.colorbar(image, cax=bar, label="accuracy")
         names += _save(fig, folder, f"heatmap_{protocol}", cfg)
-    fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5.5 * len(cfg.compress), 4.6),
+    fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5 * len(cfg.compress), 5.2),
                              squeeze=False, sharey=True)
     ceiling = next(a for a in acc if a["policy"] == FULL)
     for ax, protocol in zip(axes[0], cfg.compress):
         ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0)
-        ax.axhline(ceiling["accuracy"], color="0.3", ls="--", lw=1, label="full cache")
+        ax.axhline(ceiling["accuracy"], color=colors[FULL], ls="--", lw=1,
+                   label="full cache (band: its Wilson 95% interval)")
         for k, lab in enumerate(labels):
             pts = sorted((a for a in acc if a["policy"] == lab and a["protocol"] == protocol),
                          key=lambda a: a["budget"])
@@ -150,12 +190,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], folder: Path) -
         ax.grid(alpha=0.3)
     axes[0, 0].set_ylabel("passkey accuracy (Wilson 95% bands)")
     handles, texts = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, texts, loc="center right", fontsize=8)
+    fig.legend(handles, texts, loc="lower center", fontsize=8, ncol=4, frameon=False)
     fig.suptitle(f"{cfg.name}: accuracy against budget ({len(cells_of(rows))} trials per point)",
                  fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.85, 1))
+    fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 6.2))
     for protocol, face in zip(cfg.compress, ("none", "full")):
         for lab in labels:
             pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
@@ -165,18 +205,24 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], folder: Path) -
                        label=lab if protocol == cfg.compress[0] else None)
     ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
     ax.axvline(RETAINED, color="0.6", lw=0.8)
+    fit = next(q for q in quality if q["protocol"] == "all")["logistic"]
+    if math.isfinite(fit["slope"]):
+        x = np.linspace(0, 1, 101)
+        ax.plot(x, 1 / (1 + np.exp(-(fit["intercept"] + fit["slope"] * x))), color="0.2",
+                lw=1.2, ls="--", label="logistic fit over runs")
     ax.set_xlabel("simulator: needle retention (share of layer x KV head caches holding the key)")
     ax.set_ylabel("model: passkey accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
-    leg = ax.legend(fontsize=7, ncol=2, loc="upper left", title="policy (one point per budget)",
-                    title_fontsize=7)
-    ax.add_artist(leg)
     styles = [plt.Line2D([], [], ls="", marker="o", mfc=mfc, mec="0.3", label=_label(p))
               for p, mfc in zip(cfg.compress, ("none", "0.3"))]
-    ax.legend(handles=styles, fontsize=7, loc="lower right")
+    handles, texts = ax.get_legend_handles_labels()
+    fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
+               ncol=4, loc="lower center", frameon=False,
+               title="policy (one point per budget), protocol", title_fontsize=7)
     ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
+    fig.tight_layout(rect=(0, 0.2, 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
 
@@ -235,8 +281,9 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         f"(torch on one thread each); load average {one:.1f} over the last minute and "
         f"{fifteen:.1f} over 15 minutes, at the end",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{facts['layers']} layers, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV heads; every layer and KV head holds its own cache (GQA `{cfg.gqa}`)",
+        f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
+        f"KV heads. {_caches(facts)} (GQA `{cfg.gqa}`)."
+        + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
         f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
         f"{cfg.trials} trials per cell ({n_cells} trials, seed {cfg.seed}); filler "
@@ -266,21 +313,30 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     lines += ["## Does the simulator predict the answer?", "",
               "Over every compressed run (trial × policy × budget), the simulator's two "
               "predictors, computed on the full-cache attention without the model: Spearman ρ "
-              f"with success (95% bootstrap interval, {cfg.bootstrap} resamples), and the rule "
-              f"\"retained ⇒ answered\" (retained: at least {RETAINED:.0%} of the caches hold "
-              "the key).", "",
-              "| protocol | runs | ρ retention | ρ kept needle mass | rule accuracy "
-              "| answered if retained | failed if lost |",
-              "| --- | ---: | --- | --- | ---: | ---: | ---: |"]
+              f"with success (95% bootstrap interval, {cfg.bootstrap} resamples); a logistic "
+              "fit of success on the retention, P(success) = 1 / (1 + exp(-(a + b × "
+              "retention))), by its retention at P = 1/2 (x50), its slope b and McFadden's "
+              "pseudo-R² (∞: a retention threshold separates successes from failures "
+              f"exactly); and the rule \"retained ⇒ answered\" (retained: at least "
+              f"{RETAINED:.0%} of the caches hold the key).", "",
+              "| protocol | runs | ρ retention | ρ kept needle mass | logistic x50, b, R² "
+              "| rule accuracy | answered if retained | failed if lost |",
+              "| --- | ---: | --- | --- | --- | ---: | ---: | ---: |"]
 
     def rho(t):
         return "n/a" if math.isnan(t[0]) else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
 
     def share(x):
         return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+
+    def logistic(f):
+        if math.isnan(f["x50"]):
+            return "n/a"
+        return f"{f['x50']:.2f}, {f['slope']:.3g}, {f['r2']:.2f}"
     for q in quality:
         lines.append(f"| {q['protocol']} | {q['runs']} | {rho(q['retention'])} | "
-                     f"{rho(q['kept_needle_mass'])} | {share(q['rule_accuracy'])} | "
+                     f"{rho(q['kept_needle_mass'])} | {logistic(q['logistic'])} | "
+                     f"{share(q['rule_accuracy'])} | "
                      f"{share(q['answered_if_retained'])} | {share(q['failed_if_lost'])} |")
     lines += ["", "## Figures", ""]
     lines += [f"![{f}]({f})" for f in figures if f.endswith((".png", ".svg"))]
@@ -296,7 +352,7 @@ def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) ->
     quality = prediction_quality(rows, cfg.bootstrap, cfg.seed)
     _csv(folder / "results.csv", rows)
     _csv(folder / "accuracy.csv", acc)
-    figures = _figures(cfg, rows, acc, folder)
+    figures = _figures(cfg, rows, acc, quality, folder)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
                 if k not in ("policies", "path")}
     settings["model"] = cfg.model.name

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.policies.run import get_policy
+from kvsim.engine.experiments import random_seed
 from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
@@ -114,13 +115,14 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: st
                 assert at == P
                 rows_of[layer, j] = question_rows(prompt, attention)
             on_digits = rows_of[layer, j][digits]
+            passes: dict = {}  # the column sums of ``attention``, computed once for all
             for c, (pc, b) in enumerate(runs):
                 s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
                             keys=keys[layer, c, j], values=values[layer, c, j],
                             queries=queries[c][layer, j] if c in queries else None,
                             scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
-                            seed=cfg.seed, capacity_T=capacity,
-                            rope=full.prompt_rope(layer, j, at))
+                            seed=random_seed(cfg.seed, j, layer), capacity_T=capacity,
+                            rope=full.prompt_rope(layer, j, at), passes=passes)
                 cache = s.cache
                 held[c, i, j] = _holds(cache, prompt.digits)
                 kept = np.isin(digits, cache)
@@ -142,8 +144,11 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
                       int(caches.budgets.max()), caches.queries)
     logits = np.repeat(full.logits[-1:], C, axis=0)
     peak = np.zeros(C, np.int64)
-    for _ in range(caches.free):  # the question, teacher-forced, joining without eviction
-        logits = decoder.step()
+    for i in range(caches.free):  # the question, teacher-forced, joining without eviction
+        if i < caches.free - 1:  # only its last token's logits are read
+            decoder.step(logits=False)
+        else:
+            logits = decoder.step()
         peak = np.maximum(peak, decoder.sizes.max(axis=1))
     tokens, answer_peak = decode_answers(decoder, logits, answer_tokens)
     peak = np.maximum(peak, answer_peak)
