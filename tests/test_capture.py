@@ -18,7 +18,9 @@ TRACE = Path(__file__).parents[1] / "scenarios" / "traces" / "smollm2_gpl3.npz"
 GPL = Path("/usr/share/common-licenses/GPL-3")
 
 
-SMALL = {"snapkv": {"window": 4}, "quest": {"page_size": 4}}  # fit the small budgets
+SMALL = {"snapkv": {"window": 4}, "quest": {"page_size": 4}, "rkv": {"window": 4},
+         "dropkv": {"window": 4}, "chunkkv": {"window": 4, "chunk": 4},
+         "cake": {"window": 4}}  # fit the small budgets
 
 def replay_vs_dense(trace_path: Path, layer: int, T: int, kv_ids: list[int], budgets, tmp_path):
     """Every policy on the replayed field and on its dense softmax twin: same results."""
