@@ -18,6 +18,14 @@ from kvsim.policies.run import make_group, resolve_params, run_policy
 from kvsim.policies.stepping import Stepper
 
 
+# Parameters that fit every registered policy into the small budgets (4 and up) of the
+# tests that run the whole registry on small fields.
+SMALL_PARAMS = {"snapkv": {"window": 4}, "quest": {"page_size": 4},
+                "rkv": {"window": 2, "kernel": 3}, "dropkv": {"window": 2, "kernel": 3},
+                "chunkkv": {"window": 2, "chunk": 2}, "cake": {"window": 2},
+                "expected_attention": {"n_sink": 1}}
+
+
 class NearTieWarning(UserWarning):
     """Kernel and reference broke a rounding-level near tie differently."""
 

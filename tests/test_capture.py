@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_checks import SMALL_PARAMS
 
 import kvsim
 from kvsim.tools.capture import replayed_weights
@@ -18,9 +19,6 @@ TRACE = Path(__file__).parents[1] / "scenarios" / "traces" / "smollm2_gpl3.npz"
 GPL = Path("/usr/share/common-licenses/GPL-3")
 
 
-SMALL = {"snapkv": {"window": 4}, "quest": {"page_size": 4}, "rkv": {"window": 4},
-         "dropkv": {"window": 4}, "chunkkv": {"window": 4, "chunk": 4},
-         "cake": {"window": 4}}  # fit the small budgets
 
 def replay_vs_dense(trace_path: Path, layer: int, T: int, kv_ids: list[int], budgets, tmp_path):
     """Every policy on the replayed field and on its dense softmax twin: same results."""
@@ -45,7 +43,7 @@ def replay_vs_dense(trace_path: Path, layer: int, T: int, kv_ids: list[int], bud
             for name, policy in POLICIES.items():
                 if policy.needs - field_provides(twin, kv):
                     continue
-                params = resolve_params(policy, SMALL.get(name, {}))
+                params = resolve_params(policy, SMALL_PARAMS.get(name, {}))
                 for B in budgets:
                     ta, tb = run_policy(policy, a, B, params), run_policy(policy, b, B, params)
                     assert np.allclose(ta.mass, tb.mass, rtol=0, atol=1e-9), (name, B)

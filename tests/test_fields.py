@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from policy_checks import SMALL_PARAMS
 from scipy import stats
 
 import kvsim
@@ -197,9 +198,6 @@ strength = 4.0
 strength = 6.0
 """
 
-POLICY_PARAMS = {"snapkv": {"window": 4}, "quest": {"page_size": 4}}
-
-
 def runnable(field: FieldData, kv: int) -> dict:
     """The registered policies whose needs (key, value, query vectors) ``field`` meets."""
     return {name: p for name, p in POLICIES.items() if p.needs <= field_provides(field, kv)}
@@ -224,7 +222,7 @@ def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -
                     for name in ("prompt_colsum", "decode_colsum", "full_output"):
                         assert np.array_equal(getattr(a, name), getattr(b, name)), (h, P, name)
             for name, policy in runnable(field, kv).items():
-                params = resolve_params(policy, POLICY_PARAMS.get(name, {}))
+                params = resolve_params(policy, SMALL_PARAMS.get(name, {}))
                 twins_with_needs = [gd for gd in gds
                                     if policy.needs <= field_provides(gd.field, kv)]
                 assert twins_with_needs  # the first twin keeps every vector of the field
@@ -274,7 +272,7 @@ def test_tiny_field_matches_dense_twin_exactly():
         gc = make_group(field, 0, P, important, {})
         for name, policy in runnable(field, 0).items():
             gd = make_group(with_vectors if policy.needs else twin, 0, P, important, {})
-            params = resolve_params(policy, POLICY_PARAMS.get(name, {}))
+            params = resolve_params(policy, SMALL_PARAMS.get(name, {}))
             assert same_trace(run_policy(policy, gc, 6, params),
                               run_policy(policy, gd, 6, params)), (name, P)
 

@@ -293,7 +293,7 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
 
 def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
     net, prompt, _, _ = tiny
-    full = prefill(net, prompt.ids, logits_to_keep=1)
+    full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     for layer in range(2):  # the prompt's attention: the plain formula's numbers, exactly
         q = full.queries[layer, :2, :N].astype(np.float64)
         logits = (q @ full.keys[layer, 0, :N].astype(np.float64).T) * full.geometry[layer].scaling
@@ -517,7 +517,7 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
         generated = net.generate(torch.as_tensor(prompt.ids[None]), max_new_tokens=8,
                                  do_sample=False, pad_token_id=0)[0, N:].numpy()
     attach(net)
-    full = prefill(net, prompt.ids, logits_to_keep=1)
+    full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     assert full.global_layers == [1, 3]
     keys, values = stores(full, 1, N, N + 8)
     decoder = Decoder(net, full, N, [[[FullCache(N)] for _ in range(4)]], keys, values, N + 8)

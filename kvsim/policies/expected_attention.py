@@ -170,10 +170,13 @@ def interval_scores(group: Group, cache: np.ndarray, t: int, since: int, params:
 
 
 def _check(T: int, prompt_len: int, params: dict) -> Problem | None:
-    if prompt_len <= params["n_sink"] and prompt_len < T:
-        return Problem("n_sink", f"expected fewer sinks than the prompt's {prompt_len} "
-                                 f"tokens (the query statistics come from the prompt queries "
-                                 f"after the sinks), got {params['n_sink']}")
+    seen = prompt_len  # the prompt compressed at the prefill (before the question, if so)
+    if params.get("compress") == "before_question":
+        seen -= params.get("question_len", 0)
+    if seen <= params["n_sink"] and (seen < prompt_len or prompt_len < T):
+        return Problem("n_sink", f"expected fewer sinks than the {seen} prompt tokens it "
+                                 f"compresses (the query statistics come from the prompt "
+                                 f"queries after the sinks), got {params['n_sink']}")
     return None
 
 
