@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from policy_checks import SMALL_PARAMS
 
 import kvsim
 from kvsim.numerics.field import dense_field
@@ -23,7 +24,6 @@ budgets = [8]
 """
 
 
-SMALL = {"snapkv": {"window": 4}, "quest": {"page_size": 4}}  # fit the small budgets
 
 def write_trace(folder, **drop):
     rng = np.random.default_rng(5)
@@ -69,7 +69,7 @@ def test_replay_matches_the_dense_softmax(tmp_path, extra, layer_index, kv_ids, 
             for name, policy in POLICIES.items():
                 if policy.needs - field_provides(twin, kv):
                     continue
-                params = resolve_params(policy, SMALL.get(name, {}))
+                params = resolve_params(policy, SMALL_PARAMS.get(name, {}))
                 ta, tb = run_policy(policy, a, 8, params), run_policy(policy, b, 8, params)
                 assert np.allclose(ta.mass, tb.mass, rtol=0, atol=1e-9), name
                 assert np.array_equal(ta.kept, tb.kept), name
