@@ -874,6 +874,14 @@ def compress_to(rule, cache, m, t):
     return sorted(keep + top_k(others, rule.score, m - len(keep)))
 
 
+def _join(rule, cache, t, steps):
+    """Key ``t`` joins ``cache``; the step's cache is recorded; query ``t`` teaches the rule."""
+    cache.append(t)
+    rule.joins(t)
+    steps.append(list(cache))
+    rule.learn(t, cache)
+
+
 def protocol_caches(p, policy, P, T, B, params):
     """(prefill selection, [C_t for t = P .. T-1]) of ``policy`` under the protocol of
     ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``)."""
@@ -896,10 +904,7 @@ def protocol_caches(p, policy, P, T, B, params):
                 cache = compress_to(rule, cache, max(1, math.floor(ratio * (t + 1))) - 1, t)
         elif len(cache) + 1 > Bd + N - 1:
             cache = compress_to(rule, cache, Bd - 1, t)
-        cache.append(t)
-        rule.joins(t)
-        steps.append(list(cache))
-        rule.learn(t, cache)
+        _join(rule, cache, t, steps)
     return prefill, steps
 
 
@@ -936,10 +941,7 @@ def paged_caches(p, policy, P, T, B, params):
             assert free, "protected pages exceed the cap"
             worst = min(free, key=lambda j: (_page_score(rule, cache, j, S, reduce), -j))
             cache = [k for k in cache if k // S != worst]
-        cache.append(t)
-        rule.joins(t)
-        steps.append(list(cache))
-        rule.learn(t, cache)
+        _join(rule, cache, t, steps)
     return prefill, steps
 
 
@@ -955,10 +957,7 @@ def threshold_caches(p, policy, P, T, params):
         k = t - w
         if k >= 0 and k in cache and not rule.score[k] >= tau:
             cache.remove(k)
-        cache.append(t)
-        rule.joins(t)
-        steps.append(list(cache))
-        rule.learn(t, cache)
+        _join(rule, cache, t, steps)
     return prefill, steps
 
 
