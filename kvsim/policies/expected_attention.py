@@ -25,6 +25,7 @@ import numpy as np
 
 from kvsim.errors import Problem
 from kvsim.numerics.decode import observe_nothing
+from kvsim.numerics.jit import jit
 from kvsim.params import Param
 from kvsim.policies import scored
 from kvsim.policies.base import Group, Policy, Steps
@@ -64,16 +65,28 @@ def future_query(pre_q: np.ndarray, R: np.ndarray, covariance: bool
 
 def expected_logits(mu: np.ndarray, cov: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """(G, n) ``z = mu . k / sqrt(d) + k^T cov k / (2 d)`` of the keys (n, d), computed
-    key by key (equal keys get equal ``z``)."""
-    k = keys.astype(np.float64)
-    d = k.shape[1]
-    z = np.empty((mu.shape[0], k.shape[0]))
-    for g in range(mu.shape[0]):
-        linear = (k * mu[g]).sum(axis=1) / np.sqrt(d)
-        ck = np.empty_like(k)  # cov k, one dimension at a time
-        for i in range(d):
-            ck[:, i] = (k * cov[g, i]).sum(axis=1)
-        z[g] = linear + (ck * k).sum(axis=1) / d / 2
+    key by key in a fixed order (equal keys get equal ``z``, however many are scored)."""
+    return _expected_logits(np.ascontiguousarray(mu, np.float64),
+                            np.ascontiguousarray(cov, np.float64),
+                            np.ascontiguousarray(keys, np.float64))
+
+
+@jit
+def _expected_logits(mu, cov, k):
+    G, n, d = mu.shape[0], k.shape[0], k.shape[1]
+    z = np.empty((G, n))
+    root = np.sqrt(d)
+    for g in range(G):
+        for s in range(n):
+            linear = 0.0
+            quadratic = 0.0
+            for i in range(d):
+                linear += k[s, i] * mu[g, i]
+                row = 0.0
+                for j in range(d):
+                    row += cov[g, i, j] * k[s, j]
+                quadratic += row * k[s, i]
+            z[g, s] = linear / root + quadratic / d / 2
     return z
 
 
