@@ -274,7 +274,7 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
     net, prompt, _, _ = tiny
     full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     cfg = task_config(configs(8), compress=(protocol,))
-    caches = task_run.compress(full, prompt, cfg, protocol, task_run_rows(full, prompt))
+    caches = task_run.compress(full, prompt, cfg)[0][protocol]
     Q = prompt.question_len
     assert caches.free == (Q if protocol == "before_question" else 0)
     log: list = []
@@ -301,7 +301,7 @@ def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
         p = np.exp(masked - masked.max(axis=-1, keepdims=True))
         assert np.array_equal(full.prompt_attention(layer, 0, N), p / p.sum(-1, keepdims=True))
     cfg = task_config(configs(8), compress=("before_question",))
-    caches = task_run.compress(full, prompt, cfg, "before_question", task_run_rows(full, prompt))
+    caches = task_run.compress(full, prompt, cfg)[0]["before_question"]
     decoder = Decoder(net, full, caches.at, caches.steppers, caches.keys, caches.values,
                       int(caches.budgets.max()))
     for t in range(caches.at, N):
@@ -313,15 +313,11 @@ def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
                     cache = per_layer[layer][j].cache
                     assert np.array_equal(held[c, j, :len(cache)], cache)
                     assert (held[c, j, len(cache):] == -1).all()
-                    assert np.array_equal(keys[c, j, :len(cache)].numpy(),
-                                          caches.keys[layer, c, j, cache])
-                    assert np.array_equal(values[c, j, :len(cache)].numpy(),
-                                          caches.values[layer, c, j, cache])
-
-
-def task_run_rows(full, prompt) -> dict:
-    return {(layer, j): task_run.question_rows(prompt, full.prompt_attention(layer, j, N))
-            for layer in range(full.keys.shape[0]) for j in range(full.keys.shape[1])}
+                    shared = (cache < caches.at)[:, None]  # the prompt's: the full run's
+                    assert np.array_equal(keys[c, j, :len(cache)].numpy(), np.where(
+                        shared, full.keys[layer, j, cache], caches.keys[layer, c, j, cache]))
+                    assert np.array_equal(values[c, j, :len(cache)].numpy(), np.where(
+                        shared, full.values[layer, j, cache], caches.values[layer, c, j, cache]))
 
 
 def test_before_question_compression_never_sees_a_question_query(tiny):
@@ -335,7 +331,7 @@ def test_before_question_compression_never_sees_a_question_query(tiny):
     kept = []
     for p in (prompt, other):
         full = prefill(net, p.ids, logits_to_keep=1, rope=True)
-        caches = task_run.compress(full, p, cfg, "before_question", task_run_rows(full, p))
+        caches = task_run.compress(full, p, cfg)[0]["before_question"]
         kept.append([[[s.cache for s in per_kv] for per_kv in per_layer]
                      for per_layer in caches.steppers])
         assert all(s.cache.max() < N - Q for per_layer in caches.steppers
@@ -352,7 +348,7 @@ def test_widened_window_keeps_the_newest_and_streaming_its_sinks(tiny):
     params = {n: resolve_params(POLICIES[n], {}) for n in ("window", "streaming_llm")}
     cfg = task_config([PolicyConfig(n, n, p) for n, p in params.items()], budgets=(12,),
                       compress=("before_question",))
-    caches = task_run.compress(full, prompt, cfg, "before_question", task_run_rows(full, prompt))
+    caches = task_run.compress(full, prompt, cfg)[0]["before_question"]
     task_run.answer(net, full, caches, 8)
     Q, end = prompt.question_len, N + 7  # positions N .. N+6 joined for the answer
     window, streaming = caches.steppers[0][0][0].cache, caches.steppers[1][0][0].cache
@@ -367,7 +363,7 @@ def test_random_is_seeded_per_layer_and_kv_head(tiny):
     full = prefill(net, prompt.ids, logits_to_keep=1)
     cfg = task_config([PolicyConfig("random", "random", {})], budgets=(12,),
                       compress=("after_question",))
-    caches = task_run.compress(full, prompt, cfg, "after_question", {})
+    caches = task_run.compress(full, prompt, cfg)[0]["after_question"]
     kept = {(layer, j): tuple(caches.steppers[0][layer][j].cache) for layer in range(2)
             for j in range(2)}
     assert len(set(kept.values())) == 4  # no two (layer, KV head) caches draw alike
@@ -525,7 +521,7 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
     assert np.array_equal(tokens[0], generated)  # the stock model's greedy answer
     for protocol in ("before_question", "after_question"):
         cfg = task_config(configs(8), compress=(protocol,))
-        caches = task_run.compress(full, prompt, cfg, protocol, task_run_rows(full, prompt))
+        caches = task_run.compress(full, prompt, cfg)[0][protocol]
         assert all(caches.steppers[c][layer][0] is None for c in range(len(caches.runs))
                    for layer in (0, 2))  # no policy on a sliding-window layer
         log: list = []

@@ -90,6 +90,15 @@ class Group:
             important=np.zeros((G, self.T), bool), vectors=(), _cache={},
             _lock=threading.Lock()) for kv in range(self.field.heads // G)]
 
+    def shared(self, key: tuple, compute: Callable[[], object]):
+        """A value derived from this KV head's prompt alone (not from the budget), computed
+        once for every group sharing the memo (each policy and budget of the head):
+        ``compute()`` the first time ``key`` is asked for."""
+        full = ("shared", self.kv_head, self.prompt_len, *key)
+        if full not in self.memo:
+            self.memo.setdefault(full, compute())
+        return self.memo[full]
+
     def passes(self, rows: int | None = None) -> tuple[FullPass, ...]:
         """The full pass of every query head of the group over queries ``0 .. rows-1``."""
         rows = self.T if rows is None or not self.field.is_dense else rows

@@ -122,18 +122,15 @@ def softmax_norm(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _prefill_model(group: Group, params: dict) -> tuple[np.ndarray, np.ndarray, tuple]:
     """The prefill's future-query mean and covariance and the prompt keys' softmax
-    normaliser (memoised per group and parameters)."""
-    key = ("expected_attention", group.prompt_len, tuple(sorted(params.items())))
-    if key not in group._cache:
+    normaliser (computed once per KV head and parameters, whatever the budget)."""
+    def compute():
         P, n_sink, f = group.prompt_len, params["n_sink"], group.field
         pre_q = f.pre_rope_queries[group.heads, n_sink:P]
-        d = pre_q.shape[2]
-        R = averaged_rope(f.rope_freq, f.rope_scale, d, P, params["n_future"])
+        R = averaged_rope(f.rope_freq, f.rope_scale, pre_q.shape[2], P, params["n_future"])
         mu, cov = future_query(pre_q, R, params["covariance"])
-        prompt_keys = group.keys[:, n_sink:P].T
-        group._cache.setdefault(key, (mu, cov, softmax_norm(expected_logits(mu, cov,
-                                                                            prompt_keys))))
-    return group._cache[key]
+        return mu, cov, softmax_norm(expected_logits(mu, cov, group.keys[:, n_sink:P].T))
+
+    return group.shared(("expected_attention", *sorted(params.items())), compute)
 
 
 def score(group: Group, lo: int, hi: int, params: dict) -> np.ndarray:

@@ -203,8 +203,9 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
     P, window = prompt.prompt_len, params["window"]
     keys, queries, scale = prompt.keys, prompt.queries, prompt.qk_scale
     if P > budget:
-        selected = kernels.top_ranked(prompt_scores(keys, queries, scale, P, params), 0,
-                                      P - window, budget - window)
+        ranking = prompt.shared(("rkv", window, params["kernel"], params["mix_lambda"]),
+                                lambda: prompt_scores(keys, queries, scale, P, params))
+        selected = kernels.top_ranked(ranking, 0, P - window, budget - window)
         kept = np.concatenate((selected, np.arange(P - window, P)))
     else:
         kept = np.arange(P)

@@ -133,6 +133,8 @@ class Stepper:
             vectors += (self._queries, scale)
         prompt = dataclasses.replace(prompt, vectors=vectors)
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
+        # A decode step reads vectors, never the prompt's attention: it is not kept alive.
+        prompt = dataclasses.replace(prompt, field=field._replace(probs=np.zeros((G, 0, 0))))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
         self._name, self._needs = policy, spec.needs
         self._cache = np.zeros(int(budget), np.int64)

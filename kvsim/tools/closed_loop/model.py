@@ -213,16 +213,20 @@ def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0, rope: bool = Fa
                    if rope else ())
 
 
-def stores(full: FullRun, caches: int, prompt_len: int,
-           capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def stores(full: FullRun, caches: int, prompt_len: int, capacity: int | None = None,
+           keys_for: list[int] | None = None, values_for: list[int] | None = None
+           ) -> tuple[np.ndarray, np.ndarray]:
     """(L, C, H_kv, capacity, d) float32 key and value stores of ``caches`` caches (default
-    capacity: the full run's T), prompt rows filled from the full run (the policies'
-    prefill reads them)."""
+    capacity: the full run's T). The prompt rows are the full run's; they are copied into
+    the stores of the caches ``keys_for`` and ``values_for`` only (default: all), those
+    whose policy reads them: :class:`Decoder` reads prompt positions from the full run, and
+    rows nobody writes take no memory."""
     out = []
-    for x in (full.keys, full.values):
+    for x, wanted in ((full.keys, keys_for), (full.values, values_for)):
         L, H_kv, T, d = x.shape
         store = np.zeros((L, caches, H_kv, capacity or T, d), np.float32)
-        store[:, :, :, :prompt_len] = x[:, None, :, :prompt_len]
+        for c in range(caches) if wanted is None else wanted:
+            store[:, c, :, :prompt_len] = x[:, :, :prompt_len]
         out.append(store)
     return out[0], out[1]
 
@@ -313,8 +317,9 @@ class Decoder:
     prompt_len : ``P``; decode steps are ``P .. T-1``.
     policies : ``policies[c][layer][kv_head]``, a :class:`CachePolicy` after its prefill
         (on a sliding-window layer: never read, may be None).
-    keys, values : the stores of :func:`stores`, which the policies read (row ``t`` is
-        written before ``admit(t)``), shared with the model's attention.
+    keys, values : the stores of :func:`stores`, which the policies read: each cache's
+        rows from ``prompt_len`` on (row ``t`` is written before ``admit(t)``), which the
+        model attends over too; it reads the positions before ``prompt_len`` from ``full``.
     width : the largest cache any policy holds (its budget; ``T`` for a full cache), on
         every global layer.
     queries : the stores of :func:`query_stores` (cache -> store), row ``t`` written before
@@ -329,13 +334,16 @@ class Decoder:
         torch = _torch()
         self.net, self.full, self.P, self.policies = net, full, prompt_len, policies
         self.keys, self.values = torch.from_numpy(keys), torch.from_numpy(values)
+        self.prompt_keys = torch.from_numpy(full.keys)  # positions < prompt_len: shared
+        self.prompt_values = torch.from_numpy(full.values)
         self.queries = {c: torch.from_numpy(q) for c, q in (queries or {}).items()}
         C, H_kv = keys.shape[1], keys.shape[2]
         self.width = width
         self.slots = np.zeros((C, H_kv, width), np.int64)  # the last layer's, in slot order
-        self.absent = np.ones((C, H_kv, 1, width), bool)   # slots beyond a cache's size
-        self._absent = torch.from_numpy(self.absent)
         self.sizes = np.zeros((C, H_kv), np.int64)
+        self._columns = np.arange(width)
+        self._bias = np.zeros((C, H_kv, 1, width), np.float32)  # -inf beyond a cache's size
+        self._torch_bias = torch.from_numpy(self._bias)
         self._held: dict = {}  # global layer -> (positions, keys, values) in slot order
         self.t = prompt_len
         self.storage = storage or [None] * C
@@ -362,6 +370,15 @@ class Decoder:
         self.t += 1
         return out[:, 0].float().numpy()
 
+    def _window(self, store, shared, lo: int, t: int):
+        """Every cache's rows ``lo .. t`` of ``store`` (C, H_kv, T, d), those before the
+        prompt's end from ``shared`` (H_kv, T, d), the full run's."""
+        if lo >= self.P:
+            return store[:, :, lo:t + 1]
+        C = store.shape[0]
+        return _torch().cat((shared[None, :, lo:self.P].expand(C, -1, -1, -1),
+                             store[:, :, self.P:t + 1]), dim=2)
+
     def _attend(self, layer, query, key, value, geometry):
         torch = _torch()
         t, C = self.t, query.shape[0]
@@ -374,34 +391,42 @@ class Decoder:
             Q[layer, :, :, t] = q[c]
         if geometry.window:  # the model's own window, the same for every cache
             lo = max(0, t + 1 - geometry.window)
-            p = torch.softmax(geometry.logits(q, K[:, :, lo:t + 1]), dim=-1,
+            k_win, v_win = (self._window(x, shared[layer], lo, t)
+                            for x, shared in ((K, self.prompt_keys), (V, self.prompt_values)))
+            p = torch.softmax(geometry.logits(q, k_win), dim=-1,
                               dtype=torch.float32).to(query.dtype)
-            return torch.matmul(p, V[:, :, lo:t + 1]).reshape(C, 1, H, -1), None
+            return torch.matmul(p, v_win).reshape(C, 1, H, -1), None
         width = self.width
         if layer not in self._held:  # no slot holds a position yet
             self._held[layer] = (np.full((C, H_kv, width), -1, np.int64),
                                  torch.zeros(C, H_kv, width, d, dtype=K.dtype),
                                  torch.zeros(C, H_kv, width, V.shape[-1], dtype=V.dtype))
         held, keys, vals = self._held[layer]
-        slots = self.slots
+        slots, sizes = self.slots, self.sizes
         for c, per_layer in enumerate(self.policies):
-            for j in range(H_kv):
-                policy = per_layer[layer][j]
+            for j, policy in enumerate(per_layer[layer]):
                 policy.admit(t)
                 cache = policy.cache
                 n = cache.shape[0]
                 if n > width:
                     raise AssertionError(f"cache of {n} keys exceeds its budget of {width}")
                 slots[c, j, :n] = cache
-                slots[c, j, n:] = -1
-                self.absent[c, j, 0, :n] = False
-                self.absent[c, j, 0, n:] = True
-                self.sizes[c, j] = n
+                sizes[c, j] = n
+        beyond = self._columns >= sizes[:, :, None]
+        slots[beyond] = -1
+        self._bias[:, :, 0] = np.where(beyond, -np.inf, 0.0)
         c, j, s = np.nonzero((slots != held) & (slots >= 0))  # slots whose position changed
         if c.size:
-            c, j, s, at = (torch.from_numpy(x) for x in (c, j, s, slots[c, j, s]))
-            keys[c, j, s] = K[c, j, at]
-            vals[c, j, s] = V[c, j, at]
+            at = slots[c, j, s]
+            prompt = at < self.P
+            if prompt.any():  # the full run's rows
+                cp, jp, sp, ap = (torch.from_numpy(x[prompt]) for x in (c, j, s, at))
+                keys[cp, jp, sp] = self.prompt_keys[layer, jp, ap]
+                vals[cp, jp, sp] = self.prompt_values[layer, jp, ap]
+            if not prompt.all():  # each cache's own rows
+                cd, jd, sd, ad = (torch.from_numpy(x[~prompt]) for x in (c, j, s, at))
+                keys[cd, jd, sd] = K[cd, jd, ad]
+                vals[cd, jd, sd] = V[cd, jd, ad]
         held[...] = slots
         if any(quant is not None for quant in self.storage):  # KIVI reads a copy; the
             keys, vals = keys.clone(), vals.clone()             # buffers stay exact
@@ -409,11 +434,12 @@ class Decoder:
                 for j in range(H_kv) if quant is not None else ():
                     kivi_store(keys[c, j], vals[c, j], slots[c, j, :self.sizes[c, j]], quant)
         logits = geometry.logits(q, keys)
-        p = torch.softmax(logits.masked_fill(self._absent, float("-inf")), dim=-1,
+        p = torch.softmax(logits + self._torch_bias, dim=-1,  # + 0 or -inf: a mask
                           dtype=torch.float32).to(query.dtype)
         out = torch.matmul(p, vals)                              # (C, H_kv, G, dv)
         rows, outs = p.double().numpy(), out.double().numpy()
+        n = sizes.tolist()
         for c, per_layer in enumerate(self.policies):
-            for j in range(H_kv):
-                per_layer[layer][j].observe(rows[c, j, :, :self.sizes[c, j]], outs[c, j])
+            for j, policy in enumerate(per_layer[layer]):
+                policy.observe(rows[c, j, :, :n[c][j]], outs[c, j])
         return out.reshape(C, 1, H, -1), None

@@ -91,48 +91,71 @@ class Caches:
     queries: dict = field(default_factory=dict)
 
 
-def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
-             rows_of: dict) -> Caches:
-    """The compressed caches of every policy x budget under ``protocol`` (the full-cache
-    attention of the queries before the compression point decides; no model runs here),
-    and what they predict."""
+def _needing(runs: list, vector: str) -> list[int]:
+    """The indices of the runs whose policy reads ``vector`` ("keys", "values")."""
+    return [c for c, (pc, _) in enumerate(runs) if vector in get_policy(pc.kind).needs]
+
+
+def _empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str
+                  ) -> Caches:
+    """The stores and result arrays of every policy x budget under ``protocol``, before
+    any selection."""
     P, Q = prompt.ids.size, prompt.question_len
     runs = [(pc, b) for pc in cfg.policies for b in cfg.budgets]
     plans = [plan(protocol, P, Q, b) for _, b in runs]
-    at, free = plans[0].compress_at, plans[0].free
+    at = plans[0].compress_at
     capacity = P + cfg.answer_tokens
-    keys, values = stores(full, len(runs), at, capacity)
-    queries = query_stores(full, query_runs(runs), at, capacity)
+    keys, values = stores(full, len(runs), at, capacity, _needing(runs, "keys"),
+                          _needing(runs, "values"))
     L, H_kv = full.keys.shape[:2]
-    layers = full.global_layers  # a sliding-window layer keeps its window, under no policy
+    shape = (len(runs), len(full.global_layers), H_kv)
+    return Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
+                  plans[0].free, np.array([p.budget for p in plans]), np.zeros(shape),
+                  np.zeros(shape), np.zeros(shape),
+                  query_stores(full, query_runs(runs), at, capacity))
+
+
+def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dict, dict]:
+    """The compressed caches of every policy x budget under each protocol of ``cfg``
+    (protocol -> :class:`Caches`; the full-cache attention of the queries before each
+    compression point decides, no model runs here), what they predict, and per (global
+    layer, KV head) the question's full-cache attention per prompt key.
+
+    The prompt's attention is computed once per KV head: a protocol that compresses before
+    the question reads its first rows and columns (causal rows before a point attend only
+    to keys before it)."""
+    P = prompt.ids.size
+    protocols = {protocol: _empty_caches(full, prompt, cfg, protocol)
+                 for protocol in sorted(cfg.compress)}
+    _, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
-    held, share, mass = (np.zeros((len(runs), len(layers), H_kv)) for _ in range(3))
-    steppers: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
-    for i, layer in enumerate(layers):
+    rows_of: dict = {}
+    for i, layer in enumerate(full.global_layers):  # a sliding-window layer: no policy
         for j in range(H_kv):
-            attention = full.prompt_attention(layer, j, at)
-            if (layer, j) not in rows_of:  # at == P: the question's rows are in it
-                assert at == P
-                rows_of[layer, j] = question_rows(prompt, attention)
+            whole = full.prompt_attention(layer, j, P)
+            rows_of[layer, j] = question_rows(prompt, whole)
             on_digits = rows_of[layer, j][digits]
-            passes: dict = {}  # the column sums of ``attention``, computed once for all
-            for c, (pc, b) in enumerate(runs):
-                s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
-                            keys=keys[layer, c, j], values=values[layer, c, j],
-                            queries=queries[c][layer, j] if c in queries else None,
-                            scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
-                            seed=random_seed(cfg.seed, j, layer), capacity_T=capacity,
-                            rope=full.prompt_rope(layer, j, at), passes=passes)
-                cache = s.cache
-                held[c, i, j] = _holds(cache, prompt.digits)
-                kept = np.isin(digits, cache)
-                share[c, i, j] = kept.mean()
-                mass[c, i, j] = on_digits[kept].sum()
-                if free:
-                    s.widen(free)
-                steppers[c][layer][j] = s
-    return Caches(runs, steppers, keys, values, at, free,
-                  np.array([p.budget for p in plans]), held, share, mass, queries)
+            for caches in protocols.values():
+                attention = whole if caches.at == P else \
+                    np.ascontiguousarray(whole[:, :caches.at, :caches.at])
+                passes: dict = {}  # the column sums of ``attention``, computed once for all
+                for c, (pc, b) in enumerate(caches.runs):
+                    s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
+                                keys=caches.keys[layer, c, j], values=caches.values[layer, c, j],
+                                queries=caches.queries[c][layer, j] if c in caches.queries
+                                else None,
+                                scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
+                                seed=random_seed(cfg.seed, j, layer), capacity_T=P + cfg.answer_tokens,
+                                rope=full.prompt_rope(layer, j, caches.at), passes=passes)
+                    cache = s.cache
+                    caches.held[c, i, j] = _holds(cache, prompt.digits)
+                    kept = np.isin(digits, cache)
+                    caches.share[c, i, j] = kept.mean()
+                    caches.mass[c, i, j] = on_digits[kept].sum()
+                    if caches.free:
+                        s.widen(caches.free)
+                    caches.steppers[c][layer][j] = s
+    return protocols, rows_of
 
 
 def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.ndarray,
@@ -157,11 +180,10 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
     return tokens, peak
 
 
-def run_protocol(net, full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
-                 rows_of: dict) -> list[dict]:
-    """Every policy x budget of ``cfg`` under ``protocol``: prediction and answer."""
-    caches = compress(full, prompt, cfg, protocol, rows_of)
-    tokens, peak = answer(net, full, caches, cfg.answer_tokens)
+def protocol_rows(net, full: FullRun, caches: Caches, protocol: str, answer_tokens: int
+                  ) -> list[dict]:
+    """Every policy x budget of one protocol: prediction and answer."""
+    tokens, peak = answer(net, full, caches, answer_tokens)
     return [{"policy": pc.label, "kind": pc.kind, "budget": b, "protocol": protocol,
              "peak_cache": int(peak[c]), "tokens": tokens[c],
              "retention": float(caches.held[c].mean()),
@@ -181,18 +203,15 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     P = prompt.ids.size
     L, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
-    rows_of: dict = {}  # (global layer, KV head): the question's full-cache attention per key
-    for layer in full.global_layers:
-        for j in range(H_kv):
-            if "after_question" not in cfg.compress:
-                rows_of[layer, j] = question_rows(prompt, full.prompt_attention(layer, j, P))
-    keys, values = stores(full, 1, P, P + cfg.answer_tokens)
+    keys, values = stores(full, 1, P, P + cfg.answer_tokens, [], [])
     reference = Decoder(net, full, P, [[[FullCache(P) for _ in range(H_kv)] for _ in range(L)]],
                         keys, values, P + cfg.answer_tokens)
     tokens, _ = decode_answers(reference, full.logits[-1:], cfg.answer_tokens)
+    protocols, rows_of = compress(full, prompt, cfg)
     rows = []
-    for protocol in sorted(cfg.compress):  # after_question first: it fills rows_of
-        rows += run_protocol(net, full, prompt, cfg, protocol, rows_of)
+    for protocol, caches in protocols.items():
+        rows += protocol_rows(net, full, caches, protocol, cfg.answer_tokens)
+        protocols[protocol] = None  # its stores go before the next protocol decodes
     question_mass = float(np.mean([r[digits].sum() for r in rows_of.values()]))
     rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
                     "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens[0],
