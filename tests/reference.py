@@ -3,32 +3,22 @@
 Written for clarity, not speed, straight from DESIGN.md (sections 2-4) and the
 README's Semantics section. The cache is a Python list of positions, simulated
 token by token. Used by the tests to check the jitted kernels exactly.
+
+:data:`REFERENCES` (at the end) is the one table of the policy tests: an entry per
+registered policy, keyed by its name, with its rule, its parameter variants and whether it
+runs on GQA groups. Parameters reach a rule by name, with the registry's defaults.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-# The parameters' defaults each single-head reference (below) was written for; the
-# registry's must equal them. The references run on sources carry theirs in their entry
-# (SOURCE_RULES, at the end), and are added here.
-DEFAULTS = {
-    "full": {},
-    "window": {},
-    "streaming_llm": {"sinks": 4},
-    "h2o": {"recent_ratio": 0.5, "normalize": False, "accumulate": "observed"},
-    "h2o_offline": {"recent_ratio": 0.5},
-    "snapkv": {"window": 32, "kernel": 7, "pooling": "max", "protect_window": True,
-               "refresh": 0},
-    "tova": {},
-    "random": {},
-    "oracle": {},
-}
-
+from kvsim.policies import POLICIES
+from kvsim.policies.run import resolve_params
 
 @dataclass
 class RefResult:
@@ -306,81 +296,11 @@ def normalise_rows(attention):
 
 
 def reference_simulate(attention, policy, budget, prompt_len, important=None, seed=0, **params):
-    """Reference simulation; returns a RefResult with the same fields as kvsim's."""
-    if policy not in DEFAULTS and policy not in SOURCE_RULES:
-        raise ValueError(f"unknown policy {policy!r}")
-    defaults = SOURCE_RULES[policy].defaults if policy in SOURCE_RULES else DEFAULTS[policy]
-    unknown = set(params) - set(defaults)
-    if unknown:
-        raise ValueError(f"unknown parameters {sorted(unknown)} for {policy}")
-    prm = {**defaults, **params}
-    if policy in SOURCE_RULES and (policy != "snapkv" or prm["refresh"] > 0):
-        return _from_run(attention, policy, budget, prompt_len, important, params)
-    p = normalise_rows(attention)
-    _near_ties.clear()
-    T = p.shape[0]
-    P = int(prompt_len)
-    B = int(budget)
-    if not (0 <= P <= T) or B < 1:
-        raise ValueError("bad prompt_len or budget")
-
-    if policy == "full":
-        prefill, steps = policy_full(p, P, T, B)
-    elif policy == "window":
-        prefill, steps = policy_window(p, P, T, B)
-    elif policy == "streaming_llm":
-        if B < prm["sinks"] + 1:
-            raise ValueError("budget too small for sinks")
-        prefill, steps = policy_streaming_llm(p, P, T, B, prm["sinks"])
-    elif policy == "h2o":
-        prefill, steps = policy_h2o(p, P, T, B, prm["recent_ratio"], prm["normalize"], prm["accumulate"])
-    elif policy == "h2o_offline":
-        prefill, steps = policy_h2o_offline(p, P, T, B, prm["recent_ratio"])
-    elif policy == "snapkv":
-        if prm["protect_window"] and B < prm["window"] + 1:
-            raise ValueError("budget too small for the observation window")
-        if not prm["protect_window"] and P < T:
-            raise ValueError("protect_window=False needs prompt_len == T")
-        prefill, steps = policy_snapkv(p, P, T, B, prm["window"], prm["kernel"], prm["pooling"],
-                                       prm["protect_window"])
-    elif policy == "tova":
-        prefill, steps = policy_tova(p, P, T, B)
-    elif policy == "random":
-        prefill, steps = policy_random(p, P, T, B, seed)
-    elif policy == "scissorhands":
-        prefill, steps = policy_scissorhands(dense_source(p), P, T, B, "mean",
-                                             prm["recent_ratio"], prm["history"])
-    else:
-        prefill, steps = policy_oracle(p, P, T, B)
-
-    mass = np.array([cache_mass(p, t, c) for t, c in zip(range(P, T), steps)], dtype=np.float64)
-    cache_size = np.array([len(c) for c in steps], dtype=np.int64)
-    kept = np.array(sorted(steps[-1] if steps else prefill), dtype=np.int64)
-
-    recall = final_recall = None
-    if important is not None:
-        imp = sorted(set(int(i) for i in np.asarray(important).ravel()))
-        recall = np.empty(len(steps), dtype=np.float64)
-        for i, (t, c) in enumerate(zip(range(P, T), steps)):
-            arrived = [k for k in imp if k <= t]
-            recall[i] = len(set(c) & set(arrived)) / len(arrived) if arrived else np.nan
-        final_recall = len(set(kept.tolist()) & set(imp)) / len(imp) if imp else float("nan")
-
-    return RefResult(
-        mass=mass,
-        cache_size=cache_size,
-        recall=recall,
-        kept=kept,
-        final_recall=final_recall,
-        near_tie=bool(_near_ties),
-    )
-
-
-def _from_run(attention, policy, budget, prompt_len, important, params):
-    """reference_simulate's result for a section-6 policy, through reference_run."""
+    """Reference run of ``policy`` on a dense (T, T) matrix (one query head), with the same
+    fields as kvsim.simulate's result."""
     imp = None if important is None else sorted(set(int(i) for i in np.asarray(important).ravel()))
     run = reference_run(dense_source(attention), policy, budget, prompt_len, important=imp,
-                        **params)
+                        seed=seed, **params)
     final = None
     if imp is not None:
         final = len(set(run.kept.tolist()) & set(imp)) / len(imp) if imp else float("nan")
@@ -707,56 +627,30 @@ class RefRun:
     recall: np.ndarray | None = None  # (T - P,) share of the important keys arrived so far
 
 
-def min_budget(policy, params):
-    """Smallest valid budget of a section-6 policy."""
-    if policy == "snapkv":
-        return params["window"] + 1 if params["protect_window"] else 1
-    if policy == "quest":
-        return params["page_size"]
-    if policy == "expected_attention":  # its sinks are always kept
-        return params["n_sink"] + 1
-    if policy == "cake":
-        return params["window"] + 1
-    return 1
-
-
-def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, **params):
-    """Run a section-6 policy (or, on one query head, any policy above) on a source;
-    ``important``: optional ground-truth positions, for recall."""
+def reference_run(src, policy, budget, prompt_len, gqa="mean", important=None, seed=0,
+                  **params):
+    """Run ``policy``'s reference (its entry in :data:`REFERENCES`) on a source, with the
+    registry's defaults for the parameters not given; ``important``: optional ground-truth
+    positions, for recall; ``seed``: the run's seed, for a seeded rule."""
     P, B, T = int(prompt_len), int(budget), src.T
-    entry = SOURCE_RULES.get(policy)
-    if entry is not None:
-        prm = {**entry.defaults, **params}
-        for need in entry.needs:
-            if getattr(src, need) is None:
-                raise ValueError(f"{policy} needs {need}; the source has none")
-        if B < min_budget(policy, prm):
-            raise ValueError("budget below the policy's minimum")
-        if policy == "snapkv" and not prm["protect_window"] and P < T:
-            raise ValueError("protect_window=False needs prompt_len == T")
+    entry = REFERENCES[policy]
+    registered = POLICIES[policy]
+    prm = resolve_params(registered, params)  # the registry's defaults; unknown names raise
+    for need in registered.needs:
+        if getattr(src, SOURCE_FIELDS[need]) is None:
+            raise ValueError(f"{policy} needs {need}; the source has none")
+    if not entry.gqa and src.G != 1:
+        raise ValueError(f"the reference of {policy} is single-head")
+    if not 0 <= P <= T or B < registered.min_budget(prm) or registered.check(T, P, prm):
+        raise ValueError(f"{policy}: a run outside the policy's domain (T={T} P={P} B={B})")
     _near_ties.clear()
-    if entry is not None:
-        prefill, steps = entry.rule(src, P, T, B, gqa, **prm)
-    else:  # the single-head reference above
-        if src.G != 1 and policy not in ("full", "window", "streaming_llm", "random"):
-            raise ValueError(f"the reference of {policy} is single-head")
-        ref = reference_simulate(src.probs[0], policy, B, P, **params)
-        caches = _single_head_caches(src.probs[0], policy, B, P, params)
-        return _metrics(src, caches, ref.kept, ref.near_tie, important)
+    extra = {"seed": seed} if entry.seeded else {}
+    if entry.one_head:
+        prefill, steps = entry.rule(src.probs[0], P, T, B, **prm, **extra)
+    else:
+        prefill, steps = entry.rule(src, P, T, B, gqa, **prm, **extra)
     kept = np.array(sorted(steps[-1] if steps else prefill), dtype=np.int64)
     return _metrics(src, steps, kept, bool(_near_ties), important)
-
-
-def _single_head_caches(p, policy, B, P, params):
-    prm = {**DEFAULTS[policy], **params}
-    T = p.shape[0]
-    seed = prm.pop("seed", 0)
-    rules = {"full": policy_full, "window": policy_window, "streaming_llm": policy_streaming_llm,
-             "h2o": policy_h2o, "h2o_offline": policy_h2o_offline, "tova": policy_tova,
-             "oracle": policy_oracle}
-    if policy == "random":
-        return policy_random(p, P, T, B, seed)[1]
-    return rules[policy](p, P, T, B, **prm)[1]
 
 
 def _metrics(src, steps, kept, near_tie, important=None):
@@ -779,37 +673,6 @@ def _metrics(src, steps, kept, near_tie, important=None):
                 error[g, i] = l2_norm(output(src, w) - full) / norm if norm > 0 else 0.0
     return RefRun([sorted(c) for c in steps], mass, np.array([len(c) for c in steps], np.int64),
                   error, kept, near_tie, recall)
-
-
-# ================================================================ the references on sources
-@dataclass(frozen=True)
-class SourceRule:
-    """A policy's reference on a source (one KV head and its G query heads):
-    ``rule(src, P, T, B, gqa, **params) -> (prefill cache, cache after each step)``, the
-    parameters' ``defaults`` it was written for (the registry's must equal them), and the
-    vectors it reads besides the attention rows."""
-
-    rule: Callable
-    defaults: dict
-    needs: tuple[str, ...] = ()
-
-
-# One entry per policy, keyed by its name (snapkv: with refresh; without, the single-head
-# reference above). A new policy's reference is its rule and one entry here.
-SOURCE_RULES = {
-    "knorm": SourceRule(policy_knorm, {"recent_ratio": 0.0}, ("keys",)),
-    "keydiff": SourceRule(policy_keydiff, {"recent_ratio": 0.0}, ("keys",)),
-    "scissorhands": SourceRule(policy_scissorhands, {"recent_ratio": 0.5, "history": 32}),
-    "caote": SourceRule(policy_caote, {}, ("values",)),
-    "snapkv": SourceRule(policy_snapkv_refresh, DEFAULTS["snapkv"]),
-    "quest": SourceRule(policy_quest, {"page_size": 16}, ("queries", "keys")),
-    "vnorm": SourceRule(policy_vnorm, {"recent_ratio": 0.0}, ("values",)),
-}
-DEFAULTS.update({name: entry.defaults for name, entry in SOURCE_RULES.items()})
-
-# The policies whose reference runs on every query head of a group: those on sources, and
-# those whose cache does not depend on attention.
-MULTI_HEAD = set(SOURCE_RULES) | {"full", "window", "streaming_llm"}
 
 
 # ---------------------------------------------------------------- protocols
@@ -1082,16 +945,6 @@ def policy_chunkkv(src, P, T, B, gqa, window, kernel, pooling, chunk, layer=None
     return pinned_ring(P, T, B, w, [k for c in chosen for k in chunks[c]])
 
 
-RKV_DROPKV_CHUNKKV = {
-    "rkv": SourceRule(policy_rkv, {"window": 8, "kernel": 7, "mix_lambda": 0.07},
-                      ("keys", "queries")),
-    "dropkv": SourceRule(policy_dropkv, {"window": 32, "kernel": 7}, ("values",)),
-    "chunkkv": SourceRule(policy_chunkkv, {"window": 64, "kernel": 5, "pooling": "avg",
-                                           "chunk": 20}),
-}
-SOURCE_RULES.update(RKV_DROPKV_CHUNKKV)
-DEFAULTS.update({name: entry.defaults for name, entry in RKV_DROPKV_CHUNKKV.items()})
-MULTI_HEAD |= set(RKV_DROPKV_CHUNKKV)
 
 
 # ================================================================ expected_attention
@@ -1171,11 +1024,6 @@ def policy_expected_attention(src, P, T, B, gqa, n_sink, n_future, covariance, v
     return _static_keep(score, P, T, B, 0)
 
 
-SOURCE_RULES["expected_attention"] = SourceRule(
-    policy_expected_attention, {"n_sink": 4, "n_future": 512, "covariance": True, "vnorm": True},
-    ("keys", "values", "pre_rope_queries"))
-DEFAULTS["expected_attention"] = SOURCE_RULES["expected_attention"].defaults
-MULTI_HEAD.add("expected_attention")
 
 
 
@@ -1243,9 +1091,6 @@ def policy_cake(src, P, T, B, gqa, window, gamma):
     return prefill, steps
 
 
-SOURCE_RULES["cake"] = SourceRule(policy_cake, {"window": 32, "gamma": 200.0})
-DEFAULTS["cake"] = SOURCE_RULES["cake"].defaults
-MULTI_HEAD.add("cake")
 
 
 # ---------------------------------------------------------------- KIVI storage (876b4d2)
@@ -1309,3 +1154,90 @@ def kivi_metrics(src, P, caches, bits, group, residual):
             norm = l2_norm(exact)
             error[g, s] = l2_norm(o - exact) / norm if norm > 0 else 0.0
     return mass, error
+
+
+# ================================================================ the table of policy cases
+SOURCE_FIELDS = {"keys": "keys", "values": "values", "queries": "queries",
+                 "rope": "pre_rope_queries"}
+"""The source's field holding what a policy needs (``Policy.needs``)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One policy's reference and its test cases.
+
+    ``rule(src, P, T, B, gqa, **params)`` runs on a source (one KV head and its query
+    heads); with ``one_head``, ``rule(p, P, T, B, **params)`` on query head 0's (T, T)
+    probabilities. It returns (the prefill selection, [C_t for t = P .. T-1]) and takes the
+    registry's parameters by name (plus ``seed=`` if ``seeded``). ``variants``: parameter
+    sets the tests run besides the defaults (each where the policy takes the prompt
+    length). ``gqa``: the rule holds on groups of several query heads (else the tests give
+    it one). ``small``: parameters fitting the budgets from 5 of the registry-wide tests
+    (a policy below its minimum budget is an error)."""
+
+    rule: Callable
+    variants: tuple[dict, ...] = ()
+    gqa: bool = True
+    small: dict = field(default_factory=dict)
+    one_head: bool = False
+    seeded: bool = False
+
+
+SNAPKV_VARIANTS = (
+    {"window": 4, "kernel": 3}, {"window": 3, "kernel": 5, "pooling": "avg"},
+    {"window": 2, "kernel": 1, "pooling": "none"}, {"window": 6, "kernel": 7, "pooling": "avg"},
+    {"window": 1, "kernel": 9, "pooling": "max"}, {"window": 5, "kernel": 3, "pooling": "none"},
+    {"window": 3, "kernel": 3}, {"window": 1, "pooling": "avg"},
+    {"window": 3, "kernel": 3, "refresh": 2},
+    {"window": 2, "kernel": 5, "pooling": "avg", "refresh": 1},
+    {"window": 4, "kernel": 1, "pooling": "none", "refresh": 3},
+    {"window": 1, "kernel": 3, "pooling": "max", "refresh": 5},
+    # protect_window=False: the prompt is the whole sequence (no decode steps)
+    {"window": 32, "kernel": 7, "pooling": "none", "protect_window": False},
+    {"window": 4, "kernel": 3, "pooling": "max", "protect_window": False},
+    {"window": 3, "kernel": 5, "pooling": "avg", "protect_window": False},
+    {"window": 1, "kernel": 1, "pooling": "avg", "protect_window": False},
+)
+
+REFERENCES = {
+    "full": Reference(policy_full, one_head=True),
+    "window": Reference(policy_window, one_head=True),
+    "streaming_llm": Reference(policy_streaming_llm, ({"sinks": 2}, {"sinks": 1}, {"sinks": 0}),
+                               one_head=True),
+    "h2o": Reference(policy_h2o, (
+        {"recent_ratio": 0.0}, {"recent_ratio": 0.25, "normalize": True}, {"normalize": True},
+        {"accumulate": "full"}, {"recent_ratio": 0.75, "normalize": True, "accumulate": "full"},
+        {"recent_ratio": 0.0, "accumulate": "full"}), gqa=False, one_head=True),
+    "h2o_offline": Reference(policy_h2o_offline, ({"recent_ratio": 0.0}, {"recent_ratio": 0.3}),
+                             gqa=False, one_head=True),
+    "snapkv": Reference(policy_snapkv_refresh, SNAPKV_VARIANTS, small={"window": 4}),
+    "tova": Reference(policy_tova, gqa=False, one_head=True),
+    "random": Reference(policy_random, gqa=False, one_head=True, seeded=True),
+    "oracle": Reference(policy_oracle, gqa=False, one_head=True),
+    "knorm": Reference(policy_knorm, ({"recent_ratio": 0.3},)),
+    "keydiff": Reference(policy_keydiff, ({"recent_ratio": 0.5},)),
+    "scissorhands": Reference(policy_scissorhands,
+                              ({"history": 4}, {"history": 1, "recent_ratio": 0.0})),
+    "caote": Reference(policy_caote),
+    "quest": Reference(policy_quest, ({"page_size": 4}, {"page_size": 1}, {"page_size": 3}),
+                       small={"page_size": 4}),
+    "rkv": Reference(policy_rkv, (
+        {"window": 2, "kernel": 3}, {"window": 1, "kernel": 1, "mix_lambda": 0.5},
+        {"window": 3, "mix_lambda": 0.0}, {"window": 4, "kernel": 5, "mix_lambda": 1.0}),
+        small={"window": 2, "kernel": 3}),
+    "dropkv": Reference(policy_dropkv, (
+        {"window": 3, "kernel": 3}, {"window": 1, "kernel": 1}, {"window": 5, "kernel": 5}),
+        small={"window": 2, "kernel": 3}),
+    "chunkkv": Reference(policy_chunkkv, (
+        {"window": 3, "kernel": 3, "chunk": 4}, {"window": 2, "chunk": 1},
+        {"window": 1, "kernel": 1, "pooling": "max", "chunk": 3},
+        {"window": 4, "kernel": 7, "pooling": "none", "chunk": 5}),
+        small={"window": 2, "chunk": 2}),
+    "expected_attention": Reference(policy_expected_attention, (
+        {"n_sink": 0, "n_future": 3}, {"n_sink": 2, "covariance": False},
+        {"n_sink": 1, "vnorm": False, "n_future": 1}), small={"n_sink": 1}),
+    "cake": Reference(policy_cake, ({"window": 3}, {"window": 2, "gamma": 0.0},
+                                    {"window": 4, "gamma": 5.0}), small={"window": 2}),
+    # docs/adding-a-policy.md's example, registered by its test
+    "vnorm": Reference(policy_vnorm, ({"recent_ratio": 0.4},)),
+}

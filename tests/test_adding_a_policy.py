@@ -1,6 +1,7 @@
 """docs/adding-a-policy.md, run as written: its score-only rule is at most 30 lines, loads
 through the registry route the page teaches (no circular import), and matches its
-reference entry (tests/reference.py) exactly, on GQA groups and one step at a time."""
+reference entry (tests/reference.py, shown on the page as written there) exactly, with
+each of the entry's variants, on GQA groups and one step at a time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from policy_checks import check, check_stepper, field_source, qk_field, qkv_field
+from policy_checks import check, check_stepper, field_source, qk_field, qkv_field, variants
 
 from kvsim.policies import POLICIES
 
@@ -28,6 +29,14 @@ def blocks() -> list[str]:
 
 def test_the_rule_is_at_most_30_lines():
     assert len(blocks()[0].strip().splitlines()) <= 30
+
+
+def test_the_page_shows_its_reference_as_written():
+    """The page's reference rule and table entry are lines of tests/reference.py."""
+    text = (ROOT / "tests" / "reference.py").read_text()
+    rule, entry = blocks()[3:5]
+    assert rule.strip() in text
+    assert entry.rstrip() in text and entry.lstrip().startswith('"vnorm": Reference(')
 
 
 @pytest.fixture
@@ -54,12 +63,12 @@ def test_the_rule_matches_its_reference(vnorm):
             T = int(rng.integers(6, 20))
             field = qk_field(rng, T, G, kind=kind)
             src = field_source(field)
-            for params in ({}, {"recent_ratio": 0.4}):
+            for params in variants("vnorm"):
                 for P in (0, T // 2, T):
                     for B in (1, 3, T):
                         check(field, src, "vnorm", params, B, P, gqa, important=(0, T - 1))
                         compared += 1
-    assert compared == 3 * 3 * 2 * 3 * 3
+    assert compared == 3 * 3 * len(variants("vnorm")) * 3 * 3 > 3 * 3 * 3 * 3
 
 
 def test_the_rule_runs_one_step_at_a_time(vnorm):

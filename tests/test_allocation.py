@@ -4,12 +4,11 @@ on-demand trace cache."""
 
 from __future__ import annotations
 
-import math
-from fractions import Fraction
-from pathlib import Path
-
 import numpy as np
 import pytest
+from allocation_checks import (ada_reference, dense_scenario, pyramid_reference,
+                               random_attention, selectable_scores)
+from fake_capture import fake_capture
 
 import reference as ref
 from kvsim.engine import allocation
@@ -20,60 +19,6 @@ from kvsim.policies.run import make_group, resolve_params, run_capped
 from kvsim.scenario.load import load_scenario
 
 # ---------------------------------------------------------------- plain references
-
-
-def ada_reference(scores: list[list[float]], B: int, fixed: int, floor_share: float) -> list[int]:
-    """AdaKV, straight from the rule: each head takes its own top floor(share * (B - fixed))
-    selectable keys, then the pooled slots go one by one to the best remaining score of any
-    head (ties: lower head, then lower position)."""
-    H, slots = len(scores), B - fixed
-    if len(scores[0]) <= slots:
-        return [B] * H
-    own = math.floor(floor_share * slots)
-    remaining = []  # (score, head, position) not yet taken
-    for h, s in enumerate(scores):
-        ranked = sorted(range(len(s)), key=lambda k: (-s[k], k))
-        remaining += [(s[k], h, k) for k in ranked[own:]]
-    share = [own] * H
-    for _ in range(H * (slots - own)):
-        best = min(remaining, key=lambda c: (-c[0], c[1], c[2]))
-        remaining.remove(best)
-        share[best[1]] += 1
-    return [fixed + x for x in share]
-
-
-def pyramid_reference(B: int, fixed: int, beta: float, L: int, T: int) -> list[int]:
-    """PyramidKV, with exact fractions: a line from 2B - b_min down to b_min, floored, the
-    remainder one token each to the earliest layers; then no layer above T, the tokens
-    above it one by one to the earliest layer below the most-served count with room."""
-    b_min = fixed + math.ceil(Fraction(B - fixed) / Fraction(beta))
-    b_max = 2 * B - b_min
-    caps = [math.floor(b_max - Fraction((b_max - b_min) * layer, L - 1)) for layer in range(L)]
-    for layer in range(L * B - sum(caps)):
-        caps[layer] += 1
-    cut = sum(max(c - T, 0) for c in caps)
-    caps = [min(c, T) for c in caps]
-    given = [0] * L  # rounds each layer has received
-    for _ in range(cut):
-        layer = min((g, i) for i, (g, c) in enumerate(zip(given, caps)) if c < T)[1]
-        caps[layer] += 1
-        given[layer] += 1
-    return caps
-
-
-def selectable_scores(policy: str, p: np.ndarray, P: int, B: int, params: dict):
-    """(fixed, scores of the selectable prompt keys) of one head's dense attention ``p``."""
-    if policy == "h2o":
-        r = int(params["recent_ratio"] * B)
-        return r, ref.prompt_colsum(p, P)[:max(P - r, 0)]
-    if policy == "h2o_offline":  # column sums over every query
-        r = int(params["recent_ratio"] * B)
-        return r, [ref.sum_seq(p[k:, k]) for k in range(max(P - r, 0))]
-    if policy == "snapkv":
-        w = min(params["window"], P)
-        votes = [ref.sum_seq(p[P - w:P, k]) for k in range(P - w)]
-        return w, ref.pool_votes(votes, params["kernel"], params["pooling"])
-    return 0, [float(x) for x in p[P - 1, :P]]  # tova
 
 
 def reference_run(policy: str, p: np.ndarray, P: int, cap: int, B: int, params: dict):
@@ -126,30 +71,16 @@ def test_check_total_raises():
 # ---------------------------------------------------------------- engine against the reference
 
 
-def _dense_scenario(tmp_path: Path, attention: np.ndarray, P: int, budgets, policies: str,
-                    allocation_lines: str) -> Path:
-    np.save(tmp_path / "a.npy", attention)
-    (tmp_path / "s.toml").write_text(
-        f'[attention]\nsource = "matrix"\npath = "a.npy"\n{policies}\n'
-        f"[[experiment]]\nprompt_len = {P}\nbudgets = {list(budgets)}\n{allocation_lines}\n")
-    return tmp_path / "s.toml"
-
-
-def _random_attention(rng, H: int, T: int) -> np.ndarray:
-    a = np.tril(rng.random((H, T, T)) ** 4 + 1e-3)
-    return a / a.sum(axis=2, keepdims=True)
-
-
 @pytest.mark.parametrize("case", range(6))
 def test_ada_caps_and_kept_sets_match_the_reference(tmp_path, case):
     rng = np.random.default_rng(100 + case)
     H, T = 3, int(rng.integers(50, 80))
     P = T if case % 3 == 0 else int(rng.integers(T // 2, T - 2))
-    attention = _random_attention(rng, H, T)
+    attention = random_attention(rng, H, T)
     share = [0.2, 0.25, 0.5][case % 3]
     policies = ('[policies.h2o]\n[policies.snapkv]\nwindow = 4\nkernel = 3\n[policies.tova]\n')
     budgets = [14, 24]
-    scenario = load_scenario(_dense_scenario(tmp_path, attention, P, budgets, policies,
+    scenario = load_scenario(dense_scenario(tmp_path, attention, P, budgets, policies,
                                              f'allocation = "ada"\nfloor_share = {share}'))
     results = simulate_scenario(scenario, progress=False, workers=1)
     kept = results.steps[scenario.experiments[0].name].arrays()["kept"]
@@ -219,7 +150,7 @@ def test_uniform_is_todays_run_and_layer_zero_todays_field(tmp_path):
 
 def test_a_cap_is_enforced_at_every_step(tmp_path):
     rng = np.random.default_rng(0)
-    field = _random_attention(rng, 1, 30)
+    field = random_attention(rng, 1, 30)
     from kvsim.numerics.field import dense_field
     group = make_group(dense_field(field), 0, 20, np.zeros((1, 30), bool), {})
     tova = POLICIES["tova"]
@@ -249,22 +180,10 @@ def test_allocation_errors_name_the_key(tmp_path, body, key, message):
 # ---------------------------------------------------------------- on-demand traces
 
 
-def _fake_capture(calls: list):
-    def capture(model, text, tokens, out, layers=None, gguf_file=None, dtype=np.float16):
-        calls.append((model, tokens, dtype))
-        rng = np.random.default_rng(tokens)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(out, queries=rng.standard_normal((2, 4, tokens, 8)).astype(np.float16),
-                 keys=rng.standard_normal((2, 2, tokens, 8)).astype(np.float16),
-                 layers=np.array([0, 1]))
-        return out
-    return capture
-
-
 def test_on_demand_trace_is_captured_once_and_cached(tmp_path, monkeypatch):
     from kvsim.tools import capture
     calls: list = []
-    monkeypatch.setattr(capture, "capture", _fake_capture(calls))
+    monkeypatch.setattr(capture, "capture", fake_capture(calls))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "model").mkdir()
     (tmp_path / "text.txt").write_text("some text")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from allocation_checks import (ada_reference, dense_scenario, pyramid_reference,
+                               random_attention, selectable_scores)
 
 import reference as ref
 from kvsim.engine import allocation
@@ -13,8 +15,6 @@ from kvsim.engine.experiments import simulate_scenario
 from kvsim.policies import POLICIES
 from kvsim.policies.run import resolve_params
 from kvsim.scenario.load import load_scenario
-from test_allocation import (_dense_scenario, _random_attention, ada_reference,
-                             pyramid_reference, selectable_scores)
 
 
 def test_ada_without_candidates_keeps_the_budget_everywhere():
@@ -50,8 +50,8 @@ ADA_POLICIES = ('[policies.h2o]\nrecent_ratio = 0.75\n'
 def test_ada_at_the_edges_of_the_fixed_parts(tmp_path, P, budgets):
     rng = np.random.default_rng(P)
     H, T = 3, 40
-    attention = _random_attention(rng, H, T)
-    scenario = load_scenario(_dense_scenario(tmp_path, attention, P, budgets, ADA_POLICIES,
+    attention = random_attention(rng, H, T)
+    scenario = load_scenario(dense_scenario(tmp_path, attention, P, budgets, ADA_POLICIES,
                                              'allocation = "ada"\nfloor_share = 0.5'))
     results = simulate_scenario(scenario, progress=False, workers=1)
     p = [ref.normalise_rows(a) for a in attention]

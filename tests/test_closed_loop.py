@@ -30,29 +30,15 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import make_group, resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.engine.experiments import random_seed  # noqa: E402
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, causal_softmax,  # noqa: E402
-                                           prefill, query_stores, stores)
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, causal_softmax,  # noqa: E402
+                                           query_stores, stores)
 from kvsim.tools.closed_loop.run import make_steppers, query_runs  # noqa: E402
-
-T, P = 40, 16
-
+from tiny_models import P, T, Watched, tiny_llama  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny():
-    """A tiny random Llama (2 layers, 4 query heads over 2 KV heads), its eager logits and
-    its full run through kvsim's attention function."""
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=50, max_position_embeddings=64,
-        initializer_range=0.3)
-    net = transformers.LlamaForCausalLM(config).eval()
-    net.set_attn_implementation("eager")
-    ids = np.random.default_rng(0).integers(0, 50, T)
-    with torch.no_grad():
-        eager = net(torch.as_tensor(ids[None])).logits[0].numpy()
-    attach(net)
-    return net, eager, prefill(net, ids, rope=True)
+    """The tiny random Llama, its eager logits and its full run (tests/tiny_models.py)."""
+    return tiny_llama()
 
 
 def steppable() -> list[str]:
@@ -120,28 +106,6 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                         observed_outputs(full.values[layer, j].astype(np.float64), cache, n, obs,
                                          mass, output)
                         stepper.observe(obs, output)
-
-
-class Watched:
-    """A policy that checks, at every step, its budget and what the model lets it observe."""
-
-    def __init__(self, inner, budget: int, layer: int, log: list):
-        self.inner, self.budget, self.layer, self.log = inner, budget, layer, log
-
-    @property
-    def cache(self):
-        return self.inner.cache
-
-    def admit(self, t):
-        evicted = self.inner.admit(t)
-        assert len(self.inner.cache) <= self.budget and t in self.inner.cache
-        return evicted
-
-    def observe(self, attention, output=None):
-        assert attention.shape[1] == len(self.inner.cache) <= self.budget
-        assert np.allclose(attention.sum(axis=1), 1.0, atol=1e-5)
-        self.log.append((self.layer, len(self.inner.cache)))
-        self.inner.observe(attention, output)
 
 
 def test_budget_holds_in_every_layer_at_every_step(tiny):

@@ -339,7 +339,7 @@ def test_validate_names_an_old_trace(tmp_path, capsys):
 
 def test_tiny_gemma3_capture_records_each_layer_types_rope(tmp_path):
     pytest.importorskip("transformers")
-    from test_gemma import tiny_gemma
+    from tiny_models import tiny_gemma
     from kvsim.tools.capture import record
     net = tiny_gemma()
     net.set_attn_implementation("eager")

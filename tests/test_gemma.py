@@ -22,24 +22,9 @@ from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.closed_loop.model import Decoder, FullCache, attach, prefill, stores  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop, make_steppers  # noqa: E402
-from test_closed_loop import Watched  # noqa: E402  (checks the budget at every step)
+from tiny_models import WINDOW, Watched, tiny_gemma  # noqa: E402
 
-T, P, WINDOW = 40, 16, 6
-TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-
-
-def tiny_gemma(window: int = WINDOW):
-    """A tiny random Gemma-3: 4 layers (sliding, global, sliding, global), 2 query heads
-    over one KV head, a scaling (query_pre_attn_scalar 8) that is not head_dim ** -0.5."""
-    torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, vocab_size=50, max_position_embeddings=64,
-        sliding_window=window, layer_types=TYPES, query_pre_attn_scalar=8,
-        initializer_range=0.3)
-    return transformers.Gemma3ForCausalLM(config).eval()
-
-
+T, P = 40, 16
 def eager_logits(net, ids) -> np.ndarray:
     net.set_attn_implementation("eager")
     with torch.no_grad():

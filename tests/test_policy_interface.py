@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from matrices import make_attention
 from policy_checks import T as T_STEP
-from policy_checks import check_stepper, qkv_field
+from policy_checks import case_id, check_stepper, qk_field, qkv_field
 
 import kvsim
 from kvsim.cli import main
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES, Policy
+from kvsim.policies.run import make_group, resolve_params, run_policy
 
 SCENARIO = """\
 [attention]
@@ -130,3 +131,24 @@ def test_the_readme_example_policy_runs_and_matches_its_reference(monkeypatch, t
         for P, B in [(0, 1), (11, 4), (T_STEP, 6)]:
             for kv in range(2):
                 check_stepper("decayed", {"decay": 0.9}, field, kv, P, B, gqa)
+
+
+FLOORED = [pytest.param(name, id=case_id(name, {})) for name, policy in POLICIES.items()
+           if policy.min_budget(resolve_params(policy, {})) > 1]
+
+
+@pytest.mark.parametrize("name", FLOORED)
+def test_run_policy_refuses_a_budget_below_the_minimum(name):
+    """Below its minimum budget a policy's kernel would write out of bounds (and crash a
+    later test): the internal runner raises the one-line error first. The sequence fits the
+    budget, so that without the check the run returns instead of raising."""
+    policy = POLICIES[name]
+    params = resolve_params(policy, {})
+    budget = policy.min_budget(params) - 1
+    field = qk_field(np.random.default_rng(2), budget, 2)
+    group = make_group(field, 0, budget, np.zeros((2, budget), bool), {})
+    with pytest.raises(KvsimError) as info:
+        run_policy(policy, group, budget, params)
+    message = str(info.value)
+    assert message.startswith(f"budget: expected at least {budget + 1} for {name}")
+    assert message.endswith(f"got {budget}") and "\n" not in message

@@ -1,8 +1,9 @@
 """Every registered policy matches the plain reference (tests/reference.py) on sources with
 vectors (random q.k fields with values, real trace heads) and dense matrices, with GQA.
 
-Driven by the registry: a new policy is tested here by being registered (its reference must
-exist, or these tests fail). Exact means: the same cache at every decode step, the same
+Driven by the registry and the one table of cases (``REFERENCES`` in tests/reference.py): a
+new policy is tested here by being registered (its reference entry must exist, or these
+tests fail); the ids hold ``policy-check-<name>``. Exact means: the same cache at every decode step, the same
 final kept set, per-step mass, output error and recall within 1e-9 for every query head. A
 decision that hinged on a rounding-level near tie (see reference.NEAR_TIE_RTOL) may differ:
 it is then reported as a NearTieWarning, the cache sizes still compared.
@@ -15,67 +16,25 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matrices import make_attention
-from policy_checks import check, field_source, qk_field
-from reference import MULTI_HEAD, dense_source
+from policy_checks import (case_id, check, field_source, heads, min_budget, policy_cases,
+                           qk_field, valid)
+from reference import dense_source
 
 import kvsim
 from kvsim import ScenarioError, load_scenario
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, dense_field, empty_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import NEED_WORDS, resolve_params
+from kvsim.policies.run import NEED_WORDS
 
 TRACE = Path(__file__).parent.parent / "scenarios" / "traces" / "smollm2_gpl3.npz"
 
-# Parameter variants besides the defaults, small enough for short sequences.
-VARIANTS = {
-    "streaming_llm": [{"sinks": 2}],
-    "h2o": [{"recent_ratio": 0.25, "normalize": True}],
-    "h2o_offline": [{"recent_ratio": 0.0}],
-    "snapkv": [{"window": 3, "kernel": 3}, {"window": 3, "kernel": 3, "refresh": 2},
-               {"window": 2, "kernel": 5, "pooling": "avg", "refresh": 1},
-               {"window": 4, "kernel": 1, "pooling": "none", "refresh": 3},
-               {"window": 1, "kernel": 3, "pooling": "max", "refresh": 5}],
-    "knorm": [{"recent_ratio": 0.3}],
-    "keydiff": [{"recent_ratio": 0.5}],
-    "scissorhands": [{"history": 4}, {"history": 1, "recent_ratio": 0.0}],
-    "quest": [{"page_size": 4}, {"page_size": 1}, {"page_size": 3}],
-    "rkv": [{"window": 2, "kernel": 3}, {"window": 1, "kernel": 1, "mix_lambda": 0.5},
-            {"window": 3, "mix_lambda": 0.0}, {"window": 4, "kernel": 5, "mix_lambda": 1.0}],
-    "dropkv": [{"window": 3, "kernel": 3}, {"window": 1, "kernel": 1}, {"window": 5, "kernel": 5}],
-    "chunkkv": [{"window": 3, "kernel": 3, "chunk": 4}, {"window": 2, "chunk": 1},
-                {"window": 1, "kernel": 1, "pooling": "max", "chunk": 3},
-                {"window": 4, "kernel": 7, "pooling": "none", "chunk": 5}],
-    "expected_attention": [{"n_sink": 0, "n_future": 3}, {"n_sink": 2, "covariance": False},
-                           {"n_sink": 1, "vnorm": False, "n_future": 1}],
-    "cake": [{"window": 3}, {"window": 2, "gamma": 0.0}, {"window": 4, "gamma": 5.0}],
-}
-
-
-def cases(attention_only=False):
-    out = []
-    for name, policy in POLICIES.items():
-        if attention_only and policy.needs:
-            continue
-        for params in [{}] + VARIANTS.get(name, []):
-            tag = name + "".join(f"-{k}={v}" for k, v in params.items())
-            out.append(pytest.param(name, params, id=tag))
-    return out
-
-
-CASES = cases()
-ATTENTION_ONLY = cases(attention_only=True)
-
-
-def valid(name, params, T, P):
-    """Whether the policy takes this prompt length (expected_attention: a prompt query
-    after its sinks when there are decode steps)."""
-    policy = POLICIES[name]
-    return policy.check(T, P, resolve_params(policy, params)) is None
+CASES = policy_cases()
+ATTENTION_ONLY = policy_cases(attention_only=True)
 
 
 def budgets(name, params, T, rng):
-    m = POLICIES[name].min_budget(resolve_params(POLICIES[name], params))
+    m = min_budget(name, params)
     return sorted({m, m + 1, int(rng.integers(m, max(m, T) + 3)), max(m, T)})
 
 
@@ -84,7 +43,7 @@ def budgets(name, params, T, rng):
 def test_random_qk_fields(name, params, seed):
     """Random q.k fields with values: 1-3 query heads per KV head, every gqa rule."""
     rng = np.random.default_rng([seed, len(name), len(params)])
-    G = int(rng.integers(1, 4)) if name in MULTI_HEAD else 1
+    G = int(rng.integers(1, 4)) if heads(name) else 1
     T = int(rng.integers(2, 36))
     kind = ("gauss", "ints", "pool")[seed % 3]
     field = qk_field(rng, T, G, kind=kind)
@@ -100,7 +59,7 @@ def test_random_qk_fields(name, params, seed):
 @pytest.mark.parametrize("recipe", ["softmax", "heavy", "quantised", "onehot", "sparse_ties"])
 def test_dense_matrices(name, params, recipe):
     """Policies that need only attention, on dense matrices (one or two query heads)."""
-    G = 2 if name in MULTI_HEAD else 1
+    G = 2 if heads(name) else 1
     T = 30
     probs = np.stack([make_attention(T, recipe, 7 + g) for g in range(G)])
     field = dense_field(probs, 1)
@@ -108,8 +67,9 @@ def test_dense_matrices(name, params, recipe):
     rng = np.random.default_rng(len(recipe))
     for P in (0, 11, 24, T):
         for B in budgets(name, params, T, rng):
-            check(field, src, name, params, B, P, ("mean", "max", "sum")[P % 3],
-                  important=[0, 5, 17])
+            if valid(name, params, T, P):
+                check(field, src, name, params, B, P, ("mean", "max", "sum")[P % 3],
+                      important=[0, 5, 17])
 
 
 def trace_field(layer: int, kv: int, T: int) -> FieldData:
@@ -138,7 +98,7 @@ def test_real_trace_heads(name, params):
     rng = np.random.default_rng(3)
     for layer, kv in ((0, 1), (2, 0)):
         field = trace_field(layer, kv, 64)
-        if name not in MULTI_HEAD:  # one query head of the group
+        if not heads(name):  # one query head of the group
             field = field._replace(queries=field.queries[:1], qk_scale=field.qk_scale[:1],
                                    key_bias=field.key_bias[:1], distance=field.distance[:1],
                                    noise_kind=field.noise_kind[:1],
@@ -154,16 +114,19 @@ def test_real_trace_heads(name, params):
 @pytest.mark.parametrize("name, params", CASES)
 def test_min_budget_and_tiny_sequences(name, params):
     rng = np.random.default_rng(5)
-    m = POLICIES[name].min_budget(resolve_params(POLICIES[name], params))
+    m = min_budget(name, params)
     for T in (1, 2, 3, 5):
-        field = qk_field(rng, T, 2 if name in MULTI_HEAD else 1)
+        field = qk_field(rng, T, 2 if heads(name) else 1)
         src = field_source(field)
         for P in range(T + 1):
             if valid(name, params, T, P):
                 check(field, src, name, params, m, P, "max", important=[T - 1])
 
 
-@pytest.mark.parametrize("name", [n for n, p in POLICIES.items() if p.needs])
+NEEDING = [pytest.param(n, id=case_id(n, {})) for n, p in POLICIES.items() if p.needs]
+
+
+@pytest.mark.parametrize("name", NEEDING)
 def test_dense_matrix_is_a_one_line_error(name):
     A = make_attention(80, "softmax", 0)
     with pytest.raises(KvsimError) as info:
@@ -185,7 +148,7 @@ budgets = [48]
 """
 
 
-@pytest.mark.parametrize("name", [n for n, p in POLICIES.items() if p.needs])
+@pytest.mark.parametrize("name", NEEDING)
 def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
     path = tmp_path / "s.toml"
     path.write_text(SCENARIO.format(name=name))
@@ -195,28 +158,3 @@ def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
     assert info.value.lines() == [f"{path}: experiment[0].policies[0]: policy {name!r}: {name} "
                                   f"needs {needs}, which the 'seed_notebook' attention source "
                                   f"does not have"]
-
-
-def _steppable_cases():
-    from test_stepping import T as STEP_T, steppable
-    for param in CASES:
-        name, raw = param.values
-        params = resolve_params(POLICIES[name], raw)
-        if steppable(name, params) and POLICIES[name].check(STEP_T, 0, params) is None:
-            yield param
-
-
-@pytest.mark.parametrize("name, params", list(_steppable_cases()))
-def test_stepper_reproduces_the_simulator_for_every_variant(name, params):
-    """Every variant above, one step at a time through the Stepper (tests/test_stepping.py's
-    check: the simulator's cache at every step, slot for slot) on GQA groups."""
-    from test_stepping import T as STEP_T, check_stepper, qkv_field
-    policy = POLICIES[name]
-    params = resolve_params(policy, params)
-    floor = policy.min_budget(params)
-    for heads, kv_heads, gqa in [(2, 2, "mean"), (6, 2, "max"), (4, 2, "sum")]:
-        field = qkv_field(heads, kv_heads, seed=heads + len(gqa) + 1)
-        for P in (0, 7, STEP_T):
-            for budget in sorted({floor, floor + 2, max(floor, STEP_T - 3)}):
-                for kv in range(kv_heads):
-                    check_stepper(name, params, field, kv, P, budget, gqa)

@@ -13,7 +13,13 @@ transformers = pytest.importorskip("transformers")
 
 from kvsim.numerics.quantize import Quantize  # noqa: E402
 from kvsim.tools.closed_loop.model import Decoder, FullCache, kivi_store, stores  # noqa: E402
-from test_closed_loop import P, T, tiny  # noqa: E402,F401 - the tiny Llama fixture
+from tiny_models import P, T, tiny_llama  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random Llama, its eager logits and its full run."""
+    return tiny_llama()
 
 
 @pytest.mark.parametrize("case", range(6))

@@ -11,72 +11,48 @@ a NearTieWarning instead of a failure. Cache sizes must still agree.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 
 import numpy as np
 import pytest
 from matrices import RECIPES, make_attention
-from reference import DEFAULTS, reference_simulate
+from policy_checks import min_budget, policy_cases, valid
+from reference import REFERENCES, reference_simulate
 
 import kvsim
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
-
-# (policy, params). Each variant is exercised on every case family; every registered policy
-# runs with its defaults too (appended below), so a new policy is tested by registering it.
-VARIANTS = [
-    ("full", {}),
-    ("window", {}),
-    ("streaming_llm", {}),
-    ("streaming_llm", {"sinks": 1}),
-    ("streaming_llm", {"sinks": 2}),
-    ("streaming_llm", {"sinks": 0}),
-    ("h2o", {}),
-    ("h2o", {"recent_ratio": 0.0}),
-    ("h2o", {"recent_ratio": 0.25, "normalize": True}),
-    ("h2o", {"normalize": True}),
-    ("h2o", {"accumulate": "full"}),
-    ("h2o", {"recent_ratio": 0.75, "normalize": True, "accumulate": "full"}),
-    ("h2o", {"recent_ratio": 0.0, "accumulate": "full"}),
-    ("h2o_offline", {}),
-    ("h2o_offline", {"recent_ratio": 0.0}),
-    ("h2o_offline", {"recent_ratio": 0.3}),
-    ("snapkv", {}),
-    ("snapkv", {"window": 4, "kernel": 3}),
-    ("snapkv", {"window": 3, "kernel": 5, "pooling": "avg"}),
-    ("snapkv", {"window": 2, "kernel": 1, "pooling": "none"}),
-    ("snapkv", {"window": 6, "kernel": 7, "pooling": "avg"}),
-    ("snapkv", {"window": 1, "kernel": 9, "pooling": "max"}),
-    ("snapkv", {"window": 5, "kernel": 3, "pooling": "none"}),
-    ("tova", {}),
-    ("random", {}),
-    ("oracle", {}),
-]
-VARIANTS += [(name, {}) for name, policy in POLICIES.items()
-             if (name, {}) not in VARIANTS and not policy.needs]  # dense matrices: attention only
-# protect_window=False is only valid with no decode steps (prompt_len == T).
-PREFILL_ONLY_VARIANTS = [
-    ("snapkv", {"window": 32, "kernel": 7, "pooling": "none", "protect_window": False}),
-    ("snapkv", {"window": 4, "kernel": 3, "pooling": "max", "protect_window": False}),
-    ("snapkv", {"window": 3, "kernel": 5, "pooling": "avg", "protect_window": False}),
-    ("snapkv", {"window": 1, "kernel": 1, "pooling": "avg", "protect_window": False}),
-]
 
 
-def variant_id(v):
-    policy, params = v
-    return policy + "".join(f"-{k}={val}" for k, val in params.items())
+def decodes(name, params):
+    """Whether the variant runs decode steps (snapkv without its protected window does not)."""
+    return valid(name, params, 64, 32)
 
 
-def min_budget(policy, params):
-    """Smallest valid budget: one above the policy's fixed parts."""
-    spec = POLICIES[policy]
-    return spec.min_budget(resolve_params(spec, params))
+# Every variant of the table (tests/reference.py) of the policies that need only attention.
+VARIANTS = [tuple(p.values) for p in policy_cases(attention_only=True)]
+ALL_VARIANTS = policy_cases(attention_only=True)
+DECODING = policy_cases(attention_only=True, keep=decodes)
+PREFILL_ONLY = policy_cases(attention_only=True, keep=lambda n, p: not decodes(n, p))
 
 
-def test_every_registered_policy_has_a_reference_with_its_defaults():
+def prompt_for(policy, params, T, P):
+    """``P``, or the whole sequence if the variant does not take ``P``."""
+    return P if valid(policy, params, T, P) else T
+
+
+def test_every_registered_policy_has_a_reference_taking_its_parameters_by_name():
+    """One entry per policy in the table, its rule taking exactly the registry's parameters
+    (by name; the defaults are the registry's)."""
     for name, policy in POLICIES.items():
-        assert DEFAULTS.get(name) == resolve_params(policy, {}), name
+        entry = REFERENCES.get(name)
+        assert entry is not None, f"{name}: no entry in tests/reference.py REFERENCES"
+        signature = list(inspect.signature(entry.rule).parameters.values())
+        named = signature[4 if entry.one_head else 5:]
+        required = {p.name for p in named if p.default is inspect.Parameter.empty}
+        assert required - ({"seed"} if entry.seeded else set()) == set(policy.params), name
+        for params in entry.variants:
+            assert set(params) <= set(policy.params), (name, params)
 
 
 def run_both(attention, policy, params, budget, prompt_len, important=None, seed=0):
@@ -150,6 +126,7 @@ def random_case(variant_index, case_seed, max_T=40):
     T = int(rng.integers(1, max_T + 1))
     kind = rng.random()
     P = 0 if kind < 0.1 else T if kind < 0.2 else int(rng.integers(0, T + 1))
+    P = prompt_for(policy, params, T, P)
     recipe = str(rng.choice(RECIPES))
     A = make_attention(T, recipe, int(rng.integers(2**31)))
     m = min_budget(policy, params)
@@ -167,10 +144,10 @@ N_QUICK_SEEDS = 2
 
 def _random_params():
     out = []
-    for vi, v in enumerate(VARIANTS):
+    for vi, v in enumerate(ALL_VARIANTS):
         for s in range(N_RANDOM_SEEDS):
             marks = [pytest.mark.quick] if s < N_QUICK_SEEDS else []
-            out.append(pytest.param(vi, s, marks=marks, id=f"{variant_id(v)}-s{s}"))
+            out.append(pytest.param(vi, s, marks=marks, id=f"{v.id}-s{s}"))
     return out
 
 
@@ -182,10 +159,9 @@ def test_random_cases(variant_index, case_seed):
     check(A, policy, params, B, P, important, seed, recipe)
 
 
-@pytest.mark.parametrize("variant", PREFILL_ONLY_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("policy, params", PREFILL_ONLY)
 @pytest.mark.parametrize("case_seed", range(6))
-def test_random_prefill_only(variant, case_seed):
-    policy, params = variant
+def test_random_prefill_only(policy, params, case_seed):
     rng = np.random.default_rng([case_seed, 99])
     T = int(rng.integers(1, 41))
     recipe = str(rng.choice(RECIPES))
@@ -197,14 +173,12 @@ def test_random_prefill_only(variant, case_seed):
 
 # ------------------------------------------------------------------ edge cases
 
-ALL_VARIANTS = [pytest.param(v, id=variant_id(v)) for v in VARIANTS]
-QUICK_VARIANTS = [pytest.param(v, id=variant_id(v), marks=pytest.mark.quick) for v in VARIANTS]
+QUICK = [pytest.param(*p.values, id=p.id, marks=pytest.mark.quick) for p in DECODING]
 
 
-@pytest.mark.parametrize("variant", QUICK_VARIANTS)
+@pytest.mark.parametrize("policy, params", QUICK)
 @pytest.mark.parametrize("recipe", ["softmax", "quantised", "onehot"])
-def test_prompt_zero(variant, recipe):
-    policy, params = variant
+def test_prompt_zero(policy, params, recipe):
     T = 14
     A = make_attention(T, recipe, 11)
     m = min_budget(policy, params)
@@ -212,10 +186,9 @@ def test_prompt_zero(variant, recipe):
         check(A, policy, params, B, 0, important=[0, 5, 13], seed=3, recipe=recipe)
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS + [pytest.param(v, id=variant_id(v)) for v in PREFILL_ONLY_VARIANTS])
+@pytest.mark.parametrize("policy, params", ALL_VARIANTS)
 @pytest.mark.parametrize("recipe", ["softmax", "heavy", "sparse_ties"])
-def test_prompt_is_whole_sequence(variant, recipe):
-    policy, params = variant
+def test_prompt_is_whole_sequence(policy, params, recipe):
     m = min_budget(policy, params)
     for T in (1, 9, 37):
         A = make_attention(T, recipe, T)
@@ -223,38 +196,37 @@ def test_prompt_is_whole_sequence(variant, recipe):
             check(A, policy, params, B, T, important=[0, T - 1], seed=5, recipe=recipe)
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_budget_at_least_T(variant):
-    policy, params = variant
+@pytest.mark.parametrize("policy, params", ALL_VARIANTS)
+def test_budget_at_least_T(policy, params):
     m = min_budget(policy, params)
     for T, P in ((10, 4), (12, 0), (8, 8)):
+        if not valid(policy, params, T, P):
+            continue
         A = make_attention(T, "heavy", T + P)
         for B in (max(m, T), max(m, T) + 5):
             check(A, policy, params, B, P, important=[1, T - 2], seed=1, recipe="heavy")
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
-def test_tiny_sequences(variant):
-    policy, params = variant
+@pytest.mark.parametrize("policy, params", ALL_VARIANTS)
+def test_tiny_sequences(policy, params):
     m = min_budget(policy, params)
     for T in (1, 2, 3):
         A = make_attention(T, "softmax", T)
         for P in range(T + 1):
-            for B in (m, m + 1):
+            for B in (m, m + 1) if valid(policy, params, T, P) else ():
                 check(A, policy, params, B, P, important=[T - 1], seed=2, recipe="softmax")
 
 
-@pytest.mark.parametrize("variant", ALL_VARIANTS)
+@pytest.mark.parametrize("policy, params", ALL_VARIANTS)
 @pytest.mark.parametrize("recipe", ["uniform", "quantised", "onehot", "sparse_ties"])
 @pytest.mark.parametrize("mseed", range(3))
-def test_tied_scores(variant, recipe, mseed):
+def test_tied_scores(policy, params, recipe, mseed):
     """Matrices with many exactly equal entries: the tie-break order must agree."""
-    policy, params = variant
     m = min_budget(policy, params)
     rng = np.random.default_rng([mseed, 123])
     T = int(rng.integers(max(m, 6), max(40, m + 1)))
     A = make_attention(T, recipe, mseed)
-    P = int(rng.integers(0, T + 1))
+    P = prompt_for(policy, params, T, int(rng.integers(0, T + 1)))
     for B in (m, m + 3, max(m, T // 3)):
         check(A, policy, params, B, P, important=[0, T // 2, T - 1], seed=mseed, recipe=recipe)
 
@@ -271,14 +243,13 @@ def _exact_tie_matrix(T):
     return A
 
 
-@pytest.mark.parametrize("variant", QUICK_VARIANTS)
-def test_designed_ties(variant):
-    policy, params = variant
+@pytest.mark.parametrize("policy, params", QUICK)
+def test_designed_ties(policy, params):
     m = min_budget(policy, params)
     T = 24
     A = _exact_tie_matrix(T)
     for P in (0, 5, 12, 24):
-        for B in (m, m + 1, m + 4):
+        for B in (m, m + 1, m + 4) if valid(policy, params, T, P) else ():
             check(A, policy, params, B, P, important=[0, 3, 11], seed=0, recipe="designed_ties")
 
 

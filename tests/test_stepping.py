@@ -11,49 +11,52 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from policy_checks import T, check_stepper, qkv_field, steppable
+from policy_checks import T, case_id, check_stepper, policy_cases, qkv_field, steppable
 
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES
 from kvsim.policies.run import resolve_params
 from kvsim.policies.stepping import Stepper
 
-# Extra parameter sets (every registered policy also runs with its defaults).
-VARIANTS = {
-    "streaming_llm": [{"sinks": 1}],
-    "h2o": [{"recent_ratio": 0.0}, {"recent_ratio": 0.25, "normalize": True}],
-    "snapkv": [{"window": 3, "kernel": 3}, {"window": 1, "pooling": "avg"}],
-}
+def stepping(name, params):
+    """Whether the variant runs one step at a time here (decode steps from P = 0)."""
+    params = resolve_params(POLICIES[name], params)
+    return steppable(name, params) and POLICIES[name].check(T, 0, params) is None
 
 
-def cases():
-    for name, policy in POLICIES.items():
-        for raw in [{}] + VARIANTS.get(name, []):
-            params = resolve_params(policy, raw)
-            if steppable(name, params) and policy.check(T, 0, params) is None:
-                yield pytest.param(name, params, id=f"{name}-{raw}".replace(" ", ""))
+# (query heads, KV heads, gqa, field seed, prompt lengths, budgets above the floor m)
+GROUPS = [(2, 2, "mean", 6, (0, 1, 11, T), lambda m: (m, m + 3, T - 2)),
+          (4, 2, "mean", 8, (0, 1, 11, T), lambda m: (m, m + 3, T - 2)),
+          (4, 2, "max", 7, (0, 1, 11, T), lambda m: (m, m + 3, T - 2)),
+          (6, 2, "sum", 9, (0, 1, 11, T), lambda m: (m, m + 3, T - 2)),
+          (2, 2, "mean", 7, (0, 7, T), lambda m: (m, m + 2, max(m, T - 3))),
+          (6, 2, "max", 10, (0, 7, T), lambda m: (m, m + 2, max(m, T - 3))),
+          (4, 2, "sum", 8, (0, 7, T), lambda m: (m, m + 2, max(m, T - 3)))]
 
 
-@pytest.mark.parametrize("name, params", list(cases()))
+@pytest.mark.parametrize("name, params", policy_cases(keep=stepping))
 def test_stepper_reproduces_the_simulator(name, params):
+    """Every variant of the table, on single heads and GQA groups, at P = 0, P = T and in
+    between, at the policy's smallest budget and above."""
     policy = POLICIES[name]
+    params = resolve_params(policy, params)
+    floor = policy.min_budget(params)
     compared = 0
-    for heads, kv_heads, gqa in [(2, 2, "mean"), (4, 2, "mean"), (4, 2, "max"), (6, 2, "sum")]:
-        field = qkv_field(heads, kv_heads, seed=heads + len(gqa))
-        floor = policy.min_budget(params)
-        for P in (0, 1, 11, T):
+    for heads, kv_heads, gqa, seed, prompts, budgets in GROUPS:
+        field = qkv_field(heads, kv_heads, seed=seed)
+        for P in prompts:
             if policy.check(T, P, params) is not None:
                 continue
-            for budget in (floor, floor + 3, T - 2):
+            for budget in sorted(set(budgets(floor))):
                 if budget < floor:
                     continue
                 for kv in range(kv_heads):
                     check_stepper(name, params, field, kv, P, budget, gqa)
                     compared += 1
-    assert compared >= 4 * 4 * 2
+    assert compared >= 7 * 2 * 2
 
 
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", [pytest.param(n, id=case_id(n, {})) for n in POLICIES])
 def test_unsteppable_policies_say_why_in_one_line(name):
     policy = POLICIES[name]
     params = resolve_params(policy, {})

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fake_capture import fake_capture
 
 from kvsim.attention import trace_cache
 from kvsim.scenario.load import load_scenario
 from kvsim.tools import capture
-from test_allocation import _fake_capture
 
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(capture, "capture", _fake_capture(calls))
+    monkeypatch.setattr(capture, "capture", fake_capture(calls))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(trace_cache, "_UNCACHED", {})
     (tmp_path / "model").mkdir()

@@ -125,7 +125,13 @@ def run_policy(policy: Policy, group: Group, budget: int, params: dict,
 def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
                 source: str = "this attention source") -> list[Trace]:
     """:func:`run_policy` at several budgets, sharing work where the policy can; ``source``
-    describes the attention source in the error if the policy needs what it lacks."""
+    describes the attention source in the error if the policy needs what it lacks. A budget
+    below the policy's minimum is a one-line :class:`KvsimError` (its kernel would write
+    out of bounds)."""
+    for budget in budgets:
+        problem = budget_problem(policy, budget, params)
+        if problem:
+            raise KvsimError(problem, "budget")
     check_source(policy, group, source)
     if settings.is_neutral(settings.split(params)[1]):
         traces = policy.run_all(group, [int(b) for b in budgets], params)

@@ -13,6 +13,7 @@ from kvsim.report.lock import replace_folder
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.closed_loop.run import FULL, Series
+from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
 
 TARGETS = {"kl": "closed-loop KL", "delta_nll": "closed-loop ΔNLL"}
 NAMES = {"mass_mean": "mean mass", "mass_min": "minimum mass (over steps)",
@@ -155,12 +156,6 @@ def _caches(facts: dict) -> str:
             "the stock model does, under every policy")
 
 
-def _load(facts: dict) -> str:
-    """The machine's load average at the end of the run (1 and 15 minutes), in words."""
-    one, _, fifteen = facts["load_average"]
-    return f"{one:.1f} over the last minute and {fifteen:.1f} over 15 minutes, at the end"
-
-
 def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts: dict,
               figures: list[str]) -> str:
     policy_rows = [r for r in rows if r["policy"] != FULL]
@@ -177,11 +172,8 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         f"ρ = {mean['rho']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}]: "
         f"{_verdict(best['rho'], within)}.")
     lines += ["", f"{cfg.description}".strip(), ""] if cfg.description else [""]
-    minutes = facts["wall_seconds"] / 60
-    commit = f"commit `{facts['commit']}`" if facts.get("commit") else "no git checkout"
     lines += [
-        f"- command: `{facts.get('command', 'kvsim.tools.closed_loop.command.closed_loop_report(...)')}`",
-        f"- kvsim {facts.get('kvsim', '?')}, {commit}; {facts.get('date', '')}",
+        *version_lines(facts),
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
         f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "
@@ -194,10 +186,8 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         f"- Full-cache reference decoded the same way: mean KL {_fmt(rows[0]['kl'])} per step "
         f"(numerical floor: float32 attention over the whole cache versus the full prefill "
         f"pass), NLL {rows[0]['nll']:.4f} nats per token.",
-        f"- Wall time: {facts['wall_seconds']:.0f} s ({minutes:.1f} min) for the whole command "
-        f"(model load, full run, open loop, {n} closed-loop runs), on {facts['cores']} cores "
-        f"with {facts['workers']} worker process{'es' if facts['workers'] > 1 else ''} and "
-        f"torch on one thread each; load average {_load(facts)}.",
+        f"- Wall time: "
+        f"{machine_words(facts, f'model load, full run, open loop, {n} closed-loop runs')}.",
         "", "## Which open-loop metric predicts the model?", "",
         "Spearman ρ between each open-loop metric (oriented so that larger predicts more "
         "damage) and the closed-loop mean KL or ΔNLL, over every policy × budget run; 95% "
@@ -225,8 +215,7 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         lines.append(f"| {r['policy']} | {r['budget']} | {r['mass_mean']:.4f} | "
                      f"{r['mass_min']:.4f} | {r['output_error']:.4f} | {_fmt(r['kl'])} | "
                      f"{r['delta_nll']:+.4f} |")
-    lines += ["", "## Figures", ""]
-    lines += [f"![{f}]({f})" for f in figures if f.endswith((".png", ".svg"))]
+    lines += figure_lines(figures)
     lines += ["", "Files: `results.csv` (this table, every metric), `steps.csv` (per decode "
               "step: KL, NLL, open-loop mass), `predictors.csv` (ρ and intervals), "
               "`closed_loop.json` (settings, layer weights, wall time).", ""]
@@ -252,11 +241,8 @@ def _write_files(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict],
              for s in series for i in range(s.kl.shape[0])]
     _csv(tmp / "steps.csv", steps)
     figures = _figures(cfg, series, rows, tmp)
-    settings = {k: (str(v) if isinstance(v, Path) else v)
-                for k, v in vars(cfg).items() if k not in ("policies", "path")}
-    settings["model"] = cfg.model.name
+    settings = settings_of(cfg)
     settings["text"] = cfg.text.name
-    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
     info = {"settings": settings, **{k: v for k, v in facts.items() if k != "token_ids"},
             "token_ids_sha256": facts["token_ids_sha256"]}
     (tmp / "closed_loop.json").write_text(json.dumps(info, indent=1, default=str) + "\n")

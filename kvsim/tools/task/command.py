@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from kvsim._version import __version__
 from kvsim.errors import KvsimError
-from kvsim.report.lock import ReportLock, clean_leftovers, replace_folder
-from kvsim.report.writer import check_study_out, git_commit
+from kvsim.report.lock import replace_folder
+from kvsim.report.writer import check_study_out
+from kvsim.tools.study import write_study
 from kvsim.tools.task.config import TaskConfig, load_config
 
 _FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
@@ -67,13 +64,7 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
     """Run a task file and write its report (default ``reports/<name>/``); the trials run on
     ``workers`` forked processes. Returns the report folder."""
 
-    start, started = time.perf_counter(), time.time()
-    cfg = load_config(path)  # every problem before torch is imported
-    out = Path("reports") / cfg.name if out is None else Path(out)
-    check_task_out(out, force, cfg.name)
-    with ReportLock(out):
-        clean_leftovers(out, keep_units=False)
-        note = check_task_out(out, force, cfg.name)
+    def work(cfg: TaskConfig, out: Path, provenance) -> None:
         import torch
 
         from kvsim.tools.capture import load_model
@@ -89,11 +80,7 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
         from kvsim.tools.closed_loop.model import prefill
 
         probe = prefill(net, np.zeros(2, np.int64), logits_to_keep=1)  # each layer's geometry
-        facts = {"command": command or f"kvsim task {path}", "kvsim": __version__,
-                 "commit": git_commit(),
-                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-                 "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
-                 "workers": workers, "load_average": os.getloadavg(),
+        facts = {**provenance(),
                  "layers": net.config.num_hidden_layers,
                  "heads": net.config.num_attention_heads,
                  "kv_heads": net.config.num_key_value_heads,
@@ -104,6 +91,6 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
         from kvsim.tools.task.report import write_files
 
         replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
-    if note:
-        print(note, file=sys.stderr)
-    return out
+
+    return write_study(path, out, force, command or f"kvsim task {path}", workers,
+                       load_config, check_task_out, work)

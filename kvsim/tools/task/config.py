@@ -13,11 +13,10 @@ from pathlib import Path
 from kvsim.errors import ScenarioError
 from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS
-from kvsim.scenario.load import (PolicyConfig, _Checker, _is_int,
-                                 read_document, read_name)
+from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools.closed_loop.config import (MODEL_SETTINGS, read_model, read_output,
-                                            read_steppable_policies)
+from kvsim.tools.study import (MODEL_SETTINGS, read_focus, read_model, read_output,
+                               read_steppable_policies, read_study_file)
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
 FILLERS = ("seeded", *SHIPPED)
@@ -103,15 +102,7 @@ def _compress(chk: _Checker, raw) -> list[str]:
 
 def load_config(path: str | Path) -> TaskConfig:
     """Read and validate a task file; problems raise :class:`ScenarioError`."""
-    path = Path(path)
-    doc = read_document(path)
-    chk = _Checker(path)
-    chk.unknown_keys(doc, TOP_KEYS, "")
-    name, description = read_name(chk, doc, path)
-    table = chk.table(doc, "task", "task")
-    if "task" not in doc:
-        chk.add("task", "expected a [task] table")
-    table = table if isinstance(table, dict) else {}
+    path, doc, chk, name, description, table = read_study_file(path, "task", TOP_KEYS)
     s = chk.params(table, SETTINGS, "task.", skip=LISTS)
     lengths = _int_list(chk, table.get("lengths"), "task.lengths", MIN_LENGTH)
     depths = _depths(chk, table.get("depths"))
@@ -127,11 +118,7 @@ def load_config(path: str | Path) -> TaskConfig:
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
                                       bool(lengths) and "answer_tokens" in s)
-    focus = s.get("focus_budget", 0)
-    if focus and budgets and focus not in budgets:
-        chk.add("task.focus_budget", f"expected one of the budgets {budgets}, got {focus}")
-    elif not focus and budgets:
-        focus = budgets[min(1, len(budgets) - 1)]
+    focus = read_focus(chk, "task.focus_budget", s.get("focus_budget", 0), budgets)
     formats, dpi = read_output(chk, doc)
     if chk.problems:
         raise ScenarioError(chk.problems)

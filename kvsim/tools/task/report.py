@@ -17,6 +17,7 @@ import numpy as np
 
 from kvsim.tools.closed_loop.metrics import spearman_ci
 from kvsim.tools.closed_loop.report import _caches, _csv, _layers
+from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.run import FULL
 
@@ -271,15 +272,9 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
-    one, _, fifteen = facts["load_average"]
     lines += [
-        f"- command: `{facts['command']}`",
-        f"- kvsim {facts['kvsim']}, {facts['commit'] or 'no git checkout'}; "
-        f"{facts['date']}; wall time {facts['wall_seconds']:.0f} s "
-        f"({facts['wall_seconds'] / 60:.1f} min) for the whole command, on {facts['cores']} "
-        f"cores with {facts['workers']} worker process{'es' if facts['workers'] > 1 else ''} "
-        f"(torch on one thread each); load average {one:.1f} over the last minute and "
-        f"{fifteen:.1f} over 15 minutes, at the end",
+        *version_lines(facts),
+        f"- wall time {machine_words(facts)}",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
         f"KV heads. {_caches(facts)} (GQA `{cfg.gqa}`)."
@@ -338,8 +333,7 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
                      f"{rho(q['kept_needle_mass'])} | {logistic(q['logistic'])} | "
                      f"{share(q['rule_accuracy'])} | "
                      f"{share(q['answered_if_retained'])} | {share(q['failed_if_lost'])} |")
-    lines += ["", "## Figures", ""]
-    lines += [f"![{f}]({f})" for f in figures if f.endswith((".png", ".svg"))]
+    lines += figure_lines(figures)
     lines += ["", "Files: `results.csv` (one row per trial × policy × budget × protocol, with "
               "the answer and the prediction columns), `accuracy.csv` (the tables above), "
               "`task.json` (settings and facts).", ""]
@@ -353,10 +347,7 @@ def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) ->
     _csv(folder / "results.csv", rows)
     _csv(folder / "accuracy.csv", acc)
     figures = _figures(cfg, rows, acc, quality, folder)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
-                if k not in ("policies", "path")}
-    settings["model"] = cfg.model.name
-    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
+    settings = settings_of(cfg)
     info = {"settings": settings, "facts": facts,
             "prediction": [{k: v for k, v in q.items()} for q in quality]}
     (folder / "task.json").write_text(json.dumps(info, indent=1, default=str) + "\n")

