@@ -91,10 +91,10 @@ class Group:
             _lock=threading.Lock()) for kv in range(self.field.heads // G)]
 
     def shared(self, key: tuple, compute: Callable[[], object]):
-        """A value derived from this KV head's prompt alone (not from the budget), computed
-        once for every group sharing the memo (each policy and budget of the head):
-        ``compute()`` the first time ``key`` is asked for."""
-        full = ("shared", self.kv_head, self.prompt_len, *key)
+        """A value derived from this KV head's prompt and GQA mode alone (not from the
+        budget), computed once for every group sharing the memo (each policy and budget of
+        the head): ``compute()`` the first time ``key`` is asked for."""
+        full = ("shared", self.kv_head, self.prompt_len, self.gqa, *key)
         if full not in self.memo:
             self.memo.setdefault(full, compute())
         return self.memo[full]

@@ -59,23 +59,29 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-def _start(prompt: Group, budget: int, params: dict, T: int):
+def _prompt_scores(prompt: Group) -> np.ndarray:
+    """(P,) each prompt key's score from the last prompt query's full attention and full
+    output."""
     P, values = prompt.prompt_len, prompt.values
-    state = State(values, np.zeros(budget), np.zeros(T, np.int64),
+    if P == 0:
+        return np.zeros(0)
+    positions = np.arange(P)
+    per_head = []
+    for row in head_rows(prompt, P - 1):
+        output = np.zeros(values.shape[1])
+        for k in range(P):  # o = sum_k p_k v_k, in position order
+            output += row[k] * values[k].astype(np.float64)
+        scores = np.zeros(P)
+        head_scores(row, 1.0, positions, P, values, output, scores)
+        per_head.append(scores)
+    return prompt.combine(per_head)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    state = State(prompt.values, np.zeros(budget), np.zeros(T, np.int64),
                   np.zeros((len(prompt.heads), budget)), prompt.gqa)
-    score = np.zeros(P)
-    if P > 0:  # the last prompt query's full attention and full output
-        positions = np.arange(P)
-        per_head = []
-        for row in head_rows(prompt, P - 1):
-            output = np.zeros(values.shape[1])
-            for k in range(P):  # o = sum_k p_k v_k, in position order
-                output += row[k] * values[k].astype(np.float64)
-            scores = np.zeros(P)
-            head_scores(row, 1.0, positions, P, values, output, scores)
-            per_head.append(scores)
-        score = prompt.combine(per_head)
-    kept = kernels.top_ranked(score, 0, P, budget)
+    score = prompt.shared(("caote",), lambda: _prompt_scores(prompt))  # any budget's
+    kept = kernels.top_ranked(score, 0, prompt.prompt_len, budget)
     state.score[:len(kept)], state.slot_of[kept] = score[kept], np.arange(len(kept))
     return kept, state
 

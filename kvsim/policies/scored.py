@@ -84,7 +84,8 @@ def start(score: Score, prompt: Group, budget: int, params: dict, T: int,
     P = prompt.prompt_len
     known = T if prompt.T >= T else P
     static = np.zeros(T)
-    static[:known] = score(prompt, 0, known, params)
+    static[:known] = prompt.shared((score, known, *sorted(params.items())),  # any budget's
+                                   lambda: score(prompt, 0, known, params))
     kept = prefill(P, budget, recent, static[:P])
     state = State(static, np.zeros(budget), np.zeros(T, np.int64), recent)
     state.score[:len(kept)], state.slot_of[kept] = static[kept], np.arange(len(kept))

@@ -265,6 +265,11 @@ def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
             f"{rule['runs']} compressed runs).")
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one (``1 KV head``, ``3 KV heads``)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
              facts: dict, figures: list[str]) -> str:
     """The report's text."""
@@ -276,8 +281,8 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         *version_lines(facts),
         f"- wall time {machine_words(facts)}",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV heads. {_caches(facts)} (GQA `{cfg.gqa}`)."
+        f"{_layers(facts)}, {facts['heads']} query heads sharing "
+        f"{_count(facts['kv_heads'], 'KV head')}. {_caches(facts)} (GQA `{cfg.gqa}`)."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
         f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
