@@ -186,6 +186,7 @@ from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, prefill, 
                                            stores)
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
+from tiny_models import Watched  # noqa: E402
 
 N = 160
 
@@ -247,28 +248,6 @@ def test_full_cache_generation_equals_model_generate(tiny):
     assert peak[0] == N + 7
 
 
-class Watched:
-    """A stepper that checks its budget at every admit, and that no question key evicts."""
-
-    def __init__(self, inner, budget: int, question: range, log: list):
-        self.inner, self.budget, self.question, self.log = inner, budget, question, log
-
-    @property
-    def cache(self):
-        return self.inner.cache
-
-    def admit(self, t):
-        evicted = self.inner.admit(t)
-        assert len(self.inner.cache) <= self.budget and t in self.inner.cache
-        if t in self.question:
-            assert evicted == -1, t
-        self.log.append(len(self.inner.cache))
-        return evicted
-
-    def observe(self, attention, output=None):
-        self.inner.observe(attention, output)
-
-
 @pytest.mark.parametrize("protocol", ["before_question", "after_question"])
 def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
     net, prompt, _, _ = tiny
@@ -279,8 +258,8 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
     assert caches.free == (Q if protocol == "before_question" else 0)
     log: list = []
     question = range(N - Q, N) if protocol == "before_question" else range(0)
-    caches.steppers = [[[Watched(s, int(caches.budgets[c]), question, log) for s in per_kv]
-                        for per_kv in per_layer]
+    caches.steppers = [[[Watched(s, int(caches.budgets[c]), layer, log, question)
+                         for s in per_kv] for layer, per_kv in enumerate(per_layer)]
                        for c, per_layer in enumerate(caches.steppers)]
     tokens, peak = task_run.answer(net, full, caches, 8)
     L, H_kv = full.keys.shape[:2]
@@ -528,8 +507,8 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
         question = range(N - prompt.question_len, N) if protocol == "before_question" \
             else range(0)
         caches.steppers = [[[None if s is None else Watched(s, int(caches.budgets[c]),
-                                                            question, log) for s in per_kv]
-                            for per_kv in per_layer]
+                                                            layer, log, question)
+                             for s in per_kv] for layer, per_kv in enumerate(per_layer)]
                            for c, per_layer in enumerate(caches.steppers)]
         _, peak = task_run.answer(net, full, caches, 8)
         assert len(log) == len(caches.runs) * 2 * (caches.free + 7)  # 2 global layers

@@ -48,10 +48,12 @@ def tiny_gemma(window: int = WINDOW):
 
 
 class Watched:
-    """A policy that checks, at every step, its budget and what the model lets it observe."""
+    """A policy that checks, at every step, its budget and what the model lets it observe,
+    and that no token of ``question`` evicts (they join without eviction)."""
 
-    def __init__(self, inner, budget: int, layer: int, log: list):
+    def __init__(self, inner, budget: int, layer: int, log: list, question: range = range(0)):
         self.inner, self.budget, self.layer, self.log = inner, budget, layer, log
+        self.question = question
 
     @property
     def cache(self):
@@ -60,6 +62,8 @@ class Watched:
     def admit(self, t):
         evicted = self.inner.admit(t)
         assert len(self.inner.cache) <= self.budget and t in self.inner.cache
+        if t in self.question:
+            assert evicted == -1, t
         return evicted
 
     def observe(self, attention, output=None):
