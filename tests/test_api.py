@@ -186,7 +186,7 @@ def test_a_spec_gives_the_report_of_the_same_scenario(tmp_path):
                     'alpha = 0.8\n[attention.heavy_hitters]\ncount = 6\nstrength = 6.0\n'
                     '[policies.h2o]\n[policies.window]\n[policies.random]\n[[experiment]]\nname = "decode"\n'
                     'prompt_len = 200\nbudgets = [16, 48]\n[output]\nformats = ["png"]\n')
-    out = kvsim.run(toml, tmp_path / "report", workers=1)
+    out = kvsim.run(toml, tmp_path / "s", workers=1)  # named as the scenario: the same titles
     report = kvsim.load_report(out)
     res = kvsim.simulate(kvsim.Attention.from_spec(spec), policies=["h2o", "window", "random"],
                          budgets=[16, 48], prompt_len=200, seeds=[0, 1])
@@ -197,10 +197,12 @@ def test_a_spec_gives_the_report_of_the_same_scenario(tmp_path):
             assert a[col] == pytest.approx(b[col], rel=1e-11, nan_ok=True), col
     assert np.array_equal(report.mass("h2o", 16), res.mass("h2o", 16))
     assert report.kept("h2o", 48).shape[1] == 48  # the report's snapshots at its focus budget
-    with open(tmp_path / "report" / "results.csv", newline="") as f:
+    with open(out / "results.csv", newline="") as f:
         assert f.read() == report.to_csv()  # rows read back as the run wrote them
     paths = report.plot("mass_over_time", tmp_path / "figs", formats=("png", "svg"))
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 0 for p in paths)
+    # The figure drawn from the rows read back is the report's own, byte for byte.
+    assert paths[0].read_bytes() == (out / "decode_mass_over_time.png").read_bytes()
     pytest.importorskip("pandas")
     frame = report.to_pandas()
     assert list(frame.columns) == list(report.rows[0]) and len(frame) == len(report.rows)

@@ -51,7 +51,7 @@ def test_a_policy_keeps_its_colour_whatever_else_is_drawn():
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 9, 14])
 def test_panels_wrap_at_three_a_row_within_page_width(n):
     scenario = kvsim.load_scenario("scenarios/seed_notebook.toml")
-    fig, axes, layout = plotting.grid(n, scenario, max_cols=8)
+    fig, axes, layout = plotting.grid(n, plotting.figure_context(scenario), max_cols=8)
     labels = [f"policy {i}" for i in range(n)]
     layout.finish(fig, "title", [matplotlib.lines.Line2D([], [])] * n, labels,
                   colorbar=None)

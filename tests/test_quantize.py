@@ -161,7 +161,8 @@ def test_a_quantised_experiment_runs_and_reports_bytes(tmp_path):
     rows = simulate_scenario(scenario, progress=False, workers=1).rows
     assert rows and all(r["kv_bits"] == 4 and 0 < r["mass_mean"] <= 1 for r in rows)
     assert all(r["bytes_peak"] <= 2 * 16 * 128 for r in rows)
-    png, = [p for p in bytes_figure.mass_vs_bytes(scenario, rows, Target(tmp_path, ""))
+    ctx = plotting.figure_context(scenario)
+    png, = [p for p in bytes_figure.mass_vs_bytes(ctx, rows, Target(tmp_path, ""))
             if p.suffix == ".png"]
     width = int.from_bytes(png.read_bytes()[16:20], "big")  # the PNG header's width
     assert 0 < width <= plotting.MAX_WIDTH_PX

@@ -315,10 +315,10 @@ def test_heads_can_be_named(path):
     named = SCENARIO.replace("[attention.recency]", '[[attention.head]]\nname = "local"\n'
                              '[[attention.head]]\nname = "heavy"\n[attention.recency]')
     path.write_text(named)
-    from kvsim.report.plotting import head_label
+    from kvsim.report.plotting import figure_context, head_label
     s = kvsim.load_scenario(path)
-    assert [head_label(s, h) for h in (0, 1)] == ["head 0 (local), KV head 0",
-                                                 "head 1 (heavy), KV head 0"]
+    assert [head_label(figure_context(s), h) for h in (0, 1)] == [
+        "head 0 (local), KV head 0", "head 1 (heavy), KV head 0"]
     path.write_text(named.replace('"heavy"', "3"))
     with pytest.raises(kvsim.ScenarioError, match=r"attention.head\[1\].name: expected a string"):
         kvsim.load_scenario(path)

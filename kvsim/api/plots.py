@@ -1,7 +1,8 @@
 """Draw the report's figures from :class:`~kvsim.api.results.Results`.
 
-A thin adapter: it rebuilds the few scenario facts the figure functions of
-:mod:`kvsim.report.figures` read (name, T, budgets, policies, formats) from the rows.
+A thin adapter: it reads what the figure functions of :mod:`kvsim.report.figures` need (a
+:class:`~kvsim.report.plotting.FigureContext` and the experiment's budgets and policies)
+from the rows.
 """
 
 from __future__ import annotations
@@ -13,8 +14,19 @@ import numpy as np
 from kvsim.engine.records import ExperimentSteps
 from kvsim.errors import KvsimError
 from kvsim.report import figures
-from kvsim.report.plotting import available, missing
-from kvsim.scenario.load import FORMATS, Experiment, PolicyConfig, Scenario
+from kvsim.report.plotting import FigureContext, available, missing
+from kvsim.scenario.load import FORMATS, Experiment, PolicyConfig
+
+
+def results_context(name: str, rows: list[dict], exp: Experiment, formats: tuple[str, ...],
+                    dpi: int) -> FigureContext:
+    """The figures' view of one experiment's ``rows`` of results ``name``: what the rows
+    hold, without head names (results do not keep them)."""
+    return FigureContext(name, rows[0]["T"], tuple(dict.fromkeys(r["seed"] for r in rows)),
+                         max(r["head"] for r in rows) + 1, max(r["kv_head"] for r in rows) + 1,
+                         (), any(not np.isnan(r["final_recall"]) for r in rows),
+                         len({r.get("layer") for r in rows}),  # simulate's rows: one layer
+                         (exp,), formats, dpi)
 
 
 def draw(results, figure: str, out: Path | None, experiment: str, formats: tuple[str, ...],
@@ -27,7 +39,6 @@ def draw(results, figure: str, out: Path | None, experiment: str, formats: tuple
         raise KvsimError(f"formats: expected some of {', '.join(FORMATS)}, got {formats!r}")
     rows, arrays, (snap_steps, snapshots), focus = results.part(experiment)
     first = rows[0]
-    has_truth = any(not np.isnan(r["final_recall"]) for r in rows)
     if figure == "allocation":
         raise KvsimError("figure: 'allocation' needs per-head caps from a scenario run "
                          "(allocation = \"ada\" or \"pyramid\"); simulate runs budget B")
@@ -40,22 +51,18 @@ def draw(results, figure: str, out: Path | None, experiment: str, formats: tuple
     exp = Experiment(experiment, first["prompt_len"], budgets, budgets,
                      tuple(PolicyConfig(label, kinds[label], {}) for label in labels),
                      (figure,), focus, (focus,))
-    seeds = tuple(dict.fromkeys(r["seed"] for r in rows))
-    heads = max(r["head"] for r in rows) + 1
-    scenario = Scenario(Path(out or ".") / results.name, results.name, "", seeds, "api", {}, first["T"],
-                        heads, max(r["kv_head"] for r in rows) + 1, "mean", has_truth, (exp,),
-                        formats, dpi)
+    ctx = results_context(results.name, rows, exp, formats, dpi)
     units = arrays["mass"].shape[0]
     steps = ExperimentSteps(list(arrays["mass"]), list(arrays["cache_size"]),
                             list(arrays["recall"]), list(arrays["error"]),
                             [np.zeros(0, np.int64)] * units, snap_steps, snapshots)
-    lacking = missing(figures.FIGURES[figure], available(scenario, exp, rows))
+    lacking = missing(figures.FIGURES[figure], available(ctx, exp, rows))
     if lacking:
         raise KvsimError(f"figure: {figure!r} needs {lacking[0].describe()}")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    drawn = figures.FIGURES[figure].draw(scenario, exp, rows, steps,
-                                         figures.policy_colors(scenario), figures.Target(out))
+    drawn = figures.FIGURES[figure].draw(ctx, exp, rows, steps, figures.policy_colors(ctx),
+                                         figures.Target(out))
     if not drawn:
         raise KvsimError(f"figure: {figure!r} has nothing to draw in experiment {experiment!r}")
     return drawn if out is not None else drawn[0]

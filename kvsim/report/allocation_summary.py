@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.scenario.load import Scenario
+from kvsim.scenario.load import Experiment, Scenario
 
 RULE_NAMES = {"ada": "AdaKV", "pyramid": "PyramidKV"}
 
@@ -22,18 +22,19 @@ class Pair:
     other: float
 
 
-def compare(scenario: Scenario, rows: list[dict]) -> list[Pair]:
-    """Every (allocation, policy, budget) an experiment shares with a ``uniform`` one of the
-    same prompt length; mass = mean of ``mass_mean`` over seeds, layers and query heads."""
+def compare(experiments: tuple[Experiment, ...], T: int, rows: list[dict]) -> list[Pair]:
+    """Every (allocation, policy, budget) an experiment with decode steps (prompt length
+    below ``T``) shares with a ``uniform`` one of the same prompt length; mass = mean of
+    ``mass_mean`` over seeds, layers and query heads."""
     def mean_mass(exp_name: str, label: str, budget: int) -> float:
         return float(np.mean([r["mass_mean"] for r in rows if r["experiment"] == exp_name
                               and r["policy"] == label and r["budget"] == budget]))
 
     pairs = []
-    for exp in scenario.experiments:
-        base = next((e for e in scenario.experiments if e.allocation == "uniform"
+    for exp in experiments:
+        base = next((e for e in experiments if e.allocation == "uniform"
                      and e.prompt_len == exp.prompt_len), None)
-        if exp.allocation == "uniform" or base is None or exp.prompt_len == scenario.T:
+        if exp.allocation == "uniform" or base is None or exp.prompt_len == T:
             continue
         labels = {p.label for p in base.policies}
         for p in exp.policies:
@@ -54,7 +55,7 @@ def _where(pairs: list[Pair]) -> str:
 
 def lines(scenario: Scenario, rows: list[dict]) -> list[str]:
     """The opening sentence (from the numbers) and a table of every pair; none without pairs."""
-    pairs = compare(scenario, rows)
+    pairs = compare(scenario.experiments, scenario.T, rows)
     if not pairs:
         return []
     verdicts, shortfalls = [], []

@@ -11,8 +11,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from kvsim.report.figures import CROWDED
-from kvsim.report.plotting import MARKERS, Target, color_map, grid, save
-from kvsim.scenario.load import Scenario
+from kvsim.report.plotting import MARKERS, FigureContext, Target, color_map, grid, save
+from kvsim.scenario.load import Experiment, Scenario
 
 STYLES = ("-", "--", ":", "-.")
 
@@ -37,27 +37,27 @@ def curves(rows: list[dict]) -> dict:
     return {k: sorted(set(v)) for k, v in out.items()}
 
 
-def mass_vs_bytes(scenario: Scenario, rows: list[dict], out: Target) -> list[Path]:
+def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Path]:
     """Two panels against the bytes of a KV head's cache (log axis): the mass kept (``1 -
     mass`` on a log axis when masses crowd near 1) and the output error (log)."""
-    if not any(e.quantize for e in scenario.experiments):
+    if not any(e.quantize for e in ctx.experiments):
         return []
     lines = curves(rows)
     if not lines:
         return []
-    exps = [e for e in scenario.experiments if any(k[0] == e.name for k in lines)]
+    exps = [e for e in ctx.experiments if any(k[0] == e.name for k in lines)]
     style = {e.name: STYLES[i % len(STYLES)] for i, e in enumerate(exps)}
     policies = list(dict.fromkeys(k[1] for k in lines))
     colors = color_map(policies)
     markers = {p: MARKERS[i % len(MARKERS)] for i, p in enumerate(policies)}
     loss = any(m > CROWDED for (e, p), pts in lines.items() for _, m, _ in pts
-               if not (p == "full" and e in _exact(scenario)))
-    fig, axes, layout = grid(2, scenario, panel=(4.2, 3.0))
+               if not (p == "full" and e in _exact(ctx.experiments)))
+    fig, axes, layout = grid(2, ctx, panel=(4.2, 3.0))
     bits = {e.name: e.quantize.bits for e in exps if e.quantize}
     for (exp, policy), pts in lines.items():
         b, m, err = (np.array(x) for x in zip(*pts))
         b = b / 1024
-        exact_full = policy == "full" and exp in _exact(scenario)
+        exact_full = policy == "full" and exp in _exact(ctx.experiments)
         kw = dict(color=colors[policy], ls=style[exp], marker=markers[policy], lw=1.3, ms=4)
         if exact_full:  # 16-bit full: mass 1 and rounding-level error, named instead
             continue
@@ -90,21 +90,21 @@ def mass_vs_bytes(scenario: Scenario, rows: list[dict], out: Target) -> list[Pat
     labels += [f"{e.name}: {storage_label(e)}" for e in exps]
     exact = [e for e in exps if e.quantize is None]
     note = "; full at 16 bits (mass 1) not drawn" if exact else ""
-    layout.finish(fig, f"{scenario.name}: evict or quantise, at equal bytes\nmean over "
+    layout.finish(fig, f"{ctx.name}: evict or quantise, at equal bytes\nmean over "
                        f"steps, layers, heads and seeds; one point per budget{note}",
                   handles, labels)
-    return save(fig, out, "mass_vs_bytes", scenario)
+    return save(fig, out, "mass_vs_bytes", ctx)
 
 
-def _exact(scenario: Scenario) -> set[str]:
-    return {e.name for e in scenario.experiments if e.quantize is None}
+def _exact(experiments: tuple[Experiment, ...]) -> set[str]:
+    return {e.name for e in experiments if e.quantize is None}
 
 
 def summary_lines(scenario: Scenario, rows: list[dict]) -> list[str]:
     """For each quantised experiment's ``full`` run: its bytes and mass, beside the best
     mass any 16-bit evicting run reaches within those bytes."""
     lines = curves(rows)
-    exact = _exact(scenario)
+    exact = _exact(scenario.experiments)
     out = []
     for exp in scenario.experiments:
         if exp.quantize is None or not exact:

@@ -1,9 +1,9 @@
 """Report figures, drawn from a run's tidy rows and per-step series (matplotlib, Agg).
 
 Each experiment figure is registered with the data it needs (:class:`Needs`); the writer
-draws the ones a scenario asks for, or every one whose needs the results meet. Statistics
-are per head (never pooled over heads): lines are means over seeds, bands the range over
-seeds.
+draws the ones a scenario asks for, or every one whose needs the results meet. Figures read
+the run through a :class:`FigureContext`, never the scenario itself. Statistics are per head
+(never pooled over heads): lines are means over seeds, bands the range over seeds.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
 
 from kvsim.report import allocation_summary
-from kvsim.report.plotting import (FIGURES, MARKERS, Curves, Needs, Target, check, color_map,
-                                   draw_lines, figure, grid, head_label, policy_colors,
-                                   policy_markers, save, select)
+from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
+                                   color_map, draw_lines, figure, figure_context, grid,
+                                   head_label, policy_colors, policy_markers, save, select)
 from kvsim.report.stats import plural, rolling_mean
-from kvsim.scenario.load import Experiment, Scenario
+from kvsim.scenario.load import Experiment
 
-__all__ = ["FIGURES", "Needs", "Target", "check", "field_figures", "policy_colors", "select"]
+__all__ = ["FIGURES", "FigureContext", "Needs", "Target", "check", "field_figures", "figure_context",
+           "policy_colors", "select"]
 
 RASTER_BINS = 256
 SINK_STRIP = 0.05  # height of the enlarged first-bin strip of the kept raster, as a share of T
@@ -43,8 +44,8 @@ def _per_head(rows: list[dict], metric: str) -> dict:
     return out
 
 
-def _seeds_note(scenario: Scenario) -> str:
-    n = len(scenario.seeds)
+def _seeds_note(ctx: FigureContext) -> str:
+    n = len(ctx.seeds)
     return "one seed" if n == 1 else f"lines: mean over {n} seeds; bands: their range"
 
 
@@ -62,8 +63,8 @@ def _not_drawn(handles: list, labels: list, skipped: list[str],
         labels.append(f"not drawn: {', '.join(skipped)} ({why})")
 
 
-def _title(scenario: Scenario, exp: Experiment, what: str) -> str:
-    return f"{scenario.name}/{exp.name}: {what}"
+def _title(ctx: FigureContext, exp: Experiment, what: str) -> str:
+    return f"{ctx.name}/{exp.name}: {what}"
 
 
 def _full_labels(exp: Experiment) -> list[str]:
@@ -78,7 +79,7 @@ def _loss_scale(values) -> bool:
     return bool(np.any(v[np.isfinite(v)] > CROWDED))
 
 
-def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
+def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
                     reference=None, skip=(), loss=False):
     """``loss``: the metric is a mass; drawn as ``1 - mass`` on a log axis when it crowds
     near 1 (``full``, mass 1, is then named instead of drawn)."""
@@ -90,7 +91,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
         loss = False
     per_head = _per_head([r for r in rows if r["policy"] not in skip], metric)
     heads = sorted(per_head)
-    fig, axes, layout = grid(len(heads), scenario,
+    fig, axes, layout = grid(len(heads), ctx,
                              gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
     curves, bands = Curves(), {}
     for h, ax in zip(heads, axes):
@@ -98,7 +99,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
             budgets = sorted(per_budget)
             values = [np.array(per_budget[b]) for b in budgets]
             curves.add(h, policy, budgets, [v.mean() for v in values])
-            if len(scenario.seeds) > 1:
+            if len(ctx.seeds) > 1:
                 bands[h, policy] = ([v.min() for v in values], [v.max() for v in values])
     handles, labels = draw_lines(dict(zip(heads, axes)), curves, colors, policy_markers(exp),
                                  bands, log=log_y)
@@ -114,7 +115,7 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
             ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
         else:
             ax.set_ylim(0, 1.03)
-        ax.set(title=head_label(scenario, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
+        ax.set(title=head_label(ctx, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     if reference:
         handles.append(line)
@@ -123,43 +124,43 @@ def _against_budget(scenario, exp, rows, colors, out, metric, ylabel, stem, log_
         _not_drawn(handles, labels, list(skip), "mass 1")
     else:
         _not_drawn(handles, labels, list(skip))
-    layout.finish(fig, _title(scenario, exp, f"{ylabel} against budget\n"
-                              f"P = {exp.prompt_len}, T = {scenario.T}; {_seeds_note(scenario)}"),
+    layout.finish(fig, _title(ctx, exp, f"{ylabel} against budget\n"
+                              f"P = {exp.prompt_len}, T = {ctx.T}; {_seeds_note(ctx)}"),
                   handles, labels)
-    return save(fig, out, f"{exp.name}_{stem}", scenario)
+    return save(fig, out, f"{exp.name}_{stem}", ctx)
 
 
 @figure(Needs.DECODE | Needs.BUDGETS)
-def mass_vs_budget(scenario, exp, rows, steps, colors, out):
+def mass_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean attention mass kept over the decode steps against budget, a panel per head."""
-    return _against_budget(scenario, exp, rows, colors, out, "mass_mean",
+    return _against_budget(ctx, exp, rows, colors, out, "mass_mean",
                            "attention mass kept", "mass_vs_budget", loss=True)
 
 
 @figure(Needs.TRUTH | Needs.BUDGETS)
-def recall_vs_budget(scenario, exp, rows, steps, colors, out):
+def recall_vs_budget(ctx, exp, rows, steps, colors, out):
     """Final important-token recall against budget, a panel per head with ground truth."""
-    uniform = ("B / T: a uniformly random cache", lambda b: np.minimum(1, b / scenario.T))
-    return _against_budget(scenario, exp, rows, colors, out, "final_recall",
+    uniform = ("B / T: a uniformly random cache", lambda b: np.minimum(1, b / ctx.T))
+    return _against_budget(ctx, exp, rows, colors, out, "final_recall",
                            "important-token recall of the final cache", "recall_vs_budget",
                            reference=uniform)
 
 
 @figure(Needs.DECODE | Needs.VALUES | Needs.BUDGETS)
-def error_vs_budget(scenario, exp, rows, steps, colors, out):
+def error_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean relative output error over the decode steps against budget, a panel per head."""
-    return _against_budget(scenario, exp, rows, colors, out, "error_mean",
+    return _against_budget(ctx, exp, rows, colors, out, "error_mean",
                            "relative output error |o~ - o| / |o|", "error_vs_budget", log_y=True,
                            skip=_rounding_only(exp))
 
 
 @figure(Needs.TRUTH)
-def pareto(scenario, exp, rows, steps, colors, out):
+def pareto(ctx, exp, rows, steps, colors, out):
     """Compression (share of the sequence evicted) against final recall, a panel per head."""
     recall = _per_head(rows, "final_recall")
     compression = _per_head(rows, "compression")
     heads = sorted(recall)
-    fig, axes, layout = grid(len(heads), scenario, panel=(3.6, 2.8))
+    fig, axes, layout = grid(len(heads), ctx, panel=(3.6, 2.8))
     curves = Curves()
     full = [p.label for p in exp.policies if p.kind == "full"]  # at compression 0: off the axes
     for h in heads:
@@ -178,7 +179,7 @@ def pareto(scenario, exp, rows, steps, colors, out):
         base, = ax.plot(grid_x, 1 - grid_x, color="0.45", ls=":", lw=1)
         ax.set_xlim(grid_x[0], grid_x[-1])
         ax.set_ylim(0, 1.03)
-        ax.set(title=head_label(scenario, h), xlabel="compression (fraction of the T keys evicted)",
+        ax.set(title=head_label(ctx, h), xlabel="compression (fraction of the T keys evicted)",
                ylabel="important-token recall")
         ax.grid(True, alpha=0.3)
     budgets = ", ".join(map(str, exp.budgets)) if len(exp.budgets) <= 4 else \
@@ -187,10 +188,10 @@ def pareto(scenario, exp, rows, steps, colors, out):
     if full:
         handles.append(Line2D([], [], ls="none"))
         labels.append(f"not drawn: {', '.join(full)} (compression 0, recall 1)")
-    layout.finish(fig, _title(scenario, exp, f"compression against recall\nB = {budgets} of "
-                              f"T = {scenario.T}; mean over {plural(len(scenario.seeds), 'seed')}"),
+    layout.finish(fig, _title(ctx, exp, f"compression against recall\nB = {budgets} of "
+                              f"T = {ctx.T}; mean over {plural(len(ctx.seeds), 'seed')}"),
                   handles, labels)
-    return save(fig, out, f"{exp.name}_pareto", scenario)
+    return save(fig, out, f"{exp.name}_pareto", ctx)
 
 
 def _time_panels(exp, rows):
@@ -199,7 +200,7 @@ def _time_panels(exp, rows):
     return [(b, h) for b in exp.time_budgets for h in heads]
 
 
-def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
+def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
                smooth=True, heads_with=None, skip=(), loss=False):
     """``loss``: the series is a mass, drawn as ``1 - mass`` on a log axis when the
     experiment's mean masses crowd near 1 (as in the against-budget figures)."""
@@ -212,10 +213,10 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
         loss = False
     panels = [(b, h) for b, h in _time_panels(exp, rows)
               if heads_with is None or h in heads_with]
-    t = np.arange(exp.prompt_len, scenario.T)
+    t = np.arange(exp.prompt_len, ctx.T)
     window = max(1, t.size // 50) if smooth else 1
     stride = max(1, -(-t.size // MAX_RAW_POINTS))
-    fig, axes, layout = grid(len(panels), scenario, panel=(3.6, 2.5))
+    fig, axes, layout = grid(len(panels), ctx, panel=(3.6, 2.5))
     curves = Curves()
     units = defaultdict(list)
     for r in rows:
@@ -245,7 +246,7 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
             lo, hi = np.nanmin(ys), np.nanmax(ys)
             pad = max(0.01, 0.06 * (hi - lo))
             ax.set_ylim(max(0.0, lo - pad), min(1.0, hi) + pad)
-        ax.set(title=f"{head_label(scenario, h)}, B = {b}", xlabel="decode position t",
+        ax.set(title=f"{head_label(ctx, h)}, B = {b}", xlabel="decode position t",
                ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     how = "per step"
@@ -255,32 +256,32 @@ def _over_time(scenario, exp, rows, steps, colors, out, series, ylabel, stem, lo
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         " (time_budgets sets others)" if others else "")
-    layout.finish(fig, _title(scenario, exp, f"{ylabel} over decoding, {shown}\n"
-                              f"{how}; mean over {plural(len(scenario.seeds), 'seed')}"),
+    layout.finish(fig, _title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
+                              f"{how}; mean over {plural(len(ctx.seeds), 'seed')}"),
                   handles, labels)
-    return save(fig, out, f"{exp.name}_{stem}", scenario)
+    return save(fig, out, f"{exp.name}_{stem}", ctx)
 
 
 @figure(Needs.DECODE)
-def mass_over_time(scenario, exp, rows, steps, colors, out):
+def mass_over_time(ctx, exp, rows, steps, colors, out):
     """Attention mass kept at each decode step, a panel per head (and time budget)."""
-    return _over_time(scenario, exp, rows, steps, colors, out, "mass", "attention mass kept",
+    return _over_time(ctx, exp, rows, steps, colors, out, "mass", "attention mass kept",
                       "mass_over_time", loss=True)
 
 
 @figure(Needs.DECODE | Needs.VALUES)
-def error_over_time(scenario, exp, rows, steps, colors, out):
+def error_over_time(ctx, exp, rows, steps, colors, out):
     """Relative output error at each decode step, a panel per head (and time budget)."""
-    return _over_time(scenario, exp, rows, steps, colors, out, "error",
+    return _over_time(ctx, exp, rows, steps, colors, out, "error",
                       "relative output error", "error_over_time", log_y=True,
                       skip=_rounding_only(exp))
 
 
 @figure(Needs.DECODE | Needs.TRUTH)
-def recall_over_time(scenario, exp, rows, steps, colors, out):
+def recall_over_time(ctx, exp, rows, steps, colors, out):
     """Share of the important tokens arrived so far that the cache holds, per decode step."""
     heads = {r["head"] for r in rows if not math.isnan(r["final_recall"])}
-    return _over_time(scenario, exp, rows, steps, colors, out, "recall",
+    return _over_time(ctx, exp, rows, steps, colors, out, "recall",
                       "important-token recall", "recall_over_time", smooth=False,
                       heads_with=heads)
 
@@ -296,17 +297,17 @@ def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> tuple[np.ndarray, in
 
 
 @figure(Needs.DECODE)
-def kept_raster(scenario, exp, rows, steps, colors, out):
+def kept_raster(ctx, exp, rows, steps, colors, out):
     """Which positions are cached at each decode step: a panel per policy (focus budget)."""
-    seed = scenario.seeds[0]
+    seed = ctx.seeds[0]
     labels = [p.label for p in exp.policies if (p.label, seed, 0) in steps.snapshots]
     if not labels:
         return []
-    fig, axes, layout = grid(len(labels), scenario, panel=(3.4, 2.7), max_cols=3)
+    fig, axes, layout = grid(len(labels), ctx, panel=(3.4, 2.7), max_cols=3)
     t = exp.prompt_len + steps.snap_steps
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
     for ax, label in zip(axes, labels):
-        image, width = _occupancy(steps.snapshots[label, seed, 0], scenario.T, RASTER_BINS)
+        image, width = _occupancy(steps.snapshots[label, seed, 0], ctx.T, RASTER_BINS)
         # Log scale from one key per bin to a full bin: a scattered selection stays visible.
         norm = LogNorm(vmin=1 / width, vmax=1) if width > 8 else Normalize(0, 1)
         top = image.shape[0] * width
@@ -322,12 +323,12 @@ def kept_raster(scenario, exp, rows, steps, colors, out):
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
         ax.set_title(label, color=colors[label])
         ax.set(xlabel="decode step t", ylabel="key position")
-    layout.finish(fig, _title(scenario, exp, f"cached positions at B = {exp.focus_budget}\n"
+    layout.finish(fig, _title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
                               f"seed {seed}, KV head 0; red line: the current token t;\n"
                               f"strip below 0: positions 0-{width - 1} enlarged"),
                   colorbar=(shown, f"fraction of a {width}-position bin cached"
                                    f"{' (log)' if width > 8 else ''}; white: none"))
-    return save(fig, out, f"{exp.name}_kept_raster", scenario)
+    return save(fig, out, f"{exp.name}_kept_raster", ctx)
 
 
 def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, list, np.ndarray,
@@ -347,7 +348,7 @@ def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, l
 
 
 @figure(Needs.DECODE | Needs.ALLOCATION, by_default=lambda exp: exp.allocation != "uniform")
-def allocation(scenario, exp, rows, steps, colors, out):
+def allocation(ctx, exp, rows, steps, colors, out):
     """Per policy at the focus budget: each KV head's cap b_h (layer x KV head), beside the
     attention mass it keeps."""
     labels = [p.label for p in exp.policies]
@@ -374,20 +375,20 @@ def allocation(scenario, exp, rows, steps, colors, out):
                    xticks=range(len(kvs)), xticklabels=kvs)
             ticks = np.unique(np.linspace(0, len(layers) - 1, min(len(layers), 6)).astype(int))
             ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
-    fig.suptitle(f"{scenario.name}, {exp.name}: allocation '{exp.allocation}' at mean "
+    fig.suptitle(f"{ctx.name}, {exp.name}: allocation '{exp.allocation}' at mean "
                  f"budget B = {exp.focus_budget}\none colour scale per column, shared by "
                  f"every policy", fontsize=10)
-    return save(fig, out, f"{exp.name}_allocation", scenario)
+    return save(fig, out, f"{exp.name}_allocation", ctx)
 
 
-def allocation_vs_uniform(scenario: Scenario, rows: list[dict], out: Target) -> list[Path]:
+def allocation_vs_uniform(ctx: FigureContext, rows: list[dict], out: Target) -> list[Path]:
     """At equal memory: the mass each allocation keeps minus the mass uniform allocation
     keeps, per policy against budget, a panel per allocation (one y scale), with its sign."""
-    pairs = allocation_summary.compare(scenario, rows)
+    pairs = allocation_summary.compare(ctx.experiments, ctx.T, rows)
     if not pairs:
         return []
     rules = list(dict.fromkeys(p.rule for p in pairs))
-    fig, axes, layout = grid(len(rules), scenario, panel=(3.4, 2.6))
+    fig, axes, layout = grid(len(rules), ctx, panel=(3.4, 2.6))
     colors = color_map([p.policy for p in pairs])
     markers = {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(colors)}
     lo = min(0.0, min(p.other - p.uniform for p in pairs))
@@ -411,19 +412,19 @@ def allocation_vs_uniform(scenario: Scenario, rows: list[dict], out: Target) -> 
                ylabel="change in mass kept")
         ax.grid(True, alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    layout.finish(fig, f"{scenario.name}: allocations at equal memory\nmass kept (mean over "
+    layout.finish(fig, f"{ctx.name}: allocations at equal memory\nmass kept (mean over "
                        f"steps, layers, heads, seeds) minus uniform's; above 0: better",
                   handles, labels)
-    return save(fig, out, "allocation_vs_uniform", scenario)
+    return save(fig, out, "allocation_vs_uniform", ctx)
 
 
-def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
+def field_figures(ctx: FigureContext, samples, out: Target) -> list[Path]:
     """The attention field of the first seed: a heatmap per head (future masked), and the
     column sums of every head on log-log axes."""
     if not samples:
         return []
     n = len(samples)
-    fig, axes, layout = grid(n, scenario, panel=(3.4, 2.8))
+    fig, axes, layout = grid(n, ctx, panel=(3.4, 2.8))
     cmap = matplotlib.colormaps["magma"].with_extremes(bad="white")
     positive = np.concatenate([s.heatmap[s.heatmap > 0] for s in samples])
     top = float(positive.max()) if positive.size else 1.0
@@ -444,13 +445,13 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
         # attention sinks sit) is as wide as a decade instead of 1/512 of the panel.
         ax.set_xscale("symlog", linthresh=4 * sample.bin_width, linscale=0.5)
         ax.set_xlim(0, x[-1])
-        ax.set(title=head_label(scenario, h), xlabel="key position k (linear to "
+        ax.set(title=head_label(ctx, h), xlabel="key position k (linear to "
                f"{4 * sample.bin_width}, then log)", ylabel="query q")
-    layout.finish(fig, f"{scenario.name}: attention around the end of the prompt\n"
-                       f"seed {scenario.seeds[0]}; future keys white",
+    layout.finish(fig, f"{ctx.name}: attention around the end of the prompt\n"
+                       f"seed {ctx.seeds[0]}; future keys white",
                   colorbar=(shown, "p(q, k), max over "
                                    f"{plural(samples[0].bin_width, 'key')} per bin (log)"))
-    paths = save(fig, out, "field", scenario)
+    paths = save(fig, out, "field", ctx)
 
     fig, ax = plt.subplots(figsize=(7.4, 4.0))
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
@@ -461,10 +462,10 @@ def field_figures(scenario: Scenario, samples, out: Target) -> list[Path]:
         at = np.unique(np.geomspace(1, max(ranked.size, 1), 2000).round().astype(np.int64))
         at = at[at <= ranked.size]
         ax.loglog(at, ranked[at - 1], color=cmap(h % cmap.N), lw=1.1,
-                  label=head_label(scenario, h))
+                  label=head_label(ctx, h))
     ax.set(xlabel="key rank", ylabel="column sum (attention the key receives)",
-           title=f"{scenario.name}: attention received per key, ranked (seed {scenario.seeds[0]})")
+           title=f"{ctx.name}: attention received per key, ranked (seed {ctx.seeds[0]})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, borderaxespad=0)
     fig.tight_layout()
-    return paths + save(fig, out, "column_sums", scenario)
+    return paths + save(fig, out, "column_sums", ctx)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.report.plotting import Target, policy_colors, save
+from kvsim.report.plotting import FigureContext, Target, policy_colors, save
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -112,13 +112,13 @@ def _position(x: float) -> str:
     return "none" if np.isnan(x) else f"{x:,.0f}"
 
 
-def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
+def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
     """Mass over time, kept-set overlap over time, and where the kept sets differ."""
-    colors = policy_colors(scenario)
+    colors = policy_colors(ctx)
     offline = _labels(exp, OFFLINE)[0]
     labels = _labels(exp, ONLINE) + _labels(exp, OFFLINE)
     mass = steps.arrays()["mass"]
-    t = np.arange(exp.prompt_len, scenario.T)
+    t = np.arange(exp.prompt_len, ctx.T)
     window = max(1, t.size // 50)
     fig, axes = plt.subplots(1, 3, figsize=(10, 4.0))  # 1,200 px at 120 dpi
     ax = axes[0]
@@ -143,7 +143,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
            title="how far online H2O drifts from offline\n(mean over KV heads and seeds)")
     ax.legend(fontsize=7)
     ax = axes[2]
-    edges = np.linspace(0, scenario.T, AGE_BINS + 1)
+    edges = np.linspace(0, ctx.T, AGE_BINS + 1)
     for online in _labels(exp, ONLINE):
         pairs = _pairs(steps, online, offline)
         only_on = np.concatenate([np.setdiff1d(a[-1][a[-1] >= 0], b[-1]) for a, b in pairs]
@@ -161,6 +161,6 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     ax.legend(fontsize=7)
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"{scenario.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
+    fig.suptitle(f"{ctx.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
     fig.tight_layout()
-    return save(fig, out, f"{exp.name}_h2o_online_vs_offline", scenario)
+    return save(fig, out, f"{exp.name}_h2o_online_vs_offline", ctx)

@@ -15,7 +15,7 @@ from kvsim._version import __version__
 from kvsim.engine.experiments import ScenarioResults, count_runs
 from kvsim.policies import POLICIES
 from kvsim.report import allocation_summary, bytes_figure, protocol_summary
-from kvsim.report.plotting import head_label
+from kvsim.report.plotting import figure_context, head_label
 from kvsim.report.stats import estimate, plural
 from kvsim.report.studies import STUDIES
 from kvsim.scenario.load import Experiment, Scenario
@@ -101,7 +101,8 @@ def _metric_tables(scenario: Scenario, exp: Experiment, rows: list[dict], metric
     how = (f"mean over {seeds} seeds ± 95 % Student-t interval" if seeds > 1
            else "one seed, so no interval")
     focus = exp.focus_budget
-    header = ["policy", *(head_label(scenario, h) for h in heads)]
+    ctx = figure_context(scenario)
+    header = ["policy", *(head_label(ctx, h) for h in heads)]
     if len(heads) > 1:
         header.append("**mean over heads**")
     body = []
@@ -114,7 +115,7 @@ def _metric_tables(scenario: Scenario, exp: Experiment, rows: list[dict], metric
     if len(exp.budgets) > 1:
         per_head = []
         for h in heads:
-            per_head += [f"*{what}, {head_label(scenario, h)}*", "", *_table(
+            per_head += [f"*{what}, {head_label(ctx, h)}*", "", *_table(
                 ["policy", *(f"B = {b}" for b in exp.budgets)],
                 [[f"`{label}`", *(estimate(groups.get((label, b, h), {}).values()).text()
                                   for b in exp.budgets)] for label in labels])]
@@ -135,8 +136,9 @@ def _minimum_mass(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list
             low[key] = min(low.get(key, math.inf), r["mass_min"])
     body = [[f"`{p.label}`", *(f"{low[p.label, h]:.3f}" if (p.label, h) in low else "n/a"
                                for h in heads)] for p in exp.policies]
+    ctx = figure_context(scenario)
     return [f"**Lowest attention mass at any decode step, B = {exp.focus_budget} (over every "
-            f"seed)**", "", *_table(["policy", *(head_label(scenario, h) for h in heads)], body)]
+            f"seed)**", "", *_table(["policy", *(head_label(ctx, h) for h in heads)], body)]
 
 
 def _flat(value, prefix: str = "") -> list[str]:
@@ -249,7 +251,8 @@ def _what_was_run(scenario: Scenario) -> list[str]:
         lines.append(f"- layers run jointly: {', '.join(map(str, scenario.layers))}")
     for h, comps in enumerate(scenario.attention.get("per_head", [])):
         names = [n for n in comps if n != "boost" and comps[n]] + ["boost"] * len(comps["boost"])
-        lines.append(f"  - {head_label(scenario, h)}: {', '.join(names) or 'no components'}")
+        lines.append(f"  - {head_label(figure_context(scenario), h)}: "
+                     f"{', '.join(names) or 'no components'}")
     for exp in scenario.experiments:
         steps = scenario.T - exp.prompt_len
         lines.append(f"- experiment `{exp.name}`: prompt of {plural(exp.prompt_len, 'token')}, "

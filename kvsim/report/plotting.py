@@ -1,5 +1,6 @@
-"""What every report figure shares: the figure registry (each figure declares the data it
-needs), page-width sizing, policy colours and markers, head grids, and twin curves."""
+"""What every report figure shares: the run facts figures read (:class:`FigureContext`), the
+figure registry (each figure declares the data it needs), page-width sizing, policy colours
+and markers, head grids, and twin curves."""
 
 from __future__ import annotations
 
@@ -29,6 +30,32 @@ TWIN_STYLE = (0, (4, 3))  # dashes of a curve drawn over its identical twin
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9,
                      "legend.fontsize": 8, "xtick.labelsize": 8, "ytick.labelsize": 8,
                      "figure.titlesize": 10})
+
+
+@dataclass(frozen=True)
+class FigureContext:
+    """What figures read of a run besides its rows and step series: built from a scenario
+    by :func:`figure_context`, and from results by the Python API."""
+
+    name: str
+    T: int
+    seeds: tuple[int, ...]
+    heads: int  # query heads
+    kv_heads: int
+    head_names: tuple[str, ...]  # names given to the query heads, by head (may be fewer)
+    has_truth: bool  # the source plants ground-truth important tokens
+    layers: int  # layers run jointly
+    experiments: tuple[Experiment, ...]  # all of the run's: colours, comparisons across them
+    formats: tuple[str, ...]
+    dpi: int
+
+
+def figure_context(scenario: Scenario) -> FigureContext:
+    """What the figures of ``scenario``'s report read of it."""
+    return FigureContext(scenario.name, scenario.T, scenario.seeds, scenario.heads,
+                         scenario.kv_heads, tuple(scenario.attention.get("head_names") or ()),
+                         scenario.has_truth, len(scenario.layers), scenario.experiments,
+                         scenario.formats, scenario.dpi)
 
 
 class Needs(enum.Flag):
@@ -75,23 +102,23 @@ FIGURES: dict[str, Figure] = {}
 
 def figure(needs: Needs, by_default: Callable[[Experiment], bool] = lambda exp: True
            ) -> Callable:
-    """Register a drawing function ``f(scenario, exp, rows, steps, colors, out)`` under its name."""
+    """Register a drawing function ``f(ctx, exp, rows, steps, colors, out)`` under its name."""
     def register(draw):
         FIGURES[draw.__name__] = Figure(draw.__name__, needs, draw, by_default)
         return draw
     return register
 
 
-def available(scenario: Scenario, exp: Experiment, rows: list[dict] | None = None) -> Needs:
+def available(ctx: FigureContext, exp: Experiment, rows: list[dict] | None = None) -> Needs:
     """What ``exp`` provides; VALUES is known from the results (``rows``) only."""
     have = Needs.NOTHING
-    if exp.prompt_len < scenario.T:
+    if exp.prompt_len < ctx.T:
         have |= Needs.DECODE
-    if scenario.has_truth:
+    if ctx.has_truth:
         have |= Needs.TRUTH
     if len(exp.budgets) > 1:
         have |= Needs.BUDGETS
-    if exp.allocation != "uniform" or len(scenario.layers) > 1:
+    if exp.allocation != "uniform" or ctx.layers > 1:
         have |= Needs.ALLOCATION
     if rows is None or any(not math.isnan(r["error_mean"]) for r in rows):
         have |= Needs.VALUES
@@ -113,7 +140,7 @@ def check(variants: list[Scenario]) -> None:
                 problems.append((str(scenario.path), where, f"expected a list of "
                                  f"{', '.join(FIGURES)}, got {list(exp.figures)!r}"))
                 continue
-            have = available(scenario, exp)
+            have = available(figure_context(scenario), exp)
             for name in exp.figures or ():
                 for need in missing(FIGURES[name], have):
                     problems.append((str(scenario.path), where, f"expected figures with data: "
@@ -122,10 +149,11 @@ def check(variants: list[Scenario]) -> None:
         raise ScenarioError(problems)
 
 
-def select(scenario: Scenario, exp: Experiment, rows: list[dict]) -> tuple[list[Figure], list[str]]:
+def select(ctx: FigureContext, exp: Experiment, rows: list[dict]
+           ) -> tuple[list[Figure], list[str]]:
     """The figures to draw (the requested ones, or every one whose needs are met) and, for a
     requested figure the results cannot support, why it is not drawn."""
-    have = available(scenario, exp, rows)
+    have = available(ctx, exp, rows)
     if exp.figures is None:
         return [f for f in FIGURES.values() if not missing(f, have) and f.by_default(exp)], []
     chosen, notes = [], []
@@ -165,20 +193,20 @@ def color_map(labels: list[str]) -> dict[str, str]:
     return colors
 
 
-def policy_colors(scenario: Scenario) -> dict[str, str]:
+def policy_colors(ctx: FigureContext) -> dict[str, str]:
     """One colour per policy label, the same in every figure (see :func:`color_map`)."""
-    return color_map([p.label for e in scenario.experiments for p in e.policies])
+    return color_map([p.label for e in ctx.experiments for p in e.policies])
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:
     return {p.label: MARKERS[i % len(MARKERS)] for i, p in enumerate(exp.policies)}
 
 
-def head_label(scenario: Scenario, head: int) -> str:
-    names = scenario.attention.get("head_names") or []
+def head_label(ctx: FigureContext, head: int) -> str:
+    names = ctx.head_names
     name = f"head {head}" + (f" ({names[head]})" if head < len(names) and names[head] else "")
-    if scenario.kv_heads < scenario.heads:
-        name += f", KV head {head // (scenario.heads // scenario.kv_heads)}"
+    if ctx.kv_heads < ctx.heads:
+        name += f", KV head {head // (ctx.heads // ctx.kv_heads)}"
     return name
 
 
@@ -230,14 +258,14 @@ class Layout:
             fig.colorbar(mappable, cax=cax, label=label)
 
 
-def grid(n: int, scenario: Scenario, panel: tuple[float, float] = (3.4, 2.6),
+def grid(n: int, ctx: FigureContext, panel: tuple[float, float] = (3.4, 2.6),
          max_cols: int = MAX_COLS, gap: tuple[float, float] = (0.75, 0.8)):
     """A figure of ``n`` panels wrapped in rows (at most ``max_cols`` a row, at most page
     width once :meth:`Layout.finish` sizes it); returns (figure, the ``n`` axes, layout)."""
     max_cols = min(max_cols, MAX_COLS)
     rows = max(1, math.ceil(n / max_cols))
     cols = max(1, math.ceil(n / rows))
-    layout = Layout(rows, cols, panel, gap, MAX_WIDTH_PX / scenario.dpi)
+    layout = Layout(rows, cols, panel, gap, MAX_WIDTH_PX / ctx.dpi)
     fig = plt.figure()
     layout.grid = fig.add_gridspec(rows, cols)
     axes = [fig.add_subplot(layout.grid[i // cols, i % cols]) for i in range(n)]
@@ -309,15 +337,15 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
     return handles, labels
 
 
-def save(fig, out: Target, stem: str, scenario: Scenario) -> list:
+def save(fig, out: Target, stem: str, ctx: FigureContext) -> list:
     """Save ``fig`` in every format and close it; returns the paths. A target without a
     folder (the Python API's ``Results.plot()``) gets ``[fig]`` back, open."""
     if out.folder is None:
         return [fig]
     paths = []
-    for fmt in scenario.formats:
+    for fmt in ctx.formats:
         path = out.folder / f"{out.prefix}{stem}.{fmt}"
-        fig.savefig(path, dpi=scenario.dpi)
+        fig.savefig(path, dpi=ctx.dpi)
         paths.append(path)
     plt.close(fig)
     return paths

@@ -15,7 +15,8 @@ import numpy as np
 from kvsim.report.figures import _loss_scale
 from matplotlib.lines import Line2D
 
-from kvsim.report.plotting import MARKERS, Target, color_map, grid, head_label, save
+from kvsim.report.plotting import (MARKERS, FigureContext, Target, color_map, grid, head_label,
+                                   save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -86,7 +87,7 @@ def section(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> lis
     return lines
 
 
-def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
+def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
     """Mass (or mass lost) against mean cache size, one panel per head."""
     per_head = points(rows)
     heads = sorted(per_head)
@@ -94,7 +95,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
     colors = color_map(series)
     markers = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(series)}
     loss = _loss_scale(v for h in heads for _, y in per_head[h].values() for v in y)
-    fig, axes, layout = grid(len(heads), scenario)
+    fig, axes, layout = grid(len(heads), ctx)
     for ax, h in zip(axes, heads):  # series differ in their x: drawn as they are
         for s, (x, y) in per_head[h].items():
             ax.plot(x, 1.0 - y if loss else y, color=colors[s], marker=markers[s], ms=4.5,
@@ -103,7 +104,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
                       ls="--" if s.endswith("(threshold)") else "-") for s in series]
     labels = series
     for ax, h in zip(axes, heads):
-        ax.set_title(head_label(scenario, h))
+        ax.set_title(head_label(ctx, h))
         ax.set_xlabel("mean cache size per KV head (keys)")
         ax.set_xscale("log", base=2)
         if loss:
@@ -113,7 +114,7 @@ def figures(scenario: Scenario, exp: Experiment, rows: list[dict], steps, out: T
             ax.set_ylim(0, 1.03)
             ax.set_ylabel("attention mass kept")
         ax.grid(True, alpha=0.3)
-    layout.finish(fig, f"{scenario.name}/{exp.name}: mass against the mean cache size held\n"
+    layout.finish(fig, f"{ctx.name}/{exp.name}: mass against the mean cache size held\n"
                   "(per point: mean over seeds; threshold series join thresholds, top-k "
                   "series budgets)", handles, labels)
-    return save(fig, out, f"{exp.name}_mass_vs_mean_size", scenario)
+    return save(fig, out, f"{exp.name}_mass_vs_mean_size", ctx)

@@ -16,8 +16,9 @@ from kvsim.scenario.load import Experiment, Scenario
 
 @dataclass(frozen=True)
 class Study:
-    """``applies(scenario, exp)``; ``draw(scenario, exp, rows, steps, target)`` returns the
-    figure files; ``section(scenario, exp, rows, steps)`` the markdown lines before them."""
+    """``applies(scenario, exp)``; ``draw(ctx, exp, rows, steps, target)`` returns the
+    figure files (``ctx``: the scenario's :class:`~kvsim.report.plotting.FigureContext`);
+    ``section(scenario, exp, rows, steps)`` the markdown lines before them."""
 
     name: str
     applies: Callable[[Scenario, Experiment], bool]

@@ -168,22 +168,22 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
     jobs, notes = [], {}
     for i, (scenario, res) in enumerate(zip(variants, results)):
         target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
-        jobs.append(((i, "field"), figures.field_figures, (scenario, res.fields, target)))
+        ctx = figures.figure_context(scenario)
+        jobs.append(((i, "field"), figures.field_figures, (ctx, res.fields, target)))
         jobs.append(((i, "allocation_vs_uniform"), figures.allocation_vs_uniform,
-                     (scenario, res.rows, target)))
-        jobs.append(((i, "mass_vs_bytes"), bytes_figure.mass_vs_bytes,
-                     (scenario, res.rows, target)))
-        colors = figures.policy_colors(scenario)
+                     (ctx, res.rows, target)))
+        jobs.append(((i, "mass_vs_bytes"), bytes_figure.mass_vs_bytes, (ctx, res.rows, target)))
+        colors = figures.policy_colors(ctx)
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
             steps = res.steps[exp.name]
-            chosen, notes[i, exp.name] = figures.select(scenario, exp, rows)
-            jobs += [((i, exp.name), fig.draw, (scenario, exp, rows, steps, colors, target))
+            chosen, notes[i, exp.name] = figures.select(ctx, exp, rows)
+            jobs += [((i, exp.name), fig.draw, (ctx, exp, rows, steps, colors, target))
                      for fig in chosen]
             for study in STUDIES:
                 if study.applies(scenario, exp):
                     jobs.append(((i, exp.name, study.name), study.draw,
-                                 (scenario, exp, rows, steps, target)))
+                                 (ctx, exp, rows, steps, target)))
     return jobs, notes
 
 
