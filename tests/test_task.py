@@ -186,20 +186,13 @@ from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, prefill, 
                                            stores)
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
-from tiny_models import Watched  # noqa: E402
+from tiny_models import Watched, tiny_llama_net  # noqa: E402
 
 N = 160
 
 
 def tiny_net():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=256,
-        initializer_range=0.3)
-    net = transformers.LlamaForCausalLM(config).eval()
-    net.set_attn_implementation("eager")
-    return net
+    return tiny_llama_net(vocab_size=128, positions=256)
 
 
 def steppable() -> list[str]:

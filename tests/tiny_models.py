@@ -18,16 +18,22 @@ WINDOW = 6
 TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
 
 
-def tiny_llama():
-    """A tiny random Llama (2 layers, 4 query heads over 2 KV heads), its eager logits over
-    ``T`` random tokens and its full run through kvsim's attention function."""
+def tiny_llama_net(vocab_size: int = 50, positions: int = 64):
+    """A tiny random Llama (2 layers, 4 query heads over 2 KV heads, seed 0), eager."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=50, max_position_embeddings=64,
+        num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=positions,
         initializer_range=0.3)
     net = transformers.LlamaForCausalLM(config).eval()
     net.set_attn_implementation("eager")
+    return net
+
+
+def tiny_llama():
+    """:func:`tiny_llama_net`, its eager logits over ``T`` random tokens and its full run
+    through kvsim's attention function."""
+    net = tiny_llama_net()
     ids = np.random.default_rng(0).integers(0, 50, T)
     with torch.no_grad():
         eager = net(torch.as_tensor(ids[None])).logits[0].numpy()
