@@ -87,7 +87,8 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
                     color=colors[lab], ms=5, mec="white", mew=0.5)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("open-loop missing mass, 1 − mean mass (simulator, full-cache attention; log scale)")
+    ax.set_xlabel("open-loop missing mass, 1 − mean mass (simulator, full-cache attention; "
+                  "log scale)")
     ax.set_ylabel("closed-loop KL per step (nats, log scale)")
     ax.set_title(f"{cfg.name}: the simulator's missing mass vs the model's own KL", fontsize=9)
     policy_legend = ax.legend(fontsize=7, ncol=2, loc="upper left", title="policy",
@@ -190,7 +191,8 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         *version_lines(facts),
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "
+        f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` "
+        f"(SHA-256 `{facts['text_sha256'][:16]}…`), first "
         f"T = {cfg.tokens} tokens, prompt P = {cfg.prompt_len}, {cfg.tokens - cfg.prompt_len} "
         f"decode steps teacher-forced."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence")
