@@ -362,6 +362,7 @@ def test_smollm2_passkey_report(tmp_path):
     assert float(rows[3]["retention"]) == 0.0  # a 16-token window never holds the needle
     text = (out / "report.md").read_text()
     assert "command:" in text and "Wilson" in text
+    assert "1 trial per cell (1 trial, seed 0)" in text and "1 trials" not in text
     assert (out / "heatmap_before_question.png").is_file()
 
 

@@ -1,7 +1,8 @@
 """Registry of eviction policies: the scenario name -> its implementation.
 
-A new policy is one module and its name in :data:`MODULES`; tests iterate over this
-registry. A score-only rule is one function handed to
+A new policy is one module of this package that defines ``POLICY``: it is found and
+registered on import (:data:`ORDER` only sets the order of listings); tests iterate over
+this registry. A score-only rule is one function handed to
 :func:`kvsim.policies.scored.score_policy` (see ``knorm``). Otherwise the module defines
 (see ``window``, ``tova``, ``h2o``):
 
@@ -31,6 +32,7 @@ runs the same ``start``/``admit``/``observe`` one step at a time on rows from el
 """
 
 import importlib
+import pkgutil
 
 # Bound before any policy module loads, so that one may import them from here.
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace
@@ -44,15 +46,25 @@ def register(policy: Policy) -> Policy:
     return policy
 
 
-MODULES = ("full", "window", "streaming_llm", "h2o", "snapkv", "tova", "random_eviction",
-           "oracle", "knorm", "keydiff", "scissorhands", "caote", "quest",
-           "rkv", "dropkv", "chunkkv", "expected_attention", "cake")
-"""The registered policy modules, in registry order: each defines ``POLICY``, or
-``POLICIES`` (a tuple) when it holds several."""
+ORDER = ("full", "window", "streaming_llm", "h2o", "snapkv", "tova", "random_eviction",
+         "oracle", "knorm", "keydiff", "scissorhands", "caote", "quest",
+         "rkv", "dropkv", "chunkkv", "expected_attention", "cake")
+"""The built-in policy modules, in registry order; other modules of the package that
+define ``POLICY`` (or ``POLICIES``, a tuple, when they hold several) follow by name."""
 
-for _name in MODULES:
+
+def policy_modules() -> list[str]:
+    """The names of this package's modules, those of :data:`ORDER` first, in its order."""
+    found = sorted(m.name for m in pkgutil.iter_modules(__path__))
+    return [n for n in ORDER if n in found] + [n for n in found if n not in ORDER]
+
+
+for _name in policy_modules():
     _module = importlib.import_module(f"{__name__}.{_name}")
-    for _policy in getattr(_module, "POLICIES", None) or (_module.POLICY,):
+    _found = getattr(_module, "POLICIES", None)
+    if not isinstance(_found, tuple):  # a helper module, or one policy
+        _found = (_module.POLICY,) if isinstance(getattr(_module, "POLICY", None), Policy) else ()
+    for _policy in _found:
         register(_policy)
 
-__all__ = ["MODULES", "POLICIES", "Group", "Param", "Policy", "Steps", "Trace", "register"]
+__all__ = ["ORDER", "POLICIES", "Group", "Param", "Policy", "Steps", "Trace", "register"]

@@ -70,19 +70,34 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
     from kvsim.report.plotting import color_map  # each policy's colour in every report
     colors = color_map(labels)
     paths = []
+    budgets = sorted({r["budget"] for r in rows if r["mass_mean"] < 1.0})
+    markers = dict(zip(budgets, "osD^vP*Xph<>"))
     fig, ax = plt.subplots(figsize=(7, 5))
     for lab in labels:
         pts = [r for r in rows if r["policy"] == lab]
-        ax.plot([r["mass_mean"] for r in pts], [r["kl"] for r in pts], "o-", color=colors[lab],
-                label=lab, lw=0.8, ms=5)
+        if all(r["mass_mean"] >= 1.0 for r in pts):  # every key kept (a KIVI full cache)
+            for r in pts:
+                ax.axhline(r["kl"], color=colors[lab], ls="--", lw=0.8,
+                           label=f"{lab} (mass 1)")
+            continue
+        ax.plot([1.0 - r["mass_mean"] for r in pts], [r["kl"] for r in pts], "-",
+                color=colors[lab], label=lab, lw=0.8)
         for r in pts:
-            ax.annotate(str(r["budget"]), (r["mass_mean"], r["kl"]), fontsize=6,
-                        xytext=(3, 2), textcoords="offset points", color=colors[lab])
+            ax.plot(1.0 - r["mass_mean"], r["kl"], markers.get(r["budget"], "o"),
+                    color=colors[lab], ms=5, mec="white", mew=0.5)
+    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("open-loop mean mass (simulator, full-cache attention)")
+    ax.set_xlabel("open-loop missing mass, 1 − mean mass (simulator, full-cache attention; "
+                  "log scale)")
     ax.set_ylabel("closed-loop KL per step (nats, log scale)")
-    ax.set_title(f"{cfg.name}: open-loop mass vs the model's own KL (labels: budget)", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"{cfg.name}: the simulator's missing mass vs the model's own KL", fontsize=9)
+    policy_legend = ax.legend(fontsize=7, ncol=2, loc="upper left", title="policy",
+                              title_fontsize=7)
+    ax.add_artist(policy_legend)
+    from matplotlib.lines import Line2D
+    ax.legend([Line2D([], [], ls="", marker=markers[b], color="0.3") for b in budgets],
+              [str(b) for b in budgets], fontsize=7, loc="lower right", title="budget",
+              title_fontsize=7)
     ax.grid(alpha=0.3, which="both")
     paths += _save(fig, folder, "scatter_mass_vs_kl", cfg)
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -176,7 +191,8 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         *version_lines(facts),
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
-        f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` (SHA-256 `{facts['text_sha256'][:16]}…`), first "
+        f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` "
+        f"(SHA-256 `{facts['text_sha256'][:16]}…`), first "
         f"T = {cfg.tokens} tokens, prompt P = {cfg.prompt_len}, {cfg.tokens - cfg.prompt_len} "
         f"decode steps teacher-forced."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence")

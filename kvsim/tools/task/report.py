@@ -163,7 +163,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         for ax in axes[:, 0]:
             ax.set_ylabel("needle depth", fontsize=8)
         fig.suptitle(f"{cfg.name}: passkey accuracy, {_label(protocol)}, budget "
-                     f"{cfg.focus_budget} (mean of {cfg.trials} trials per cell)", fontsize=10)
+                     f"{cfg.focus_budget} (mean of {_count(cfg.trials, 'trial')} per cell)",
+                     fontsize=10)
         fig.tight_layout(rect=(0, 0, 0.9, 1))
         bar = fig.add_axes((0.92, 0.15, 0.02, 0.7))
         fig.colorbar(image, cax=bar, label="accuracy")
@@ -192,8 +193,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     axes[0, 0].set_ylabel("passkey accuracy (Wilson 95% bands)")
     handles, texts = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="lower center", fontsize=8, ncol=4, frameon=False)
-    fig.suptitle(f"{cfg.name}: accuracy against budget ({len(cells_of(rows))} trials per point)",
-                 fontsize=10)
+    per_point = _count(len(cells_of(rows)), "trial")
+    fig.suptitle(f"{cfg.name}: accuracy against budget ({per_point} per point)", fontsize=10)
     fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
     fig, ax = plt.subplots(figsize=(7.5, 6.2))
@@ -258,9 +259,9 @@ def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
         parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
     rule = next(q for q in quality if q["protocol"] == "all")
     return (f"Policies that keep the needle at budget {cfg.focus_budget} (at least 80% of the "
-            f"full cache's accuracy, which is {_pct(ceiling)} over {ceiling['trials']} "
-            f"trials): {'; '.join(parts)}. The simulator's needle retention, computed without "
-            f"the model, predicts the answer with accuracy "
+            f"full cache's accuracy, which is {_pct(ceiling)} over "
+            f"{_count(ceiling['trials'], 'trial')}): {'; '.join(parts)}. The simulator's "
+            f"needle retention, computed without the model, predicts the answer with accuracy "
             f"{100 * rule['rule_accuracy']:.0f}% (\"retained ⇒ answered\" over "
             f"{rule['runs']} compressed runs).")
 
@@ -286,9 +287,9 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
         f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
-        f"{cfg.trials} trials per cell ({n_cells} trials, seed {cfg.seed}); filler "
-        f"`{cfg.filler}`; budgets {list(cfg.budgets)}; answers of {cfg.answer_tokens} "
-        f"greedy tokens; success: the first 5-digit number of the answer is the key",
+        f"{_count(cfg.trials, 'trial')} per cell ({_count(n_cells, 'trial')}, seed "
+        f"{cfg.seed}); filler `{cfg.filler}`; budgets {list(cfg.budgets)}; answers of "
+        f"{cfg.answer_tokens} greedy tokens; success: the first 5-digit number of the answer is the key",
         "- protocols: `after_question` compresses the whole prompt after a full prefill; "
         "`before_question` compresses the context before the question from its own queries, "
         "then the question joins without eviction (decode budget B + Q)",
@@ -297,7 +298,8 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         "retention (share of layer × KV head caches holding every digit token of one of the "
         "key's two occurrences when the answer starts).", ""]
     ceiling = next(a for a in acc if a["policy"] == FULL)
-    lines += [f"Full cache (the ceiling): {_pct(ceiling)} of {ceiling['trials']} trials.", ""]
+    lines += [f"Full cache (the ceiling): {_pct(ceiling)} of "
+              f"{_count(ceiling['trials'], 'trial')}.", ""]
     for protocol in cfg.compress:
         lines += [f"### {_label(protocol)}", "",
                   "| policy | " + " | ".join(f"B = {b}" for b in cfg.budgets) + " |",
