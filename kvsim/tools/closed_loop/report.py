@@ -100,20 +100,34 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
               title_fontsize=7)
     ax.grid(alpha=0.3, which="both")
     paths += _save(fig, folder, "scatter_mass_vs_kl", cfg)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = np.arange(cfg.prompt_len, cfg.tokens)
     window = 16
-    for s in series[1:]:
-        if s.budget == cfg.focus_budget:
-            smooth = moving_mean(s.kl, window)
-            ax.plot(steps, np.maximum(smooth, 1e-12), color=colors[s.label], label=s.label, lw=1)
-    ax.set_yscale("log")
-    ax.set_xlabel("decode step t (position of the token read)")
-    ax.set_ylabel(f"KL per step, centred moving mean over {window} steps")
-    ax.set_title(f"{cfg.name}: closed-loop KL over decode steps at budget {cfg.focus_budget}",
-                 fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3, which="both")
+    at_focus = [s for s in series[1:] if s.budget == cfg.focus_budget]
+    smooth = {s.label: np.maximum(moving_mean(s.kl, window), 1e-12) for s in at_focus}
+    cols = min(3, len(at_focus))
+    rows_n = -(-len(at_focus) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 2.3 * rows_n + 0.6),
+                             sharex=True, sharey=True, squeeze=False)
+    for ax, s in zip(axes.flat, at_focus):  # small multiples: one policy over the others
+        for other in at_focus:
+            if other.label != s.label:
+                ax.plot(steps, smooth[other.label], color="0.8", lw=0.6)
+        ax.plot(steps, smooth[s.label], color=colors[s.label], lw=1.2)
+        ax.set_title(s.label, fontsize=9)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        ax.tick_params(labelsize=7)
+    for ax in axes.flat[len(at_focus):]:
+        ax.axis("off")
+    for c in range(cols):  # the lowest panel of each column carries the step axis
+        ax = axes[(len(at_focus) - 1 - c) // cols, c]
+        ax.xaxis.set_tick_params(labelbottom=True)
+        ax.set_xlabel("decode step t", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("KL per step", fontsize=8)
+    fig.suptitle(f"{cfg.name}: closed-loop KL over decode steps at budget {cfg.focus_budget}\n"
+                 f"(centred moving mean over {window} steps, log scale; grey: the other "
+                 f"policies)", fontsize=9)
     paths += _save(fig, folder, "kl_over_steps", cfg)
     return paths
 
