@@ -26,7 +26,14 @@ def results_context(name: str, rows: list[dict], exp: Experiment, formats: tuple
                          max(r["head"] for r in rows) + 1, max(r["kv_head"] for r in rows) + 1,
                          (), any(not np.isnan(r["final_recall"]) for r in rows),
                          len({r.get("layer") for r in rows}),  # simulate's rows: one layer
-                         (exp,), formats, dpi)
+                         _layer_ids(rows), (exp,), formats, dpi)
+
+
+def _layer_ids(rows: list[dict]) -> tuple[int, ...]:
+    """The model layers of ``rows`` when they name several (one layer is not named: the
+    rows do not say whether it is a model's)."""
+    ids = sorted({r["layer"] for r in rows if r.get("layer") is not None})
+    return tuple(ids) if len(ids) > 1 else ()
 
 
 def draw(results, figure: str, out: Path | None, experiment: str, formats: tuple[str, ...],

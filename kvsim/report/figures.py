@@ -22,7 +22,8 @@ from matplotlib.lines import Line2D
 from kvsim.report import allocation_summary
 from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
                                    color_map, draw_lines, figure, figure_context, grid,
-                                   head_label, policy_colors, policy_markers, save, select)
+                                   head_label, layers_note, policy_colors, policy_markers, save,
+                                   select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment
 
@@ -45,8 +46,9 @@ def _per_head(rows: list[dict], metric: str) -> dict:
 
 
 def _seeds_note(ctx: FigureContext) -> str:
-    n = len(ctx.seeds)
-    return "one seed" if n == 1 else f"lines: mean over {n} seeds; bands: their range"
+    n, m = len(ctx.seeds), len(ctx.layer_ids) or 1
+    over = plural(n, "seed") + (f" x {plural(m, 'layer')}" if m > 1 else "")
+    return "one seed" if n * m == 1 else f"lines: mean over {over}; bands: their range"
 
 
 def _rounding_only(exp: Experiment) -> list[str]:
@@ -64,7 +66,8 @@ def _not_drawn(handles: list, labels: list, skipped: list[str],
 
 
 def _title(ctx: FigureContext, exp: Experiment, what: str) -> str:
-    return f"{ctx.name}/{exp.name}: {what}"
+    layers = layers_note(ctx)
+    return f"{ctx.name}/{exp.name}{f' ({layers})' if layers else ''}: {what}"
 
 
 def _full_labels(exp: Experiment) -> list[str]:
@@ -82,7 +85,12 @@ def _loss_scale(values) -> bool:
 def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=False,
                     reference=None, skip=(), loss=False):
     """``loss``: the metric is a mass; drawn as ``1 - mass`` on a log axis when it crowds
-    near 1 (``full``, mass 1, is then named instead of drawn)."""
+    near 1 (``full``, mass 1, is then named instead of drawn). Threshold runs, which have
+    no budget (their rows repeat at every one), are named instead of drawn."""
+    budgetless = [p.label for p in exp.policies if p.params.get("threshold") is not None]
+    rows = [r for r in rows if r["policy"] not in budgetless]
+    if not rows:
+        return []
     if loss and _loss_scale(r[metric] for r in rows if r["policy"] not in _full_labels(exp)):
         skip, log_y = tuple(skip) + tuple(_full_labels(exp)), True
         rows = [dict(r, **{metric: 1.0 - r[metric]}) for r in rows]
@@ -124,6 +132,8 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
         _not_drawn(handles, labels, list(skip), "mass 1")
     else:
         _not_drawn(handles, labels, list(skip))
+    _not_drawn(handles, labels, budgetless, "thresholds, without a budget: see the figure "
+                                            "against mean cache size")
     layout.finish(fig, _title(ctx, exp, f"{ylabel} against budget\n"
                               f"P = {exp.prompt_len}, T = {ctx.T}; {_seeds_note(ctx)}"),
                   handles, labels)
@@ -239,10 +249,15 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
                                  marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
     _not_drawn(handles, labels, list(skip), *(["mass 1"] if loss else []))
     for (b, h), ax in zip(panels, axes):
+        # fitted to the curves (not to the faint per-step traces), so that policies close to
+        # one another separate
+        ys = np.concatenate([y for _, y in curves.panels[b, h].values()] or [np.zeros(1)])
         if log_y:
             ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
-        else:  # fitted to the curves, so that policies close to one another separate
-            ys = np.concatenate([y for _, y in curves.panels[b, h].values()] or [np.zeros(1)])
+            positive = ys[np.isfinite(ys) & (ys > 0)]
+            if positive.size:
+                ax.set_ylim(positive.min() / 1.3, positive.max() * 1.3)
+        else:
             lo, hi = np.nanmin(ys), np.nanmax(ys)
             pad = max(0.01, 0.06 * (hi - lo))
             ax.set_ylim(max(0.0, lo - pad), min(1.0, hi) + pad)
@@ -255,7 +270,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
             f", drawn every {stride} steps)" if stride > 1 else ")")
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
-        " (time_budgets sets others)" if others else "")
+        f" (of {', '.join(map(str, exp.budgets))})" if others else "")
     layout.finish(fig, _title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
                               f"{how}; mean over {plural(len(ctx.seeds), 'seed')}"),
                   handles, labels)
@@ -447,7 +462,8 @@ def field_figures(ctx: FigureContext, samples, out: Target) -> list[Path]:
         ax.set_xlim(0, x[-1])
         ax.set(title=head_label(ctx, h), xlabel="key position k (linear to "
                f"{4 * sample.bin_width}, then log)", ylabel="query q")
-    layout.finish(fig, f"{ctx.name}: attention around the end of the prompt\n"
+    layer = f", layer {ctx.layer_ids[0]}" if ctx.layer_ids else ""  # the first layer's
+    layout.finish(fig, f"{ctx.name}: attention around the end of the prompt{layer}\n"
                        f"seed {ctx.seeds[0]}; future keys white",
                   colorbar=(shown, "p(q, k), max over "
                                    f"{plural(samples[0].bin_width, 'key')} per bin (log)"))
@@ -464,7 +480,7 @@ def field_figures(ctx: FigureContext, samples, out: Target) -> list[Path]:
         ax.loglog(at, ranked[at - 1], color=cmap(h % cmap.N), lw=1.1,
                   label=head_label(ctx, h))
     ax.set(xlabel="key rank", ylabel="column sum (attention the key receives)",
-           title=f"{ctx.name}: attention received per key, ranked (seed {ctx.seeds[0]})")
+           title=f"{ctx.name}: attention received per key, ranked (seed {ctx.seeds[0]}{layer})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, borderaxespad=0)
     fig.tight_layout()

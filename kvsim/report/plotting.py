@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from kvsim.errors import ScenarioError  # noqa: E402
-from kvsim.report.stats import twins  # noqa: E402
+from kvsim.report.stats import plural, twins  # noqa: E402
 from kvsim.scenario.load import Experiment, Scenario  # noqa: E402
 
 MAX_WIDTH_PX = 1200  # a figure is never wider: read at 800 px, its 8 pt text stays >= 7 px
@@ -45,6 +45,7 @@ class FigureContext:
     head_names: tuple[str, ...]  # names given to the query heads, by head (may be fewer)
     has_truth: bool  # the source plants ground-truth important tokens
     layers: int  # layers run jointly
+    layer_ids: tuple[int, ...]  # the model layers figures name (none for a field without them)
     experiments: tuple[Experiment, ...]  # all of the run's: colours, comparisons across them
     formats: tuple[str, ...]
     dpi: int
@@ -52,10 +53,12 @@ class FigureContext:
 
 def figure_context(scenario: Scenario) -> FigureContext:
     """What the figures of ``scenario``'s report read of it."""
+    chosen = len(scenario.layers) > 1 or scenario.attention.get("layer") is not None
+    layer_ids = tuple(scenario.layers) if chosen else ()
     return FigureContext(scenario.name, scenario.T, scenario.seeds, scenario.heads,
                          scenario.kv_heads, tuple(scenario.attention.get("head_names") or ()),
-                         scenario.has_truth, len(scenario.layers), scenario.experiments,
-                         scenario.formats, scenario.dpi)
+                         scenario.has_truth, len(scenario.layers), layer_ids,
+                         scenario.experiments, scenario.formats, scenario.dpi)
 
 
 class Needs(enum.Flag):
@@ -180,11 +183,14 @@ POLICY_COLORS = {
 SPARE_COLORS = ("#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
 
 
-def color_map(labels: list[str]) -> dict[str, str]:
-    """``{label: colour}``: a policy name's fixed colour; other labels take the spare
-    colours not already used, in order (past them, tab20's, which may repeat a hue)."""
+def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[str, str]:
+    """``{label: colour}``: a policy name's fixed colour, or that of its policy
+    (``kinds[label]``) when given; other labels take the spare colours not already used, in
+    order (past them, tab20's, which may repeat a hue)."""
     labels = list(dict.fromkeys(labels))
     colors = {label: POLICY_COLORS[label] for label in labels if label in POLICY_COLORS}
+    colors.update({label: POLICY_COLORS[kinds[label]] for label in labels
+                   if label not in colors and (kinds or {}).get(label) in POLICY_COLORS})
     free = [c for c in SPARE_COLORS if c not in colors.values()]
     free += [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab20").colors]
     for label in labels:
@@ -194,12 +200,35 @@ def color_map(labels: list[str]) -> dict[str, str]:
 
 
 def policy_colors(ctx: FigureContext) -> dict[str, str]:
-    """One colour per policy label, the same in every figure (see :func:`color_map`)."""
-    return color_map([p.label for e in ctx.experiments for p in e.policies])
+    """One colour per policy label, the same in every figure (see :func:`color_map`): a label
+    such as ``h2o_i16`` takes its policy's colour when it is the only label of that policy in
+    every experiment that has it, so that a protocol's figure reads like the per-step one."""
+    shared = set()  # labels beside another of their policy in some experiment
+    for e in ctx.experiments:
+        by_kind = defaultdict(list)
+        for p in e.policies:
+            by_kind[p.kind].append(p.label)
+        shared.update(label for group in by_kind.values() if len(group) > 1 for label in group)
+    labels = [p.label for e in ctx.experiments for p in e.policies]
+    kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies
+             if p.label not in shared}
+    return color_map(labels, kinds)
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:
     return {p.label: MARKERS[i % len(MARKERS)] for i, p in enumerate(exp.policies)}
+
+
+def layers_note(ctx: FigureContext) -> str:
+    """Which model layers a figure shows: "layer 15", "mean of layers 0, 15, 29" (every
+    per-head value pools the layers run jointly), or "" when the field has none."""
+    ids = ctx.layer_ids
+    if len(ids) == 1:
+        return f"layer {ids[0]}"
+    if not ids:
+        return ""
+    named = "layers " + ", ".join(map(str, ids)) if len(ids) <= 4 else plural(len(ids), "layer")
+    return f"mean of {named}"
 
 
 def head_label(ctx: FigureContext, head: int) -> str:
