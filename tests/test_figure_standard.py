@@ -48,6 +48,38 @@ def test_a_policy_keeps_its_colour_whatever_else_is_drawn():
     assert len(set(many.values())) == 20
 
 
+def test_a_protocol_variant_takes_its_policys_colour_unless_it_shares_a_figure_with_it():
+    toml_text = ('name = "p"\n[attention]\nsource = "field"\nT = 64\n'
+                 '[policies.h2o]\n[policies.h2o_i16]\nkind = "h2o"\ninterval = 16\n'
+                 '[policies.tova_t]\nkind = "tova"\nthreshold = 0.01\n'
+                 '[[experiment]]\nname = "a"\nprompt_len = 32\nbudgets = [16]\n'
+                 'policies = ["h2o", "tova_t"]\n'
+                 '[[experiment]]\nname = "b"\nprompt_len = 32\nbudgets = [16]\n'
+                 'policies = ["h2o_i16"]\n'
+                 '[[experiment]]\nname = "c"\nprompt_len = 32\nbudgets = [16]\n'
+                 'policies = ["h2o", "h2o_i16"]\n')
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "p.toml"
+        path.write_text(toml_text)
+        scenario = kvsim.load_scenario(path)
+    colors = plotting.policy_colors(plotting.figure_context(scenario))
+    assert colors["tova_t"] == plotting.POLICY_COLORS["tova"]  # the only tova anywhere
+    assert colors["h2o"] == plotting.POLICY_COLORS["h2o"]
+    assert colors["h2o_i16"] != colors["h2o"]  # experiment c draws both
+
+
+def test_a_figure_names_its_layers():
+    variants = kvsim.load_sweep("scenarios/real_smollm2.toml")  # one trace layer each
+    assert [plotting.layers_note(plotting.figure_context(v)) for v in variants] == [
+        "layer 0", "layer 15", "layer 29"]
+    three = kvsim.load_scenario("scenarios/evict_or_quantize.toml")
+    assert plotting.layers_note(plotting.figure_context(three)) == "mean of layers 0, 15, 29"
+    field = kvsim.load_scenario("scenarios/seed_notebook.toml")
+    assert plotting.layers_note(plotting.figure_context(field)) == ""
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 9, 14])
 def test_panels_wrap_at_three_a_row_within_page_width(n):
     scenario = kvsim.load_scenario("scenarios/seed_notebook.toml")
@@ -100,3 +132,19 @@ def test_report_figures_meet_the_standard(tmp_path):
     assert all(ax.get_ylabel().startswith("mass lost, 1 - mass") for ax in panels)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "not drawn: full (mass 1)" in legend
+
+
+def test_threshold_runs_are_named_not_drawn_against_budget(tmp_path):
+    """A threshold run has no budget (its rows repeat at every one): the against-budget
+    figure names it instead of drawing a flat line."""
+    toml = tmp_path / "t.toml"
+    toml.write_text('name = "t"\n[attention]\nsource = "field"\nT = 96\nheads = 1\n'
+                    '[policies.tova]\n[policies.tova_t]\nkind = "tova"\nthreshold = 0.01\n'
+                    '[[experiment]]\nname = "d"\nprompt_len = 64\nbudgets = [16, 32]\n'
+                    '[output]\nformats = ["png"]\n')
+    out = kvsim.run(toml, tmp_path / "report", workers=1)
+    fig = kvsim.load_report(out).plot("mass_vs_budget")
+    drawn = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert "tova_t" not in drawn
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any(text.startswith("not drawn: tova_t (thresholds") for text in legend), legend

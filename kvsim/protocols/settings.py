@@ -71,6 +71,12 @@ def label(params: dict) -> str:
     return "+".join(parts) or "per_step"
 
 
+def is_threshold(protocol: str) -> bool:
+    """Whether a results ``protocol`` (:func:`label`) keeps keys by a threshold: its runs
+    have no budget."""
+    return any(part.startswith("threshold=") for part in protocol.split("+"))
+
+
 def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple[str, str] | None:
     """``(key, message)`` if ``policy`` cannot take the protocol of ``params`` at ``budget``
     on a prompt of ``prompt_len`` of ``T`` tokens; None if it can (or it is neutral).

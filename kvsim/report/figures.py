@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
 
+from kvsim.protocols.settings import is_threshold
 from kvsim.report import allocation_summary
 from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
                                    color_map, draw_lines, figure, figure_context, grid,
@@ -87,7 +88,8 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
     """``loss``: the metric is a mass; drawn as ``1 - mass`` on a log axis when it crowds
     near 1 (``full``, mass 1, is then named instead of drawn). Threshold runs, which have
     no budget (their rows repeat at every one), are named instead of drawn."""
-    budgetless = [p.label for p in exp.policies if p.params.get("threshold") is not None]
+    budgetless = list(dict.fromkeys(r["policy"] for r in rows
+                                    if is_threshold(str(r.get("protocol", "")))))
     rows = [r for r in rows if r["policy"] not in budgetless]
     if not rows:
         return []
