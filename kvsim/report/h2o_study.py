@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 from kvsim.report.plotting import FigureContext, Target, policy_colors, save
-from kvsim.report.stats import plural, rolling_mean
+from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
 ONLINE, OFFLINE = "h2o", "h2o_offline"
@@ -113,24 +114,27 @@ def _position(x: float) -> str:
 
 
 def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: Target) -> list:
-    """Mass over time, kept-set overlap over time, and where the kept sets differ."""
+    """Mass lost per head, kept-set overlap over time, and where the kept sets differ."""
     colors = policy_colors(ctx)
     offline = _labels(exp, OFFLINE)[0]
     labels = _labels(exp, ONLINE) + _labels(exp, OFFLINE)
-    mass = steps.arrays()["mass"]
-    t = np.arange(exp.prompt_len, ctx.T)
-    window = max(1, t.size // 50)
     fig, axes = plt.subplots(1, 3, figsize=(10, 4.0))  # 1,200 px at 120 dpi
-    ax = axes[0]
-    for label in labels:
-        units = [r["unit"] for r in rows if r["policy"] == label and r["budget"] == exp.focus_budget]
-        series = mass[units].mean(axis=0)
-        ax.plot(t, series, color=colors[label], lw=0.4, alpha=0.18)
-        ax.plot(t, rolling_mean(series, window), color=colors[label], lw=1.3, label=label,
-                ls="--" if label in _labels(exp, OFFLINE) else "-")
-    ax.set(xlabel="decode position t", ylabel="attention mass kept", ylim=(0, 1.03),
-           title=f"mass at B = {exp.focus_budget}, rolling mean over {window} steps\n"
-                 f"(faint: per step; mean over heads and seeds)")
+    ax = axes[0]  # per head: the heads pool unlike patterns, so a mean would hide which one
+    heads = sorted({r["head"] for r in rows})
+    for i, label in enumerate(labels):
+        mine = [r for r in rows if r["policy"] == label and r["budget"] == exp.focus_budget]
+        lost = [np.mean([1.0 - r["mass_mean"] for r in mine if r["head"] == h]) for h in heads]
+        ax.plot(np.arange(len(heads)) + 0.12 * (i - (len(labels) - 1) / 2), lost, ls="none",
+                marker="s" if label in _labels(exp, OFFLINE) else "o", ms=5,
+                color=colors[label], label=label)
+    ax.set_yscale("log", nonpositive="mask")
+    names = ctx.head_names
+    ax.set_xticks(range(len(heads)), [
+        "\n".join([str(h), *textwrap.wrap(names[h], 10)]) if h < len(names) and names[h]
+        else str(h) for h in heads], fontsize=7)
+    ax.set(xlabel="query head", ylabel="mass lost, 1 - mass (log)",
+           title=f"mass lost per head at B = {exp.focus_budget}\n"
+                 f"(mean over decode steps and seeds)")
     ax.legend(fontsize=7)
     ax = axes[1]
     snap_t = exp.prompt_len + steps.snap_steps
@@ -158,7 +162,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
     ax.axvline(exp.prompt_len, color="black", ls=":", lw=0.8)
     ax.set(xlabel="key position", ylabel="keys (summed over seeds and KV heads)",
            title="where the final kept sets differ\n(dotted: end of the prompt)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="best")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"{ctx.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
