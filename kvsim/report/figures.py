@@ -48,8 +48,10 @@ def _per_head(rows: list[dict], metric: str) -> dict:
 
 def _seeds_note(ctx: FigureContext) -> str:
     n, m = len(ctx.seeds), len(ctx.layer_ids) or 1
+    if n == 1:  # bands are drawn over seeds only
+        return "one seed" if m == 1 else f"lines: mean over {plural(m, 'layer')}; one seed"
     over = plural(n, "seed") + (f" x {plural(m, 'layer')}" if m > 1 else "")
-    return "one seed" if n * m == 1 else f"lines: mean over {over}; bands: their range"
+    return f"lines: mean over {over}; bands: their range"
 
 
 def _rounding_only(exp: Experiment) -> list[str]:
