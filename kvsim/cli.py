@@ -256,9 +256,10 @@ def _capture(argv: list[str]) -> int:
 
 
 def _study(argv: list[str], command: str, report, description: str, file_help: str,
-           workers_help: str, epilog: str | None = None) -> int:
+           workers_help: str, epilog: str | None = None, redraw=None) -> int:
     """A study command (``closed-loop``, ``task``): ``report(file, out, ...)`` runs the file
-    and writes its report folder, whose path is printed."""
+    and writes its report folder, whose path is printed; with ``redraw``, a ``--redraw``
+    flag calls ``redraw(file, out, command=...)`` instead."""
     p = _Parser(prog=f"kvsim {command}", description=description, epilog=epilog,
                 formatter_class=argparse.RawDescriptionHelpFormatter if epilog
                 else argparse.HelpFormatter)
@@ -269,10 +270,19 @@ def _study(argv: list[str], command: str, report, description: str, file_help: s
                         "study is replaced anyway)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=_positive, default=1, metavar="N", help=workers_help)
+    if redraw is not None:
+        p.add_argument("--redraw", action="store_true",
+                       help="redraw the report's figures and text from its results.csv, "
+                            "without running the model (the file's settings must be the "
+                            "report's, apart from description, focus_budget, bootstrap and "
+                            "[output])")
     args = p.parse_args(argv)
+    line = shlex.join(["python", "-m", "kvsim", command, *argv])
+    if redraw is not None and args.redraw:
+        print(redraw(args.file, args.out, command=line))
+        return 0
     print(report(args.file, args.out, force=args.force, progress=not args.quiet,
-                 workers=args.workers,
-                 command=shlex.join(["python", "-m", "kvsim", command, *argv])))
+                 workers=args.workers, command=line))
     return 0
 
 
@@ -308,13 +318,14 @@ from every compressed cache (and the full cache); success: the first 5-digit num
 is the key. Beside each run, the simulator's prediction from the full-cache
 attention: needle retention and the question's attention on the kept needle.
 
-example:
+examples:
   python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
+  python -m kvsim task scenarios/passkey_smollm2.toml --redraw   # new figures, same trials
 """
 
 
 def _task(argv: list[str]) -> int:
-    from kvsim.tools.task.command import task_report
+    from kvsim.tools.task.command import redraw_report, task_report
 
     return _study(
         argv, "task", task_report, "Run the passkey task inside a real model (SmolLM2-135M "
@@ -322,7 +333,8 @@ def _task(argv: list[str]) -> int:
         "question protocol, beside the simulator's prediction, and write a report "
         "(report.md, results.csv, figures). Needs: pip install -e \".[capture]\".",
         "task file (TOML with a [task] table)",
-        "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG)
+        "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG,
+        redraw=redraw_report)
 
 
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,

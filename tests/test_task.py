@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.errors import ScenarioError
+from kvsim.cli import main
+from kvsim.errors import KvsimError, ScenarioError
 from kvsim.tools.task.config import load_config
 from kvsim.tools.task.inputs import build, first_number, trial_rng
 from kvsim.tools.task.report import wilson
@@ -153,7 +154,6 @@ def test_bad_task_files_give_one_line_errors(tmp_path, change, where):
 
 
 def test_validate_checks_task_files(tmp_path, capsys):
-    from kvsim.cli import main
 
     good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
     good.write_text(GOOD)
@@ -399,6 +399,33 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
                         command="kvsim task t.toml")  # its own earlier report: replaced
     with open(again / "results.csv") as f:
         assert list(csv.DictReader(f)) == rows  # deterministic, whatever the workers
+    before = (out / "results.csv").read_bytes()
+    assert main(["task", str(tmp_path / "t.toml"), "--out", str(out), "--redraw"]) == 0
+    assert (out / "results.csv").read_bytes() == before  # the same trials, not run again
+    assert "figures and text redrawn from results.csv by `python -m kvsim task" in \
+        (out / "report.md").read_text()
+
+
+def test_redraw_refuses_other_settings_and_a_missing_report(tmp_path, monkeypatch):
+    import kvsim.tools.task.command as command
+    from kvsim.tools.task.report import write_files
+
+    cfg = task_config(configs(8))
+    facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
+             "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
+             "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
+    (tmp_path / "r").mkdir()
+    write_files(cfg, synthetic_rows(cfg), facts, tmp_path / "r")
+    monkeypatch.setattr(command, "load_config",
+                        lambda path: type(cfg)(**{**vars(cfg), "trials": cfg.trials + 1}))
+    with pytest.raises(KvsimError, match=r"t.toml: trials differ from the settings"):
+        command.redraw_report("t.toml", tmp_path / "r")
+    monkeypatch.setattr(command, "load_config",  # an output setting only: allowed
+                        lambda path: type(cfg)(**{**vars(cfg), "dpi": 60}))
+    command.redraw_report("t.toml", tmp_path / "r")
+    assert "redrawn from results.csv" in (tmp_path / "r" / "report.md").read_text()
+    with pytest.raises(KvsimError, match="expected a task report to redraw"):
+        command.redraw_report("t.toml", tmp_path / "empty")
 
 
 def synthetic_rows(cfg) -> list[dict]:
@@ -428,7 +455,7 @@ def synthetic_rows(cfg) -> list[dict]:
 
 
 def test_report_files_from_rows(tmp_path):
-    from kvsim.tools.task.report import write_files
+    from kvsim.tools.task.report import read_rows, write_files
 
     cfg = task_config(configs(8))
     cfg = type(cfg)(**{**vars(cfg), "lengths": (160, 320), "depths": (0.0, 0.5, 1.0),
@@ -436,7 +463,9 @@ def test_report_files_from_rows(tmp_path):
     facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
              "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
              "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
-    write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
+    rows = synthetic_rows(cfg)
+    write_files(cfg, rows, facts, tmp_path)
+    assert read_rows(tmp_path / "results.csv") == rows  # typed as the run types them
     text = (tmp_path / "report.md").read_text()
     assert text.count("| snapkv |") == 2 and "ρ retention" in text
     assert "logistic x50, b, R²" in text
@@ -447,6 +476,22 @@ def test_report_files_from_rows(tmp_path):
                  "retention_vs_accuracy"):
         with Image.open(tmp_path / f"{name}.png") as image:  # the figure standard's width
             assert image.size[0] <= MAX_WIDTH_PX, name
+
+
+def test_retention_bins_hold_exact_ends_apart():
+    from kvsim.tools.task.report import retention_bins
+
+    base = {"policy": "h2o", "protocol": "after_question"}
+    rows = [{**base, "retention": x, "success": s} for x, s in
+            [(0.0, 0), (0.0, 1), (0.1, 0), (0.3, 1), (0.5, 1), (0.74, 0), (0.75, 1),
+             (0.99, 1), (1.0, 1), (1.0, 1)]]
+    rows += [{"policy": "full", "protocol": "full", "retention": 1.0, "success": 0},
+             {**base, "protocol": "before_question", "retention": 1.0, "success": 0}]
+    bins = retention_bins(rows, "after_question")
+    assert [b["runs"] for b in bins] == [2, 1, 1, 2, 2, 2]
+    assert [b["accuracy"] for b in bins] == [0.5, 0.0, 1.0, 0.5, 1.0, 1.0]
+    assert bins[0]["retention"] == 0.0 and bins[-1]["retention"] == 1.0
+    assert all(b["ci_low"] <= b["accuracy"] <= b["ci_high"] for b in bins)
 
 
 def test_logistic_fit_recovers_known_coefficients_and_names_separation():

@@ -23,8 +23,49 @@ from kvsim.tools.task.run import FULL
 
 Z95 = 1.959963984540054
 RETAINED = 0.5  # "retained": at least this share of the (layer, KV head) caches hold the key
+# The columns of results.csv and their types (what :func:`read_rows` parses back).
+ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_start": int,
+             "actual_depth": float, "question_len": int, "policy": str, "kind": str,
+             "budget": int, "protocol": str, "peak_cache": int, "retention": float,
+             "digit_share": float, "kept_needle_mass": float, "answer": str, "number": str,
+             "success": int, "question_needle_mass": float}
+RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
 PREDICTORS = {"retention": "needle retention (share of caches holding the key)",
               "kept_needle_mass": "question's full-cache attention on the kept key digits"}
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a task's ``results.csv``, with the types the run gave them (written back,
+    they give the same file)."""
+    import csv
+
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if reader.fieldnames != list(ROW_TYPES):
+            raise ValueError(f"expected the columns {', '.join(ROW_TYPES)}")
+        return [{k: ROW_TYPES[k](v) for k, v in r.items()} for r in reader]
+
+
+def retention_bins(rows: list[dict], protocol: str) -> list[dict]:
+    """The compressed runs of ``protocol`` grouped by their needle retention: exactly 0, the
+    intervals between 0, :data:`RETENTION_BINS` and 1, and exactly 1. Per non-empty bin: its
+    runs, their mean retention, the share answered and its Wilson interval."""
+    edges = (0.0, *RETENTION_BINS, 1.0)
+    groups: dict = defaultdict(list)
+    for r in rows:
+        if r["policy"] != FULL and r["protocol"] == protocol:
+            x = r["retention"]
+            b = 0 if x <= 0 else len(edges) if x >= 1 else \
+                next(i for i in range(1, len(edges)) if x < edges[i])
+            groups[b].append(r)
+    out = []
+    for b in sorted(groups):
+        rs = groups[b]
+        k, n = sum(r["success"] for r in rs), len(rs)
+        lo, hi = wilson(k, n)
+        out.append({"runs": n, "retention": float(np.mean([r["retention"] for r in rs])),
+                    "accuracy": k / n, "ci_low": lo, "ci_high": hi})
+    return out
 
 
 def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -171,10 +212,10 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         names += _save(fig, folder, f"heatmap_{protocol}", cfg)
     fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5 * len(cfg.compress), 5.2),
                              squeeze=False, sharey=True)
-    ceiling = next(a for a in acc if a["policy"] == FULL)
+    full_acc = next(a for a in acc if a["policy"] == FULL)
     for ax, protocol in zip(axes[0], cfg.compress):
-        ax.axhspan(ceiling["ci_low"], ceiling["ci_high"], color="0.85", zorder=0)
-        ax.axhline(ceiling["accuracy"], color=colors[FULL], ls="--", lw=1,
+        ax.axhspan(full_acc["ci_low"], full_acc["ci_high"], color="0.85", zorder=0)
+        ax.axhline(full_acc["accuracy"], color=colors[FULL], ls="--", lw=1,
                    label="full cache (band: its Wilson 95% interval)")
         for k, lab in enumerate(labels):
             pts = sorted((a for a in acc if a["policy"] == lab and a["protocol"] == protocol),
@@ -198,20 +239,25 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
     fig, ax = plt.subplots(figsize=(7.5, 6.2))
+    ax.axhspan(full_acc["ci_low"], full_acc["ci_high"], color="0.9", zorder=0)
+    ax.axhline(full_acc["accuracy"], color=colors[FULL], ls="--", lw=1,
+               label=f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
     for protocol, face in zip(cfg.compress, ("none", "full")):
         for lab in labels:
             pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
             ax.scatter([a["retention"] for a in pts], [a["accuracy"] for a in pts], s=36,
                        marker=markers[lab], edgecolors=colors[lab],
-                       facecolors=colors[lab] if face == "full" else "none",
+                       facecolors=colors[lab] if face == "full" else "none", alpha=0.8,
                        label=lab if protocol == cfg.compress[0] else None)
-    ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls=":")
-    ax.axvline(RETAINED, color="0.6", lw=0.8)
-    fit = next(q for q in quality if q["protocol"] == "all")["logistic"]
-    if math.isfinite(fit["slope"]):
-        x = np.linspace(0, 1, 101)
-        ax.plot(x, 1 / (1 + np.exp(-(fit["intercept"] + fit["slope"] * x))), color="0.2",
-                lw=1.2, ls="--", label="logistic fit over runs")
+    for protocol, style in zip(cfg.compress, (":", "-")):
+        bins = retention_bins(rows, protocol)
+        x = np.array([b["retention"] for b in bins])
+        y = np.array([b["accuracy"] for b in bins])
+        err = np.array([y - [b["ci_low"] for b in bins], [b["ci_high"] for b in bins] - y])
+        ax.errorbar(x, y, yerr=err, color="0.15", ls=style, lw=1.3, marker="s", ms=4,
+                    mfc="white" if style == ":" else "0.15", capsize=2, zorder=3,
+                    label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
+    ax.axvline(RETAINED, color="0.6", lw=0.8, label=f"rule: retained if ≥ {RETAINED:g}")
     ax.set_xlabel("simulator: needle retention (share of layer x KV head caches holding the key)")
     ax.set_ylabel("model: passkey accuracy")
     ax.set_xlim(-0.03, 1.03)
@@ -221,10 +267,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
               for p, mfc in zip(cfg.compress, ("none", "0.3"))]
     handles, texts = ax.get_legend_handles_labels()
     fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
-               ncol=4, loc="lower center", frameon=False,
-               title="policy (one point per budget), protocol", title_fontsize=7)
+               ncol=3, loc="lower center", frameon=False,
+               title="markers: a policy at one budget (mean over trials); black: single runs "
+                     "in retention bins 0, (0, ¼), [¼, ½), [½, ¾), [¾, 1), 1, Wilson 95% bars",
+               title_fontsize=7)
     ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
-    fig.tight_layout(rect=(0, 0.2, 1, 1))
+    fig.tight_layout(rect=(0, 0.24, 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
 
@@ -249,18 +297,18 @@ def _pct(a: dict) -> str:
 
 
 def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
-    ceiling = next(a for a in acc if a["policy"] == FULL)
+    full_acc = next(a for a in acc if a["policy"] == FULL)
     parts = []
     for protocol in cfg.compress:
         at = [a for a in acc if a["protocol"] == protocol and a["budget"] == cfg.focus_budget]
         keep = [f"{a['policy']} ({100 * a['accuracy']:.0f}%)"
                 for a in sorted(at, key=lambda a: -a["accuracy"])
-                if a["accuracy"] >= 0.8 * ceiling["accuracy"] and a["accuracy"] > 0]
+                if a["accuracy"] >= 0.8 * full_acc["accuracy"] and a["accuracy"] > 0]
         parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
     rule = next(q for q in quality if q["protocol"] == "all")
     return (f"Policies that keep the needle at budget {cfg.focus_budget} (at least 80% of the "
-            f"full cache's accuracy, which is {_pct(ceiling)} over "
-            f"{_count(ceiling['trials'], 'trial')}): {'; '.join(parts)}. The simulator's "
+            f"full cache's accuracy, which is {_pct(full_acc)} over "
+            f"{_count(full_acc['trials'], 'trial')}): {'; '.join(parts)}. The simulator's "
             f"needle retention, computed without the model, predicts the answer with accuracy "
             f"{100 * rule['rule_accuracy']:.0f}% (\"retained ⇒ answered\" over "
             f"{rule['runs']} compressed runs).")
@@ -278,8 +326,12 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
+    redrawn = facts.get("redrawn")
     lines += [
         *version_lines(facts),
+        *([f"- figures and text redrawn from results.csv by `{redrawn['command']}`, kvsim "
+           f"{redrawn['kvsim']}, commit `{redrawn['commit']}`; {redrawn['date']} (the trials "
+           f"are those of the run above)"] if redrawn else []),
         f"- wall time {machine_words(facts)}",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
         f"{_layers(facts)}, {facts['heads']} query heads sharing "
@@ -297,9 +349,9 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         "Accuracy over trials with its Wilson 95% interval, and the simulator's mean needle "
         "retention (share of layer × KV head caches holding every digit token of one of the "
         "key's two occurrences when the answer starts).", ""]
-    ceiling = next(a for a in acc if a["policy"] == FULL)
-    lines += [f"Full cache (the ceiling): {_pct(ceiling)} of "
-              f"{_count(ceiling['trials'], 'trial')}.", ""]
+    full_acc = next(a for a in acc if a["policy"] == FULL)
+    lines += [f"Full cache (the reference; a compressed cache may do better): {_pct(full_acc)} "
+              f"of {_count(full_acc['trials'], 'trial')}.", ""]
     for protocol in cfg.compress:
         lines += [f"### {_label(protocol)}", "",
                   "| policy | " + " | ".join(f"B = {b}" for b in cfg.budgets) + " |",
