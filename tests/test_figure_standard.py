@@ -67,7 +67,8 @@ def test_a_protocol_variant_takes_its_policys_colour_unless_it_shares_a_figure_w
     colors = plotting.policy_colors(plotting.figure_context(scenario))
     assert colors["tova_t"] == plotting.POLICY_COLORS["tova"]  # the only tova anywhere
     assert colors["h2o"] == plotting.POLICY_COLORS["h2o"]
-    assert colors["h2o_i16"] != colors["h2o"]  # experiment c draws both
+    assert colors["h2o_i16"] != colors["h2o"]  # experiment c draws both: a shade of h2o's
+    assert colors["h2o_i16"] == plotting._shades(plotting.POLICY_COLORS["h2o"])[0]
 
 
 def test_a_figure_names_its_layers():

@@ -35,6 +35,7 @@ RASTER_BINS = 256
 SINK_STRIP = 0.05  # height of the enlarged first-bin strip of the kept raster, as a share of T
 CROWDED = 0.9  # a mass above this crowds near 1 on a linear axis
 MAX_RAW_POINTS = 4000  # faint per-step series longer than this are drawn every k-th step
+FAINT_MAX = 3  # faint per-step series are drawn under at most this many curves (else a wash)
 
 
 def _per_head(rows: list[dict], metric: str) -> dict:
@@ -105,9 +106,15 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
     heads = sorted(per_head)
     fig, axes, layout = grid(len(heads), ctx,
                              gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
-    curves, bands = Curves(), {}
+    # ``full`` keeps every key whatever the budget (its rows repeat at each): a flat line.
+    unbudgeted = {p.label for p in exp.policies if p.kind == "full"}
+    curves, bands, flat = Curves(), {}, {}
     for h, ax in zip(heads, axes):
         for policy, per_budget in per_head[h].items():
+            if policy in unbudgeted:
+                flat[policy] = ax.axhline(np.mean(np.concatenate(list(per_budget.values()))),
+                                          color=colors[policy], ls="--", lw=1.2)
+                continue
             budgets = sorted(per_budget)
             values = [np.array(per_budget[b]) for b in budgets]
             curves.add(h, policy, budgets, [v.mean() for v in values])
@@ -115,6 +122,9 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
                 bands[h, policy] = ([v.min() for v in values], [v.max() for v in values])
     handles, labels = draw_lines(dict(zip(heads, axes)), curves, colors, policy_markers(exp),
                                  bands, log=log_y)
+    for policy, line in flat.items():
+        handles.append(line)
+        labels.append(f"{policy} (every key kept: the budget does not apply)")
     for h, ax in zip(heads, axes):
         if reference:
             b = np.array(exp.budgets, float)
@@ -168,9 +178,10 @@ def error_vs_budget(ctx, exp, rows, steps, colors, out):
                            skip=_rounding_only(exp))
 
 
-@figure(Needs.TRUTH)
+@figure(Needs.TRUTH, by_default=lambda exp: len(exp.budgets) > 1)
 def pareto(ctx, exp, rows, steps, colors, out):
-    """Compression (share of the sequence evicted) against final recall, a panel per head."""
+    """Compression (share of the sequence evicted) against final recall, a panel per head
+    (by default only with several budgets: at one, each policy is a single point)."""
     recall = _per_head(rows, "final_recall")
     compression = _per_head(rows, "compression")
     heads = sorted(recall)
@@ -187,7 +198,7 @@ def pareto(ctx, exp, rows, steps, colors, out):
     handles, labels = draw_lines(dict(zip(heads, axes)), curves, colors, policy_markers(exp))
     xs = np.concatenate([x for c in curves.panels.values() for x, _ in c.values()])
     lo, hi = float(xs.min()), float(xs.max())
-    pad = max(0.01, 0.08 * (hi - lo))
+    pad = max(0.05, 0.08 * (hi - lo))  # never a zoom that makes equal budgets look apart
     grid_x = np.linspace(max(0.0, lo - pad), min(1.0, hi + pad), 50)
     for h, ax in zip(heads, axes):
         base, = ax.plot(grid_x, 1 - grid_x, color="0.45", ls=":", lw=1)
@@ -231,6 +242,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     window = max(1, t.size // 50) if smooth else 1
     stride = max(1, -(-t.size // MAX_RAW_POINTS))
     fig, axes, layout = grid(len(panels), ctx, panel=(3.6, 2.5))
+    faint = smooth and sum(p.label not in skip for p in exp.policies) <= FAINT_MAX
     curves = Curves()
     units = defaultdict(list)
     for r in rows:
@@ -245,8 +257,9 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
                     if units[b, h, p.label] else None
             if mean is None or np.isnan(mean).all():
                 continue
-            if smooth:
+            if faint:
                 ax.plot(t[::stride], mean[::stride], color=colors[p.label], lw=0.4, alpha=0.18)
+            if smooth:
                 mean = rolling_mean(mean, window)
             curves.add((b, h), p.label, t, mean)
     handles, labels = draw_lines(dict(zip(panels, axes)), curves, colors, policy_markers(exp),
@@ -269,9 +282,11 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
                ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     how = "per step"
-    if smooth:
+    if faint:
         how = f"rolling mean over {window} steps (faint: per step" + (
             f", drawn every {stride} steps)" if stride > 1 else ")")
+    elif smooth:
+        how = f"rolling mean over {window} steps (per step: steps.npz)"
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
@@ -315,11 +330,29 @@ def _occupancy(snapshots: np.ndarray, T: int, bins: int) -> tuple[np.ndarray, in
     return image / width, width
 
 
+def _raster_labels(ctx, exp, steps) -> list[str]:
+    """The policies :func:`kept_raster` draws: those with snapshots of the first seed."""
+    return [p.label for p in exp.policies if (p.label, ctx.seeds[0], 0) in steps.snapshots]
+
+
+def raster_digest(ctx, exp, steps) -> str:
+    """A digest of what :func:`kept_raster` would draw for ``exp`` (its policies, steps and
+    cached positions): two experiments with the same digest have the same raster."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{exp.prompt_len} {exp.focus_budget}".encode())
+    digest.update(np.ascontiguousarray(steps.snap_steps).tobytes())
+    for label in _raster_labels(ctx, exp, steps):
+        digest.update(label.encode() + b"\0")
+        digest.update(np.ascontiguousarray(steps.snapshots[label, ctx.seeds[0], 0]).tobytes())
+    return digest.hexdigest()
+
+
 @figure(Needs.DECODE)
 def kept_raster(ctx, exp, rows, steps, colors, out):
     """Which positions are cached at each decode step: a panel per policy (focus budget)."""
     seed = ctx.seeds[0]
-    labels = [p.label for p in exp.policies if (p.label, seed, 0) in steps.snapshots]
+    labels = _raster_labels(ctx, exp, steps)
     if not labels:
         return []
     fig, axes, layout = grid(len(labels), ctx, panel=(3.4, 2.7), max_cols=3)

@@ -199,10 +199,23 @@ def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[st
     return colors
 
 
+def _shades(color: str) -> list[str]:
+    """Two shades of ``color`` for variants drawn beside it: mixed 45 % with black and with
+    white (the white one only while it stays dark enough to stand out on white)."""
+    rgb = np.array(matplotlib.colors.to_rgb(color))
+    dark, light = rgb * 0.55, rgb + (1 - rgb) * 0.45
+    out = [dark]
+    if 0.2126 * light[0] + 0.7152 * light[1] + 0.0722 * light[2] <= 0.6:  # luminance
+        out.append(light)
+    return [matplotlib.colors.to_hex(c) for c in out]
+
+
 def policy_colors(ctx: FigureContext) -> dict[str, str]:
     """One colour per policy label, the same in every figure (see :func:`color_map`): a label
     such as ``h2o_i16`` takes its policy's colour when it is the only label of that policy in
-    every experiment that has it, so that a protocol's figure reads like the per-step one."""
+    every experiment that has it, so that a protocol's figure reads like the per-step one;
+    beside its policy, it takes a darker (then a lighter) shade of that colour, so that the
+    variants of one policy read as one family (past two variants: spare colours)."""
     shared = set()  # labels beside another of their policy in some experiment
     for e in ctx.experiments:
         by_kind = defaultdict(list)
@@ -210,9 +223,16 @@ def policy_colors(ctx: FigureContext) -> dict[str, str]:
             by_kind[p.kind].append(p.label)
         shared.update(label for group in by_kind.values() if len(group) > 1 for label in group)
     labels = [p.label for e in ctx.experiments for p in e.policies]
-    kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies
-             if p.label not in shared}
-    return color_map(labels, kinds)
+    kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies}
+    colors = color_map(labels, {k: v for k, v in kinds.items() if k not in shared})
+    family = defaultdict(list)  # kind: its variants drawn beside another label of the kind
+    for label in dict.fromkeys(labels):
+        if label in shared and label not in POLICY_COLORS and kinds[label] in POLICY_COLORS:
+            family[kinds[label]].append(label)
+    for kind, variants in family.items():
+        for label, shade in zip(variants, _shades(POLICY_COLORS[kind])):
+            colors[label] = shade
+    return colors
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:

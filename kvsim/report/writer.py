@@ -174,10 +174,18 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
                      (ctx, res.rows, target)))
         jobs.append(((i, "mass_vs_bytes"), bytes_figure.mass_vs_bytes, (ctx, res.rows, target)))
         colors = figures.policy_colors(ctx)
+        rasters: dict = {}  # what each drawn raster shows: the first experiment showing it
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
             steps = res.steps[exp.name]
             chosen, notes[i, exp.name] = figures.select(ctx, exp, rows)
+            if figures.kept_raster in [f.draw for f in chosen]:
+                first = rasters.setdefault(figures.raster_digest(ctx, exp, steps), exp.name)
+                if first != exp.name:  # the same cached positions: one figure, not two
+                    chosen = [f for f in chosen if f.draw is not figures.kept_raster]
+                    notes[i, exp.name].append(
+                        f"`kept_raster` is not drawn: every policy caches the same positions "
+                        f"as in `{first}`, whose raster shows them.")
             jobs += [((i, exp.name), fig.draw, (ctx, exp, rows, steps, colors, target))
                      for fig in chosen]
             for study in STUDIES:
