@@ -17,14 +17,7 @@ from kvsim.report import figures, plotting
 from kvsim.report.stats import rolling_mean
 
 
-def _lab(color: str) -> np.ndarray:
-    """CIELAB (D65) of an sRGB colour."""
-    rgb = np.array(matplotlib.colors.to_rgb(color))
-    linear = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
-                    [0.0193, 0.1192, 0.9505]]) @ linear / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+_lab = plotting.cielab
 
 
 def test_every_policy_has_a_fixed_colour_and_the_hues_are_distinct():
@@ -69,6 +62,25 @@ def test_a_protocol_variant_takes_its_policys_colour_unless_it_shares_a_figure_w
     assert colors["h2o"] == plotting.POLICY_COLORS["h2o"]
     assert colors["h2o_i16"] != colors["h2o"]  # experiment c draws both: a shade of h2o's
     assert colors["h2o_i16"] == plotting._shades(plotting.POLICY_COLORS["h2o"])[0]
+
+
+def test_a_variants_shade_stays_apart_from_every_other_colour():
+    shaded = 0
+    for name in ("policy_zoo", "protocols", "h2o_online_vs_offline"):
+        for scenario in kvsim.load_sweep(f"scenarios/{name}.toml"):
+            ctx = plotting.figure_context(scenario)
+            colors = plotting.policy_colors(ctx)
+            kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies}
+            for label, color in colors.items():
+                if label in plotting.POLICY_COLORS or \
+                        color not in plotting._shades(plotting.POLICY_COLORS[kinds[label]]):
+                    continue
+                shaded += 1
+                for other, c in colors.items():
+                    if other != label:
+                        gap = np.linalg.norm(_lab(color) - _lab(c))
+                        assert gap >= plotting.SHADE_APART, (name, label, other, gap)
+    assert shaded > 0  # the rule is exercised
 
 
 def test_a_figure_names_its_layers():

@@ -273,7 +273,10 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
             ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
             positive = ys[np.isfinite(ys) & (ys > 0)]
             if positive.size:
-                ax.set_ylim(positive.min() / 1.3, positive.max() * 1.3)
+                top = positive.max() * 1.3
+                if loss:  # no mass lost above 1: the axis stops there unless a curve is at 1
+                    top = max(min(top, 1.0), positive.max() * 1.02)
+                ax.set_ylim(positive.min() / 1.3, top)
         else:
             lo, hi = np.nanmin(ys), np.nanmax(ys)
             pad = max(0.01, 0.06 * (hi - lo))
@@ -286,12 +289,13 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
         how = f"rolling mean over {window} steps (faint: per step" + (
             f", drawn every {stride} steps)" if stride > 1 else ")")
     elif smooth:
-        how = f"rolling mean over {window} steps (per step: steps.npz)"
+        how = f"rolling mean over {window} steps (per-step series not drawn: steps.npz)"
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
     layout.finish(fig, _title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
-                              f"{how}; mean over {plural(len(ctx.seeds), 'seed')}"),
+                              f"{how}; " + ("one seed" if len(ctx.seeds) == 1 else
+                                            f"mean over {plural(len(ctx.seeds), 'seed')}")),
                   handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", ctx)
 

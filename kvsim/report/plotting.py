@@ -199,23 +199,35 @@ def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[st
     return colors
 
 
-def _shades(color: str) -> list[str]:
-    """Two shades of ``color`` for variants drawn beside it: mixed 45 % with black and with
-    white (the white one only while it stays dark enough to stand out on white)."""
+def cielab(color: str) -> np.ndarray:
+    """CIELAB (D65) of an sRGB colour: distances in it follow perceived differences."""
     rgb = np.array(matplotlib.colors.to_rgb(color))
-    dark, light = rgb * 0.55, rgb + (1 - rgb) * 0.45
-    out = [dark]
-    if 0.2126 * light[0] + 0.7152 * light[1] + 0.0722 * light[2] <= 0.6:  # luminance
-        out.append(light)
-    return [matplotlib.colors.to_hex(c) for c in out]
+    linear = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                    [0.0193, 0.1192, 0.9505]]) @ linear / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+SHADE_APART = 20  # a variant's shade is this far (CIELAB) from every other colour drawn
+
+
+def _shades(color: str) -> list[str]:
+    """Shades of ``color`` for variants drawn beside it: mixed 40 % with black, then 40 %
+    with white, each only while its CIELAB lightness stays in [30, 80] (neither near black
+    nor pastel)."""
+    rgb = np.array(matplotlib.colors.to_rgb(color))
+    mixes = [matplotlib.colors.to_hex(c) for c in (rgb * 0.6, rgb + (1 - rgb) * 0.4)]
+    return [c for c in mixes if 30 <= cielab(c)[0] <= 80]
 
 
 def policy_colors(ctx: FigureContext) -> dict[str, str]:
     """One colour per policy label, the same in every figure (see :func:`color_map`): a label
     such as ``h2o_i16`` takes its policy's colour when it is the only label of that policy in
     every experiment that has it, so that a protocol's figure reads like the per-step one;
-    beside its policy, it takes a darker (then a lighter) shade of that colour, so that the
-    variants of one policy read as one family (past two variants: spare colours)."""
+    beside its policy, it takes a shade of that colour (see :func:`_shades`), so that one
+    policy's variants read as a family, unless the shade is within :data:`SHADE_APART` of
+    another colour of the scenario (then, as past two variants, a spare colour)."""
     shared = set()  # labels beside another of their policy in some experiment
     for e in ctx.experiments:
         by_kind = defaultdict(list)
@@ -225,13 +237,15 @@ def policy_colors(ctx: FigureContext) -> dict[str, str]:
     labels = [p.label for e in ctx.experiments for p in e.policies]
     kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies}
     colors = color_map(labels, {k: v for k, v in kinds.items() if k not in shared})
-    family = defaultdict(list)  # kind: its variants drawn beside another label of the kind
     for label in dict.fromkeys(labels):
-        if label in shared and label not in POLICY_COLORS and kinds[label] in POLICY_COLORS:
-            family[kinds[label]].append(label)
-    for kind, variants in family.items():
-        for label, shade in zip(variants, _shades(POLICY_COLORS[kind])):
-            colors[label] = shade
+        kind = kinds[label]
+        if label not in shared or label in POLICY_COLORS or kind not in POLICY_COLORS:
+            continue
+        others = [cielab(c) for other, c in colors.items() if other != label]
+        for shade in _shades(POLICY_COLORS[kind]):
+            if all(np.linalg.norm(cielab(shade) - o) >= SHADE_APART for o in others):
+                colors[label] = shade
+                break
     return colors
 
 

@@ -258,7 +258,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
                     mfc="white" if style == ":" else "0.15", capsize=2, zorder=3,
                     label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
     ax.axvline(RETAINED, color="0.6", lw=0.8, label=f"rule: retained if ≥ {RETAINED:g}")
-    ax.set_xlabel("simulator: needle retention (share of layer x KV head caches holding the key)")
+    ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding the key)")
     ax.set_ylabel("model: passkey accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
@@ -268,11 +268,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     handles, texts = ax.get_legend_handles_labels()
     fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
                ncol=3, loc="lower center", frameon=False,
-               title="markers: a policy at one budget (mean over trials); black: single runs "
-                     "in retention bins 0, (0, ¼), [¼, ½), [½, ¾), [¾, 1), 1, Wilson 95% bars",
+               title="markers: a policy at one budget (mean over trials); black: the share "
+                     "of single runs answered, pooled by retention bin (0, (0, ¼), [¼, ½), "
+                     "[½, ¾), [¾, 1), 1), Wilson 95% bars",
                title_fontsize=7)
     ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
-    fig.tight_layout(rect=(0, 0.24, 1, 1))
+    fig.tight_layout(rect=(0, 0.22, 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
 
