@@ -78,9 +78,59 @@ def test_long_full_pass_shows_rows_and_gives_the_same_numbers(monkeypatch, capsy
         np.testing.assert_array_equal(a, b)
 
 
+def test_long_full_pass_counts_logits_so_that_its_eta_is_linear(monkeypatch):
+    counted = []
+
+    class Bar:  # records what the pass reports
+        def __init__(self, total, **kwargs):
+            counted.append(total)
+
+        def update(self, n):
+            counted.append(n)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    field, _ = components.build([{"recency": {"kind": "power", "alpha": 0.7, "tau": 1.0},
+                                  "boost": []}], 700, 1, seed=3)
+    monkeypatch.setattr(fullpass, "LONG_PASS", 0)
+    monkeypatch.setattr(fullpass, "tqdm", Bar)
+    fullpass.full_pass(field, 0, 300, progress=True)
+    total, *updates = counted
+    assert total == sum(updates) == 700 * 701 // 2  # every logit of the causal pass
+    assert len(updates) > 16  # in steps, not at the end
+
+
 def test_max_memory_lasts_for_one_command(tmp_path):
     from kvsim import resources
 
     _variants(tmp_path)
     assert cli(["validate", tmp_path / "s.toml", "--max-memory", "1K"])[0] == 2
     assert resources._limit is None  # the next run, in this process, has the machine's
+
+
+def test_an_interrupted_long_pass_stops_within_a_span(monkeypatch):
+    import signal
+    import time
+
+    field, _ = components.build([{"recency": {"kind": "power", "alpha": 0.7, "tau": 1.0},
+                                  "boost": []}], 700, 1, seed=3)
+    fullpass.full_pass(field, 0, 300)  # compiled before the clock matters
+    monkeypatch.setattr(fullpass, "LONG_PASS", 0)  # spans of 16 rows: 44 per block
+    monkeypatch.setattr(fullpass, "SERIAL_ENTRIES", 0)  # on threads where there are two
+    calls = []
+    real = fullpass._full_pass_block
+
+    def span(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C: the main thread gets it
+        time.sleep(0.002)
+        return real(*args)
+    monkeypatch.setattr(fullpass, "_full_pass_block", span)
+    with pytest.raises(KeyboardInterrupt):
+        fullpass.full_pass(field, 0, 300)
+    assert len(calls) < 16 * 44 // 4  # stopped, not run to the end
+

@@ -11,6 +11,7 @@ reduced in block order, so the result is identical for any thread count.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -132,9 +133,11 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
 
     ``rows`` limits the pass to queries ``0 .. rows-1`` (a dense field that only needs
     prompt column sums); each block still sums its rows in the same order, so a partial
-    pass gives bit-identical prompt sums. With ``progress``, a pass of more than
-    ``LONG_PASS`` logit evaluations shows rows done out of the total on stderr (each block
-    then runs its rows span by span, in the same order: the same numbers).
+    pass gives bit-identical prompt sums. A pass of more than ``LONG_PASS`` logit
+    evaluations runs each block's rows span by span, in the same order (the same
+    numbers), so that an interrupt (Ctrl-C, SIGTERM) stops it within a span, and, with
+    ``progress``, shows the logits done out of the total on stderr (a row's cost grows
+    with its length, so counting rows would promise an early end).
     """
     T = field.T
     rows = T if rows is None else rows
@@ -146,17 +149,22 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     full_output = np.zeros((T - prompt_len, dv))
     decode_mass = np.zeros(T - prompt_len)
 
-    long = progress and rows * (rows + 1) / 2 > LONG_PASS
+    long = rows * (rows + 1) / 2 > LONG_PASS
     span = max(BLOCKS, rows // 200 // BLOCKS * BLOCKS) if long else max(rows, 1)
-    bar = tqdm(total=rows, unit="row", desc=f"full pass, head {head}", leave=False,
-               disable=not long, dynamic_ncols=True)
+    bar = tqdm(total=rows * (rows + 1) // 2, unit="logit", unit_scale=True,
+               desc=f"full pass, head {head}", leave=False, disable=not (progress and long),
+               dynamic_ncols=True)
+    stop = threading.Event()  # set when the caller is interrupted: the blocks end early
 
     def block(b: int) -> None:  # the kernel releases the GIL: blocks run in parallel
         for lo in range(0, rows, span):
+            if stop.is_set():
+                return
             end = min(lo + span, rows)
             _full_pass_block(field, head, prompt_len, end, lo + b, row_max, row_sum,
                              prompt_blocks[b], decode_blocks[b], full_output, decode_mass)
-            bar.update(len(range(lo + b, end, BLOCKS)))
+            done = range(lo + b + 1, end + 1, BLOCKS)  # the lengths of the rows just done
+            bar.update(len(done) * (done.start + done[-1]) // 2 if done else 0)
 
     threads = min(numba.get_num_threads(), BLOCKS)
     with bar:
@@ -165,7 +173,11 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
                 block(b)
         else:
             with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(block, range(BLOCKS)))
+                try:
+                    list(pool.map(block, range(BLOCKS)))
+                except BaseException:  # KeyboardInterrupt: stop the threads before waiting
+                    stop.set()
+                    raise
     return FullPass(row_max, row_sum, _reduce(prompt_blocks), _reduce(decode_blocks),
                     full_output, decode_mass)
 

@@ -273,10 +273,9 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
             ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
             positive = ys[np.isfinite(ys) & (ys > 0)]
             if positive.size:
-                top = positive.max() * 1.3
-                if loss:  # no mass lost above 1: the axis stops there unless a curve is at 1
-                    top = max(min(top, 1.0), positive.max() * 1.02)
-                ax.set_ylim(positive.min() / 1.3, top)
+                # headroom above the highest curve, even past a mass lost of 1: a curve
+                # drawn on the frame would be hidden
+                ax.set_ylim(positive.min() / 1.3, positive.max() * 1.3)
         else:
             lo, hi = np.nanmin(ys), np.nanmax(ys)
             pad = max(0.01, 0.06 * (hi - lo))
