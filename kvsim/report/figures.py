@@ -294,7 +294,10 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
     layout.finish(fig, _title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
                               f"{how}; " + ("one seed" if len(ctx.seeds) == 1 else
-                                            f"mean over {plural(len(ctx.seeds), 'seed')}")),
+                                            f"mean over {plural(len(ctx.seeds), 'seed')}")
+                              + ("\nthreshold runs keep no budget: theirs are the same at "
+                                 "every B" if any(is_threshold(str(r.get("protocol", "")))
+                                                  for r in rows) else "")),
                   handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", ctx)
 

@@ -303,11 +303,12 @@ class Layout:
             ncols = max(1, min(len(labels), 5, int((width - 0.4) / (0.068 * longest + 0.55))))
             legend_rows = math.ceil(len(labels) / ncols)
         bottom = self.BOTTOM + (0.12 + 0.2 * legend_rows if legend_rows else 0)
-        height = (self.TOP + bottom + self.rows * self.panel[1]
+        top = self.TOP + 0.19 * max(0, title.count("\n") - 1)  # TOP holds two title lines
+        height = (top + bottom + self.rows * self.panel[1]
                   + (self.rows - 1) * self.gap[1])
         fig.set_size_inches(width, height)
         self.grid.update(left=self.LEFT / width, right=1 - right / width,
-                         bottom=bottom / height, top=1 - self.TOP / height,
+                         bottom=bottom / height, top=1 - top / height,
                          wspace=self.gap[0] / panel_w, hspace=self.gap[1] / self.panel[1])
         fig.suptitle(title, y=1 - 0.06 / height, va="top")
         if labels:
