@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -106,35 +107,30 @@ def redraw_report(path: str | Path, out: Path | None = None, *,
     ``reports/<name>/``) from its results.csv and task.json, without the model: the trials
     stay those of the run that wrote it, which must have had the file's settings (apart from
     :data:`REDRAWABLE`). Returns the folder."""
-    import json
-    import time
 
-    from kvsim._version import __version__
-    from kvsim.report.lock import ReportLock
-    from kvsim.report.writer import git_commit
-    from kvsim.tools.study import settings_of
-    from kvsim.tools.task.report import read_rows, write_files
+    def work(cfg: TaskConfig, out: Path, provenance) -> None:
+        from kvsim.tools.study import settings_of
+        from kvsim.tools.task.report import read_rows, write_files
 
-    cfg = load_config(path)
-    out = Path("reports") / cfg.name if out is None else Path(out)
-    saved = out / "task.json"
-    if not saved.is_file() or not (out / "results.csv").is_file():
-        raise KvsimError(f"{out}: expected a task report to redraw (task.json and "
-                         f"results.csv); run without --redraw to make one")
-    info = json.loads(saved.read_text())
-    now = json.loads(json.dumps(settings_of(cfg), default=str))
-    differ = sorted(k for k in {*now, *info["settings"]} - set(REDRAWABLE)
-                    if now.get(k) != info["settings"].get(k))
-    if differ:
-        raise KvsimError(f"{path}: {', '.join(differ)} differ from the settings of the report "
-                         f"in {out}; run without --redraw to run the trials again")
-    try:
-        rows = read_rows(out / "results.csv")
-    except (ValueError, KeyError) as exc:
-        raise KvsimError(f"{out / 'results.csv'}: {exc}") from None
-    facts = {**info["facts"], "redrawn": {
-        "command": command or f"kvsim task {path} --redraw", "kvsim": __version__,
-        "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}}
-    with ReportLock(out):
+        saved = out / "task.json"
+        if not saved.is_file() or not (out / "results.csv").is_file():
+            raise KvsimError(f"{out}: expected a task report to redraw (task.json and "
+                             f"results.csv); run without --redraw to make one")
+        info = json.loads(saved.read_text())
+        now = json.loads(json.dumps(settings_of(cfg), default=str))
+        differ = sorted(k for k in {*now, *info["settings"]} - set(REDRAWABLE)
+                        if now.get(k) != info["settings"].get(k))
+        if differ:
+            raise KvsimError(f"{path}: {', '.join(differ)} differ from the settings of the "
+                             f"report in {out}; run without --redraw to run the trials again")
+        try:
+            rows = read_rows(out / "results.csv")
+        except (ValueError, KeyError) as exc:
+            raise KvsimError(f"{out / 'results.csv'}: {exc}") from None
+        now_facts = provenance()
+        facts = {**info["facts"], "redrawn": {k: now_facts[k]
+                                              for k in ("command", "kvsim", "commit", "date")}}
         replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
-    return out
+
+    return write_study(path, out, False, command or f"kvsim task {path} --redraw", 1,
+                       load_config, check_task_out, work)

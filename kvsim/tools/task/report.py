@@ -8,6 +8,7 @@ question's attention on the kept needle) predicts the model's answers.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections import defaultdict
@@ -37,8 +38,6 @@ PREDICTORS = {"retention": "needle retention (share of caches holding the key)",
 def read_rows(path: Path) -> list[dict]:
     """The rows of a task's ``results.csv``, with the types the run gave them (written back,
     they give the same file)."""
-    import csv
-
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         if reader.fieldnames != list(ROW_TYPES):
@@ -60,12 +59,18 @@ def retention_bins(rows: list[dict], protocol: str) -> list[dict]:
             groups[b].append(r)
     out = []
     for b in sorted(groups):
-        rs = groups[b]
-        k, n = sum(r["success"] for r in rs), len(rs)
-        lo, hi = wilson(k, n)
-        out.append({"runs": n, "retention": float(np.mean([r["retention"] for r in rs])),
-                    "accuracy": k / n, "ci_low": lo, "ci_high": hi})
+        share = answered(groups[b])
+        out.append({"runs": share.pop("trials"), **share})
     return out
+
+
+def answered(rows: list[dict]) -> dict:
+    """Of ``rows`` (runs): trials, successes, accuracy, its Wilson interval and the mean
+    retention."""
+    k, n = sum(r["success"] for r in rows), len(rows)
+    lo, hi = wilson(k, n)
+    return {"trials": n, "successes": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi,
+            "retention": float(np.mean([r["retention"] for r in rows]))}
 
 
 def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -85,14 +90,8 @@ def accuracy_rows(rows: list[dict]) -> list[dict]:
     for r in rows:
         budget = "all" if r["policy"] == FULL else r["budget"]
         groups[r["protocol"], r["policy"], budget].append(r)
-    out = []
-    for (protocol, policy, budget), rs in groups.items():
-        k, n = sum(r["success"] for r in rs), len(rs)
-        lo, hi = wilson(k, n)
-        out.append({"protocol": protocol, "policy": policy, "budget": budget, "trials": n,
-                    "successes": k, "accuracy": k / n, "ci_low": lo, "ci_high": hi,
-                    "retention": float(np.mean([r["retention"] for r in rs]))})
-    return out
+    return [{"protocol": protocol, "policy": policy, "budget": budget, **answered(rs)}
+            for (protocol, policy, budget), rs in groups.items()]
 
 
 def logistic_fit(x: np.ndarray, y: np.ndarray) -> dict:
@@ -213,10 +212,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5 * len(cfg.compress), 5.2),
                              squeeze=False, sharey=True)
     full_acc = next(a for a in acc if a["policy"] == FULL)
-    for ax, protocol in zip(axes[0], cfg.compress):
+    def full_cache(ax, label: str) -> None:  # its accuracy, with its interval as a band
         ax.axhspan(full_acc["ci_low"], full_acc["ci_high"], color="0.85", zorder=0)
-        ax.axhline(full_acc["accuracy"], color=colors[FULL], ls="--", lw=1,
-                   label="full cache (band: its Wilson 95% interval)")
+        ax.axhline(full_acc["accuracy"], color=colors[FULL], ls="--", lw=1, label=label)
+
+    for ax, protocol in zip(axes[0], cfg.compress):
+        full_cache(ax, "full cache (band: its Wilson 95% interval)")
         for k, lab in enumerate(labels):
             pts = sorted((a for a in acc if a["policy"] == lab and a["protocol"] == protocol),
                          key=lambda a: a["budget"])
@@ -239,9 +240,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
     fig, ax = plt.subplots(figsize=(7.5, 6.2))
-    ax.axhspan(full_acc["ci_low"], full_acc["ci_high"], color="0.9", zorder=0)
-    ax.axhline(full_acc["accuracy"], color=colors[FULL], ls="--", lw=1,
-               label=f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
+    full_cache(ax, f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
     for protocol, face in zip(cfg.compress, ("none", "full")):
         for lab in labels:
             pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
