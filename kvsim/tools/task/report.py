@@ -267,12 +267,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     handles, texts = ax.get_legend_handles_labels()
     fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
                ncol=3, loc="lower center", frameon=False,
-               title="markers: a policy at one budget (mean over trials); black: the share "
-                     "of single runs answered, pooled by retention bin (0, (0, ¼), [¼, ½), "
+               title="markers: a policy at one budget (mean over trials)\nblack: the share "
+                     "of single runs answered, pooled by retention bin\n(0, (0, ¼), [¼, ½), "
                      "[½, ¾), [¾, 1), 1), Wilson 95% bars",
                title_fontsize=7)
     ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
-    fig.tight_layout(rect=(0, 0.22, 1, 1))
+    fig.tight_layout(rect=(0, 0.26, 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
 
