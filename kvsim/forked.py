@@ -39,8 +39,13 @@ def forked_pool(workers: int, initializer=None, initargs: tuple = ()):
     try:
         yield pool
     except BaseException:
-        for process in list(pool._processes.values()):  # the executor's own workers
-            process.terminate()
+        processes = list(pool._processes.values())  # the executor's own workers
+        # Shut down first: the executor then drops its cancelled jobs before it sees the
+        # workers die (Python 3.11 fails on them otherwise, with a thread's traceback).
         pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:  # gone before the caller removes what they were writing
+            process.join(5)
         raise
     pool.shutdown()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from broken import document, to_toml
+from kvsim.policies import Trace
 
 ROOT = Path(__file__).parents[1]
 # Several seconds of runs, then a few dozen figures on two processes.
@@ -79,3 +80,42 @@ def test_interrupt_keeps_the_units_of_a_run_started_with_resume(tmp_path):
     assert stderr == (f"kvsim: interrupted; no report written; the finished units are kept "
                       f"in {units}: run the same command again to reuse them\n")
     assert units.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [".r.units", "s.toml"]
+
+
+def test_a_closed_unit_store_saves_nothing_and_its_removal_waits_for_a_save(tmp_path):
+    """A policy thread that finishes after the run was interrupted must not recreate the
+    folder the run removed (a race CI met once: ``.r.units`` left after SIGTERM)."""
+    import threading
+
+    import numpy as np
+
+    from kvsim.engine.resume import UnitStore
+
+    trace = Trace(*(np.arange(3.0),) * 6)
+    store = UnitStore(tmp_path / ".r.units", resume=False)
+    store.save("a", [trace])
+    saving = threading.Event()
+    real_savez = np.savez
+
+    def slow_savez(*args, **kwargs):  # the close arrives while this save is writing
+        saving.set()
+        time.sleep(0.3)
+        real_savez(*args, **kwargs)
+
+    np.savez = slow_savez
+    try:
+        late = threading.Thread(target=store.save, args=("b", [trace]))
+        late.start()
+        saving.wait(5)
+        store.close(keep=False)
+        late.join()
+    finally:
+        np.savez = real_savez
+    store.save("c", [trace])
+    assert not store.folder.exists()
+
+    kept = UnitStore(tmp_path / ".k.units", resume=True)
+    kept.save("a", [trace])
+    kept.close(keep=True)
+    kept.save("b", [trace])
+    assert sorted(p.name for p in kept.folder.iterdir()) == ["a.npz"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -82,10 +81,9 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
                                                  progress=progress) for v in variants]
             write_report(out, variants, results, force, workers, provenance, progress)
         except BaseException as exc:  # interrupted or failed: the units only serve --resume
+            store.close(keep=resume)  # policy threads still running save nothing more
             if resume:
                 exc.kept_units = store.folder  # the command line says where they are
-            else:
-                shutil.rmtree(store.folder, ignore_errors=True)
             raise
-        shutil.rmtree(store.folder, ignore_errors=True)  # finished: nothing left to resume
+        store.close(keep=False)  # finished: nothing left to resume
     return out

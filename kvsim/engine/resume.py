@@ -6,6 +6,8 @@ run that owns the target (:mod:`kvsim.report.lock`).
 A unit is one policy configuration at every budget of one experiment, for one
 sequence (seed) and one KV head. It is stored under a hash of everything that
 determines its result, written atomically, and read back only when that hash matches.
+Once the run closes the store (it ended, was interrupted or failed), a policy thread still
+finishing writes nothing: removing the folder cannot race a late save.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import threading
 import zipfile
 from pathlib import Path
 
@@ -36,6 +40,8 @@ class UnitStore:
     def __init__(self, folder: Path, resume: bool):
         self.folder = folder
         self.resume = resume
+        self._closed = False
+        self._lock = threading.Lock()  # a save and the closing never interleave
         folder.mkdir(parents=True, exist_ok=True)
 
     def load(self, key: str) -> list[Trace] | None:
@@ -51,8 +57,20 @@ class UnitStore:
             return None  # damaged: run the unit again
 
     def save(self, key: str, traces: list[Trace]) -> None:
-        """Store unit ``key`` atomically (a temporary file, then a rename)."""
+        """Store unit ``key`` atomically (a temporary file, then a rename); nothing once
+        the store is closed."""
         arrays = {f"{i}/{name}": getattr(t, name) for i, t in enumerate(traces) for name in FIELDS}
-        tmp = self.folder / f".{key}.{os.getpid()}.tmp.npz"
-        np.savez(tmp, count=len(traces), **arrays)
-        os.replace(tmp, self.folder / f"{key}.npz")
+        with self._lock:
+            if self._closed:
+                return
+            tmp = self.folder / f".{key}.{os.getpid()}.tmp.npz"
+            np.savez(tmp, count=len(traces), **arrays)
+            os.replace(tmp, self.folder / f"{key}.npz")
+
+    def close(self, keep: bool) -> None:
+        """No more saves (waiting for one in progress); the folder is removed unless
+        ``keep``."""
+        with self._lock:
+            self._closed = True
+            if not keep:
+                shutil.rmtree(self.folder, ignore_errors=True)
