@@ -145,6 +145,24 @@ def test_report_figures_meet_the_standard(tmp_path):
     assert all(ax.get_ylabel().startswith("mass lost, 1 - mass") for ax in panels)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "not drawn: full (mass 1)" in legend
+    fig.canvas.draw()
+    ticks = [t.get_text() for ax in panels for t in ax.get_yticklabels(minor=True)
+             + ax.get_yticklabels() if t.get_text()]
+    assert ticks and all("$" not in t and len(t) <= 6 for t in ticks), ticks  # 0.34, 1e-4
+
+
+def test_log_ticks_are_short_decimals():
+    fig, ax = matplotlib.pyplot.subplots()
+    ax.plot([0, 1], [0.22, 0.5])
+    plotting.log_axis(ax)
+    fig.canvas.draw()
+    shown = [t.get_text() for t in ax.get_yticklabels(minor=True) if t.get_text()]
+    assert {"0.3", "0.4"} <= set(shown)
+    ax.set_ylim(1e-6, 1)
+    fig.canvas.draw()
+    shown = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert {"1e-6", "1e-5", "1e-4", "0.001", "0.01", "0.1", "1"} <= set(shown), shown
+    matplotlib.pyplot.close(fig)
 
 
 def test_threshold_runs_are_named_not_drawn_against_budget(tmp_path):

@@ -11,7 +11,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from kvsim.report.figures import CROWDED
-from kvsim.report.plotting import MARKERS, FigureContext, Target, color_map, grid, save
+from kvsim.report.plotting import MARKERS, FigureContext, Target, color_map, grid, log_axis, save
 from kvsim.scenario.load import Experiment, Scenario
 
 STYLES = ("-", "--", ":", "-.")
@@ -77,12 +77,12 @@ def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Pat
         ax.set_xlabel("KiB of a KV head's keys and values (mean over steps, log2 axis)")
         ax.grid(True, alpha=0.3)
     if loss:
-        axes[0].set_yscale("log", nonpositive="mask")
+        log_axis(axes[0])
     else:
         axes[0].set_ylim(0, 1.03)
     axes[0].set(title="mass kept" + (" (as 1 - mass)" if loss else ""),
                 ylabel="mass lost, 1 - mass (log)" if loss else "mass")
-    axes[1].set_yscale("log", nonpositive="mask")
+    log_axis(axes[1])
     axes[1].set(title="relative output error", ylabel="|o~ - o| / |o| (log)")
     handles = [Line2D([], [], color=colors[p], marker=markers[p], lw=1.3) for p in policies]
     labels = list(policies)

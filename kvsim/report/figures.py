@@ -23,8 +23,8 @@ from kvsim.protocols.settings import is_threshold
 from kvsim.report import allocation_summary
 from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
                                    color_map, draw_lines, figure, figure_context, grid,
-                                   head_label, layers_note, policy_colors, policy_markers, save,
-                                   select)
+                                   head_label, layers_note, log_axis, policy_colors, policy_markers,
+                                   save, select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment
 
@@ -134,7 +134,7 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
                       rotation=45 if len(exp.budgets) > 5 else 0)
         ax.minorticks_off()
         if log_y:
-            ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
+            log_axis(ax)
         else:
             ax.set_ylim(0, 1.03)
         ax.set(title=head_label(ctx, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
@@ -270,7 +270,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
         # one another separate
         ys = np.concatenate([y for _, y in curves.panels[b, h].values()] or [np.zeros(1)])
         if log_y:
-            ax.set_yscale("log", nonpositive="mask")  # a zero is left out, never clipped
+            log_axis(ax)
             positive = ys[np.isfinite(ys) & (ys > 0)]
             if positive.size:
                 # headroom above the highest curve, even past a mass lost of 1: a curve

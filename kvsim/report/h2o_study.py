@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.report.plotting import FigureContext, Target, policy_colors, save
+from kvsim.report.plotting import FigureContext, Target, log_axis, policy_colors, save
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -127,7 +127,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
         ax.plot(np.arange(len(heads)) + 0.12 * (i - (len(labels) - 1) / 2), lost, ls="none",
                 marker="s" if label in _labels(exp, OFFLINE) else "o", ms=5,
                 color=colors[label], label=label)
-    ax.set_yscale("log", nonpositive="mask")
+    log_axis(ax)
     names = ctx.head_names
     ax.set_xticks(range(len(heads)), [
         "\n".join([str(h), *textwrap.wrap(names[h], 10)]) if h < len(names) and names[h]

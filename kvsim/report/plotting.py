@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from kvsim.errors import ScenarioError  # noqa: E402
 from kvsim.report.stats import plural, twins  # noqa: E402
@@ -247,6 +248,23 @@ def policy_colors(ctx: FigureContext) -> dict[str, str]:
                 colors[label] = shade
                 break
     return colors
+
+
+class _DecimalLogFormatter(LogFormatterSciNotation):
+    """The ticks matplotlib labels on a log axis, written short: 0.34 (not 3.4 x 10^-1, whose
+    width crowds the next panel's label), 0.001, 1e-4."""
+
+    def __call__(self, x, pos=None):
+        if not super().__call__(x, pos):
+            return ""
+        return f"{x:.3g}" if x >= 1e-3 else f"{x:.0e}".replace("e-0", "e-")
+
+
+def log_axis(ax) -> None:
+    """Make ``ax``'s y axis logarithmic: zeros left out (never clipped), ticks in decimals."""
+    ax.set_yscale("log", nonpositive="mask")
+    ax.yaxis.set_major_formatter(_DecimalLogFormatter())
+    ax.yaxis.set_minor_formatter(_DecimalLogFormatter(labelOnlyBase=False))
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:

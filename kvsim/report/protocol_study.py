@@ -16,7 +16,7 @@ from kvsim.report.figures import _loss_scale
 from matplotlib.lines import Line2D
 
 from kvsim.report.plotting import (MARKERS, FigureContext, Target, color_map, grid, head_label,
-                                   save)
+                                   log_axis, save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -108,7 +108,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
         ax.set_xlabel("mean cache size per KV head (keys)")
         ax.set_xscale("log", base=2)
         if loss:
-            ax.set_yscale("log")
+            log_axis(ax)
             ax.set_ylabel("mass lost, 1 - mass")
         else:
             ax.set_ylim(0, 1.03)
