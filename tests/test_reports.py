@@ -294,6 +294,12 @@ def test_stats_intervals_rounding_and_twins():
     found = twins({"a": np.array([0.1, 0.2]), "b": np.array([0.1, 0.2]),
                    "c": np.array([0.1, 0.205]), "d": np.array([0.5, 0.2])})
     assert found == {"b": ("a", True), "c": ("a", False)}
+    # a series over decoding: within the tolerance at 96 % of its steps, apart at 4 %
+    series = np.linspace(0.2, 0.4, 100)
+    spiky = series + np.where(np.arange(100) % 25 == 0, 0.05, 0.005)
+    assert twins({"a": series, "b": spiky}) == {"b": ("a", False)}
+    assert twins({"a": series, "b": series + np.where(np.arange(100) % 10 == 0, 0.05, 0)}) == {}
+    assert twins({"a": series[:20], "b": spiky[:20]}) == {}  # few points: every one counts
     # the smoothing never invents a value: a NaN step (a gap) stays NaN
     assert np.allclose(rolling_mean(np.array([1.0, 3.0, 5.0, np.nan, 7.0]), 2),
                        [1, 2, 4, np.nan, 7], equal_nan=True)

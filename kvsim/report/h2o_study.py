@@ -145,7 +145,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
             ax.plot(snap_t, overlap, color=colors[online], label=f"{online} vs {offline}")
     ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.03),
            title="how far online H2O drifts from offline\n(mean over KV heads and seeds)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")  # the overlaps run high, near 1
     ax = axes[2]
     edges = np.linspace(0, ctx.T, AGE_BINS + 1)
     for online in _labels(exp, ONLINE):
@@ -162,7 +162,9 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
     ax.axvline(exp.prompt_len, color="black", ls=":", lw=0.8)
     ax.set(xlabel="key position", ylabel="keys (summed over seeds and KV heads)",
            title="where the final kept sets differ\n(dotted: end of the prompt)")
-    ax.legend(fontsize=7, loc="best")
+    entries = len(_labels(exp, ONLINE)) + 1
+    ax.set_ylim(0, ax.get_ylim()[1] * (1.1 + 0.1 * entries))  # the legend sits above the bars
+    ax.legend(fontsize=7, loc="upper left")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     fig.suptitle(f"{ctx.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")

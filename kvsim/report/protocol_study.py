@@ -109,7 +109,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
         ax.set_xscale("log", base=2)
         if loss:
             log_axis(ax)
-            ax.set_ylabel("mass lost, 1 - mass")
+            ax.set_ylabel("mass lost, 1 - mass (log)")
         else:
             ax.set_ylim(0, 1.03)
             ax.set_ylabel("attention mass kept")
