@@ -82,7 +82,8 @@ def test_interrupt_keeps_the_units_of_a_run_started_with_resume(tmp_path):
     assert units.is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [".r.units", "s.toml"]
 
 
-def test_a_closed_unit_store_saves_nothing_and_its_removal_waits_for_a_save(tmp_path):
+def test_a_closed_unit_store_saves_nothing_and_its_removal_waits_for_a_save(tmp_path,
+                                                                         monkeypatch):
     """A policy thread that finishes after the run was interrupted must not recreate the
     folder the run removed (a race CI met once: ``.r.units`` left after SIGTERM)."""
     import threading
@@ -102,15 +103,13 @@ def test_a_closed_unit_store_saves_nothing_and_its_removal_waits_for_a_save(tmp_
         time.sleep(0.3)
         real_savez(*args, **kwargs)
 
-    np.savez = slow_savez
-    try:
-        late = threading.Thread(target=store.save, args=("b", [trace]))
-        late.start()
-        saving.wait(5)
-        store.close(keep=False)
-        late.join()
-    finally:
-        np.savez = real_savez
+    monkeypatch.setattr(np, "savez", slow_savez)
+    late = threading.Thread(target=store.save, args=("b", [trace]))
+    late.start()
+    saving.wait(5)
+    store.close(keep=False)
+    late.join()
+    monkeypatch.undo()
     store.save("c", [trace])
     assert not store.folder.exists()
 
