@@ -177,3 +177,17 @@ def test_figures_draw_full_under_kivi(tmp_path):
                          "policies": exp.policies + (type(exp.policies[0])("full", "full", {}),)})
     assert figures._full_labels(plain) == ["full"]
     assert figures._full_labels(type(exp)(**{**vars(plain), "quantize": exp.quantize})) == []
+
+
+def test_the_report_defines_the_mass_under_kivi(tmp_path):
+    """Under KIVI the mass is exp(-KL), not a share of kept keys: report.md says so."""
+    from kvsim.engine.experiments import simulate_scenario
+    from kvsim.report import markdown
+    scenario = load_scenario(_scenario(tmp_path, QK.format(d=64), "bits = 2"))
+    results = [simulate_scenario(scenario, progress=False, workers=1)]
+    text = " ".join(markdown._reading([scenario], results))
+    name = scenario.experiments[0].name
+    assert f"Under KIVI storage (`{name}`) the mass is exp(-KL(p~ || p))" in text
+    plain = type(scenario.experiments[0])(**{**vars(scenario.experiments[0]), "quantize": None})
+    unquantised = type(scenario)(**{**vars(scenario), "experiments": (plain,)})
+    assert "KIVI" not in " ".join(markdown._reading([unquantised], results))

@@ -282,6 +282,20 @@ def test_identical_curves_are_drawn_as_twins():
     plt.close(fig)
 
 
+def test_the_twin_tolerance_on_a_log_axis_grows_with_the_decades_shown():
+    x = np.arange(50)
+    curves = Curves()
+    low = np.geomspace(0.01, 0.02, 50)
+    for panel, top in ((0, 10.0), (1, 0.05)):  # panel 0 spans 3 decades, panel 1 under one
+        curves.add(panel, "a", x, low)
+        curves.add(panel, "b", x, low * 10 ** 0.02)  # 0.02 decades above a
+        curves.add(panel, "c", x, np.full(50, top))
+    found = curves.twins(log=True)
+    assert found[0] == {"b": ("a", False)}  # 0.02 decades of 3: under 1 % of the panel
+    assert found[1] == {}  # 0.02 decades of 0.7: apart on the page
+    assert curves.twins(log=False) == {0: {"b": ("a", False)}, 1: {"b": ("a", False)}}
+
+
 def test_stats_intervals_rounding_and_twins():
     from scipy import stats as scipy_stats
     values = [0.2, 0.25, 0.31]

@@ -22,8 +22,8 @@ from matplotlib.lines import Line2D
 from kvsim.protocols.settings import is_threshold
 from kvsim.report import allocation_summary
 from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
-                                   color_map, draw_lines, figure, figure_context, grid,
-                                   head_label, layers_note, log_axis, policy_colors, policy_markers,
+                                   color_map, draw_lines, figure, figure_context, figure_title, grid,
+                                   head_label, log_axis, policy_colors, policy_markers,
                                    save, select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment
@@ -67,11 +67,6 @@ def _not_drawn(handles: list, labels: list, skipped: list[str],
     if skipped:
         handles.append(Line2D([], [], ls="none"))
         labels.append(f"not drawn: {', '.join(skipped)} ({why})")
-
-
-def _title(ctx: FigureContext, exp: Experiment, what: str) -> str:
-    layers = layers_note(ctx)
-    return f"{ctx.name}/{exp.name}{f' ({layers})' if layers else ''}: {what}"
 
 
 def _full_labels(exp: Experiment) -> list[str]:
@@ -148,7 +143,7 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
         _not_drawn(handles, labels, list(skip))
     _not_drawn(handles, labels, budgetless, "thresholds, without a budget: see the figure "
                                             "against mean cache size")
-    layout.finish(fig, _title(ctx, exp, f"{ylabel} against budget\n"
+    layout.finish(fig, figure_title(ctx, exp, f"{ylabel} against budget\n"
                               f"P = {exp.prompt_len}, T = {ctx.T}; {_seeds_note(ctx)}"),
                   handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", ctx)
@@ -213,7 +208,7 @@ def pareto(ctx, exp, rows, steps, colors, out):
     if full:
         handles.append(Line2D([], [], ls="none"))
         labels.append(f"not drawn: {', '.join(full)} (compression 0, recall 1)")
-    layout.finish(fig, _title(ctx, exp, f"compression against recall\nB = {budgets} of "
+    layout.finish(fig, figure_title(ctx, exp, f"compression against recall\nB = {budgets} of "
                               f"T = {ctx.T}; mean over {plural(len(ctx.seeds), 'seed')}"),
                   handles, labels)
     return save(fig, out, f"{exp.name}_pareto", ctx)
@@ -292,7 +287,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
-    layout.finish(fig, _title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
+    layout.finish(fig, figure_title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
                               f"{how}; " + ("one seed" if len(ctx.seeds) == 1 else
                                             f"mean over {plural(len(ctx.seeds), 'seed')}")
                               + ("\nthreshold runs keep no budget: theirs are the same at "
@@ -381,7 +376,7 @@ def kept_raster(ctx, exp, rows, steps, colors, out):
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
         ax.set_title(label, color=colors[label])
         ax.set(xlabel="decode step t", ylabel="key position")
-    layout.finish(fig, _title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
+    layout.finish(fig, figure_title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
                               f"seed {seed}, KV head 0; red line: the current token t;\n"
                               f"strip below 0: positions 0-{width - 1} enlarged"),
                   colorbar=(shown, f"fraction of a {width}-position bin cached"

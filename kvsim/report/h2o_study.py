@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.report.plotting import FigureContext, Target, log_axis, policy_colors, save
+from kvsim.report.plotting import (FigureContext, Target, figure_title, log_axis, policy_colors,
+                                   save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -167,6 +168,6 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
     ax.legend(fontsize=7, loc="upper left")
     for ax in axes:
         ax.grid(True, alpha=0.3)
-    fig.suptitle(f"{ctx.name}/{exp.name}: online vs offline H2O at B = {exp.focus_budget}")
+    fig.suptitle(figure_title(ctx, exp, f"online vs offline H2O at B = {exp.focus_budget}"))
     fig.tight_layout()
     return save(fig, out, f"{exp.name}_h2o_online_vs_offline", ctx)

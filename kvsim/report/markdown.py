@@ -191,6 +191,14 @@ def _reading(variants: list[Scenario], results: list[ScenarioResults]) -> list[s
     if has["mass_mean"]:
         text.append("*Attention mass kept* is the share of each decode query's full attention "
                     "that falls on cached keys (1: nothing lost), averaged over the decode steps.")
+        quantised = [e.name for e in variants[0].experiments if e.quantize is not None]
+        if quantised:
+            text.append(f"Under KIVI storage ({', '.join(f'`{n}`' for n in quantised)}) the "
+                        "mass is exp(-KL(p~ || p)) of the attention p~ over the cache's "
+                        "quantised keys against the exact full attention p: the share kept when "
+                        "the keys are exact, below 1 for `full` too. It is not bounded by "
+                        "`full`'s: an evicting cache drops some of the quantisation error with "
+                        "its keys, and can score above it.")
     if has["final_recall"]:
         text.append("*Important-token recall* is the share of the scenario's planted important "
                     "tokens still cached after the last step.")
@@ -213,8 +221,9 @@ def _reading(variants: list[Scenario], results: list[ScenarioResults]) -> list[s
                 + (" Figure bands show the range over seeds." if seeds > 1 else "")
                 + " A curve drawn dashed, with hollow markers, cannot be told from another in "
                   "that panel: the legend says `(= other)` where it equals it, `(≈ other)` "
-                  "where it stays within 0.01 of it (0.01 decades on a log axis) at 95 % of "
-                  "its points, and at all of them up to 20.")
+                  "where it stays within 0.01 of it (on a log axis, 0.01 decades for each "
+                  "decade the panel spans, at least 0.01) at 95 % of its points, and at all of "
+                  "them up to 20.")
     return [" ".join(text), ""]
 
 

@@ -20,7 +20,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from kvsim.errors import ScenarioError  # noqa: E402
-from kvsim.report.stats import plural, twins  # noqa: E402
+from kvsim.report.stats import COINCIDE_TOL, plural, twins  # noqa: E402
 from kvsim.scenario.load import Experiment, Scenario  # noqa: E402
 
 MAX_WIDTH_PX = 1200  # a figure is never wider: read at 800 px, its 8 pt text stays >= 7 px
@@ -283,6 +283,12 @@ def layers_note(ctx: FigureContext) -> str:
     return f"mean of {named}"
 
 
+def figure_title(ctx: FigureContext, exp: Experiment, what: str) -> str:
+    """``scenario/experiment (layers): what``, the start of every figure's title."""
+    layers = layers_note(ctx)
+    return f"{ctx.name}/{exp.name}{f' ({layers})' if layers else ''}: {what}"
+
+
 def head_label(ctx: FigureContext, head: int) -> str:
     names = ctx.head_names
     name = f"head {head}" + (f" ({names[head]})" if head < len(names) and names[head] else "")
@@ -368,10 +374,19 @@ class Curves:
 
     def twins(self, log: bool = False) -> dict:
         """``{panel: {policy: (earlier policy, exactly equal)}}``: curves that cannot be told
-        apart in that panel (compared as log10 on a log axis)."""
-        return {panel: twins({p: np.log10(np.maximum(y, 1e-300)) if log else y
-                              for p, (x, y) in curves.items()})
-                for panel, curves in self.panels.items()}
+        apart in that panel. On a log axis they are compared as log10, and the tolerance
+        grows with the decades the panel spans (past one): what it covers on the page stays
+        the same however many decades the panel squeezes into its height."""
+        out = {}
+        for panel, curves in self.panels.items():
+            if not log:
+                out[panel] = twins({p: y for p, (x, y) in curves.items()})
+                continue
+            shown = np.concatenate([y[np.isfinite(y) & (y > 0)] for _, y in curves.values()])
+            decades = float(np.log10(shown.max() / shown.min())) if shown.size else 0.0
+            out[panel] = twins({p: np.log10(np.maximum(y, 1e-300)) for p, (x, y) in curves.items()},
+                               COINCIDE_TOL * max(1.0, decades))
+        return out
 
 
 def _twin_label(policy: str, per_panel: list, panels: int) -> str:

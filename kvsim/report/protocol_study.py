@@ -15,8 +15,8 @@ import numpy as np
 from kvsim.report.figures import _loss_scale
 from matplotlib.lines import Line2D
 
-from kvsim.report.plotting import (MARKERS, FigureContext, Target, color_map, grid, head_label,
-                                   log_axis, save)
+from kvsim.report.plotting import (MARKERS, FigureContext, Target, color_map, figure_title, grid,
+                                   head_label, log_axis, save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -114,7 +114,8 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
             ax.set_ylim(0, 1.03)
             ax.set_ylabel("attention mass kept")
         ax.grid(True, alpha=0.3)
-    layout.finish(fig, f"{ctx.name}/{exp.name}: mass against the mean cache size held\n"
-                  "(per point: mean over seeds; threshold series join thresholds, top-k "
-                  "series budgets)", handles, labels)
+    seeds = "one seed" if len(ctx.seeds) == 1 else f"mean over {plural(len(ctx.seeds), 'seed')}"
+    layout.finish(fig, figure_title(ctx, exp, "mass against the mean cache size held\n"
+                                    f"(per point: {seeds}; threshold series join thresholds, "
+                                    "top-k series budgets)"), handles, labels)
     return save(fig, out, f"{exp.name}_mass_vs_mean_size", ctx)
