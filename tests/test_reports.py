@@ -352,3 +352,33 @@ def test_results_csv_floats_hold_12_significant_digits():
     assert csv_row({"m": 1.0, "n": float("nan"), "k": 3, "s": "h2o"}) == {
         "m": "1.0", "n": "nan", "k": 3, "s": "h2o"}
     assert float(csv_row({"m": 1e-300 / 3})["m"]) == pytest.approx(1e-300 / 3, rel=1e-11)
+
+
+def test_the_overlap_panel_draws_each_kv_head_apart():
+    """Online H2O can follow offline in one KV head and drift in another: the panel draws a
+    line per KV head (up to four), never only their mean."""
+    from types import SimpleNamespace
+
+    import matplotlib.pyplot as plt
+
+    from kvsim.report import h2o_study
+
+    def panel(kv_heads: int):
+        same, apart = np.array([[0, 1, 2]] * 4), np.array([[5, 6, 7]] * 4)
+        snapshots = {}
+        for kv in range(kv_heads):
+            snapshots["h2o", 0, kv] = same
+            snapshots["h2o_offline", 0, kv] = same if kv == 0 else apart
+        steps = SimpleNamespace(snapshots=snapshots, snap_steps=np.arange(4))
+        exp = SimpleNamespace(prompt_len=10, policies=[SimpleNamespace(kind="h2o", label="h2o")])
+        ctx = SimpleNamespace(heads=kv_heads, kv_heads=kv_heads, head_names=())
+        fig, ax = plt.subplots()
+        h2o_study._overlap_panel(ctx, exp, steps, {"h2o": "C3"}, "h2o_offline", ax)
+        drawn = [line.get_ydata() for line in ax.get_lines() if len(line.get_xdata())]
+        plt.close(fig)
+        return drawn, ax.get_title()
+
+    drawn, title = panel(2)
+    assert sorted(float(y[0]) for y in drawn) == [0.0, 1.0] and "per KV head" in title
+    drawn, title = panel(5)  # past four: the mean, its range as a band
+    assert [float(y[0]) for y in drawn] == [0.2] and "band: their range" in title

@@ -80,7 +80,7 @@ def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Pat
         log_axis(axes[0])
     else:
         axes[0].set_ylim(0, 1.03)
-    axes[0].set(title="mass kept" + (" (as 1 - mass)" if loss else ""),
+    axes[0].set(title="mass lost, 1 - mass" if loss else "mass kept",
                 ylabel="mass lost, 1 - mass (log)" if loss else "mass")
     log_axis(axes[1])
     axes[1].set(title="relative output error", ylabel="|o~ - o| / |o| (log)")

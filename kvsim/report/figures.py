@@ -69,6 +69,13 @@ def _not_drawn(handles: list, labels: list, skipped: list[str],
         labels.append(f"not drawn: {', '.join(skipped)} ({why})")
 
 
+def _threshold_note(rows: list[dict], what: str) -> str:
+    """A title's last line when threshold runs are drawn beside budgeted ones."""
+    if any(is_threshold(str(r.get("protocol", ""))) for r in rows):
+        return f"\nthreshold runs keep no budget: {what}"
+    return ""
+
+
 def _full_labels(exp: Experiment) -> list[str]:
     """The ``full`` policies of ``exp`` (mass 1), none under KIVI storage (mass below 1)."""
     return [p.label for p in exp.policies if p.kind == "full" and exp.quantize is None]
@@ -169,7 +176,8 @@ def recall_vs_budget(ctx, exp, rows, steps, colors, out):
 def error_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean relative output error over the decode steps against budget, a panel per head."""
     return _against_budget(ctx, exp, rows, colors, out, "error_mean",
-                           "relative output error |o~ - o| / |o|", "error_vs_budget", log_y=True,
+                           "relative output error |o~ - o| / |o| (log)", "error_vs_budget",
+                           log_y=True,
                            skip=_rounding_only(exp))
 
 
@@ -290,9 +298,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     layout.finish(fig, figure_title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
                               f"{how}; " + ("one seed" if len(ctx.seeds) == 1 else
                                             f"mean over {plural(len(ctx.seeds), 'seed')}")
-                              + ("\nthreshold runs keep no budget: theirs are the same at "
-                                 "every B" if any(is_threshold(str(r.get("protocol", "")))
-                                                  for r in rows) else "")),
+                              + _threshold_note(rows, "theirs are the same at every B")),
                   handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", ctx)
 
@@ -308,7 +314,7 @@ def mass_over_time(ctx, exp, rows, steps, colors, out):
 def error_over_time(ctx, exp, rows, steps, colors, out):
     """Relative output error at each decode step, a panel per head (and time budget)."""
     return _over_time(ctx, exp, rows, steps, colors, out, "error",
-                      "relative output error", "error_over_time", log_y=True,
+                      "relative output error (log)", "error_over_time", log_y=True,
                       skip=_rounding_only(exp))
 
 
@@ -378,8 +384,9 @@ def kept_raster(ctx, exp, rows, steps, colors, out):
         ax.set(xlabel="decode step t", ylabel="key position")
     layout.finish(fig, figure_title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
                               f"seed {seed}, KV head 0; red line: the current token t;\n"
-                              f"strip below 0: positions 0-{width - 1} enlarged"),
-                  colorbar=(shown, f"fraction of a {width}-position bin cached"
+                              f"strip below 0: positions 0-{width - 1} enlarged"
+                              + _threshold_note(rows, "B does not apply to their panels")),
+                  colorbar=(shown, f"fraction of each bin of {width} positions cached"
                                    f"{' (log)' if width > 8 else ''}; white: none"))
     return save(fig, out, f"{exp.name}_kept_raster", ctx)
 

@@ -110,6 +110,51 @@ def section(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> lis
     return lines + [""]
 
 
+KV_STYLES = ("-", (0, (5, 2)), ":", "-.")  # one per KV head, up to four drawn apart
+
+
+def _overlap_panel(ctx: FigureContext, exp: Experiment, steps, colors: dict, offline: str,
+                   ax) -> None:
+    """Jaccard overlap of each online cache with the offline one over decoding, one line per
+    KV head (a line style each): the heads follow unlike patterns, and a mean over them
+    would hide the one that drifts. Past four KV heads: their mean, with their range."""
+    snap_t = exp.prompt_len + steps.snap_steps
+    kvs = sorted({kv for (_, _, kv) in steps.snapshots})
+    apart = len(kvs) <= len(KV_STYLES)
+    for online in _labels(exp, ONLINE):
+        per_kv = {}
+        for kv in kvs:
+            pairs = [(a, b) for (label, seed, k), a in steps.snapshots.items()
+                     if label == online and k == kv and (offline, seed, kv) in steps.snapshots
+                     for b in [steps.snapshots[offline, seed, kv]]]
+            if pairs:
+                per_kv[kv] = np.mean([[_jaccard(x, y) for x, y in zip(a, b)] for a, b in pairs],
+                                     axis=0)
+        if not per_kv:
+            continue
+        if apart:
+            for kv, overlap in per_kv.items():
+                ax.plot(snap_t, overlap, color=colors[online], ls=KV_STYLES[kvs.index(kv)],
+                        lw=1.2)
+        else:
+            stack = np.array(list(per_kv.values()))
+            ax.fill_between(snap_t, stack.min(axis=0), stack.max(axis=0), color=colors[online],
+                            alpha=0.15, lw=0)
+            ax.plot(snap_t, stack.mean(axis=0), color=colors[online], lw=1.2)
+        ax.plot([], [], color=colors[online], label=f"{online} vs {offline}")
+    if apart and len(kvs) > 1:
+        per_query = ctx.heads // ctx.kv_heads
+        for kv in kvs:
+            name = ctx.head_names[kv] if per_query == 1 and kv < len(ctx.head_names) else ""
+            ax.plot([], [], color="0.3", ls=KV_STYLES[kvs.index(kv)],
+                    label=f"KV head {kv}" + (f" ({name})" if name else ""))
+    how = ("per KV head, mean over seeds" if apart else
+           f"mean over {plural(len(kvs), 'KV head')}, band: their range; mean over seeds")
+    ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.03),
+           title=f"how far online H2O drifts from offline\n({how})")
+    ax.legend(fontsize=7, loc="lower left")  # the overlaps run high, near 1
+
+
 def _position(x: float) -> str:
     return "none" if np.isnan(x) else f"{x:,.0f}"
 
@@ -137,16 +182,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
            title=f"mass lost per head at B = {exp.focus_budget}\n"
                  f"(mean over decode steps and seeds)")
     ax.legend(fontsize=7)
-    ax = axes[1]
-    snap_t = exp.prompt_len + steps.snap_steps
-    for online in _labels(exp, ONLINE):
-        pairs = _pairs(steps, online, offline)
-        if pairs:
-            overlap = np.mean([[_jaccard(x, y) for x, y in zip(a, b)] for a, b in pairs], axis=0)
-            ax.plot(snap_t, overlap, color=colors[online], label=f"{online} vs {offline}")
-    ax.set(xlabel="decode position t", ylabel="Jaccard overlap of kept sets", ylim=(0, 1.03),
-           title="how far online H2O drifts from offline\n(mean over KV heads and seeds)")
-    ax.legend(fontsize=7, loc="lower left")  # the overlaps run high, near 1
+    _overlap_panel(ctx, exp, steps, colors, offline, axes[1])
     ax = axes[2]
     edges = np.linspace(0, ctx.T, AGE_BINS + 1)
     for online in _labels(exp, ONLINE):
