@@ -575,3 +575,19 @@ def test_gemma3_270m_passkey_report(tmp_path):
     text = (out / "report.md").read_text()
     assert "18 layers (3 global: 5, 11, 17; the others sliding-window, window 512)" in text
     assert "Gemma Terms of Use" in text
+
+
+def test_a_policy_whose_markers_all_sit_on_anothers_is_named():
+    from kvsim.tools.task.report import _hidden_markers
+
+    def point(policy, protocol, r, a):
+        return {"policy": policy, "protocol": protocol, "retention": r, "accuracy": a}
+    acc = [point("window", "after_question", 0.2, 0.0), point("window", "after_question", 0.4, 0.1),
+           point("streaming_llm", "after_question", 0.2, 0.0),
+           point("streaming_llm", "after_question", 0.4, 0.1),
+           point("h2o", "after_question", 0.2, 0.0), point("h2o", "after_question", 0.6, 0.3),
+           point("window", "before_question", 0.1, 0.0),
+           point("streaming_llm", "before_question", 0.3, 0.0)]
+    notes = _hidden_markers(acc, ["window", "streaming_llm", "h2o"],
+                            ["before_question", "after_question"])
+    assert notes == {"streaming_llm": " (= window, after question)"}  # h2o: one point only

@@ -161,6 +161,21 @@ def _label(protocol: str) -> str:
             "after_question": "after question (query-aware)", FULL: "full cache"}[protocol]
 
 
+def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, str]:
+    """``{policy: " (= other, protocol)"}`` for a policy every marker of which, in a protocol,
+    sits on a marker of an earlier policy: drawn over, it would vanish unnamed."""
+    notes = {}
+    for protocol in protocols:
+        points = {lab: {(a["retention"], a["accuracy"]) for a in acc
+                        if a["policy"] == lab and a["protocol"] == protocol} for lab in labels}
+        for i, lab in enumerate(labels):
+            under = next((other for other in labels[:i]
+                          if points[lab] and points[lab] <= points[other]), None)
+            if under:
+                notes.setdefault(lab, []).append(f"= {under}, {_label(protocol).split(' (')[0]}")
+    return {lab: f" ({'; '.join(n)})" for lab, n in notes.items()}
+
+
 def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
              folder: Path) -> list[str]:
     import matplotlib
@@ -241,13 +256,14 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
     fig, ax = plt.subplots(figsize=(7.5, 6.2))
     full_cache(ax, f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
+    hidden = _hidden_markers(acc, labels, cfg.compress)
     for protocol, face in zip(cfg.compress, ("none", "full")):
         for lab in labels:
             pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
             ax.scatter([a["retention"] for a in pts], [a["accuracy"] for a in pts], s=36,
                        marker=markers[lab], edgecolors=colors[lab],
                        facecolors=colors[lab] if face == "full" else "none", alpha=0.8,
-                       label=lab if protocol == cfg.compress[0] else None)
+                       label=lab + hidden.get(lab, "") if protocol == cfg.compress[0] else None)
     for protocol, style in zip(cfg.compress, (":", "-")):
         bins = retention_bins(rows, protocol)
         x = np.array([b["retention"] for b in bins])
