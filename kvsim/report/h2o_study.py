@@ -45,11 +45,13 @@ def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def _pairs(steps, online: str, offline: str):
-    """(online, offline) snapshot arrays over every seed and KV head recorded."""
+def _pairs(steps, online: str, offline: str, kv_head: int | None = None):
+    """(online, offline) snapshot arrays over every seed and KV head recorded (or over the
+    seeds of ``kv_head``)."""
     return [(snaps, steps.snapshots[offline, seed, kv])
             for (label, seed, kv), snaps in steps.snapshots.items()
-            if label == online and (offline, seed, kv) in steps.snapshots]
+            if label == online and (offline, seed, kv) in steps.snapshots
+            and kv_head in (None, kv)]
 
 
 def compare(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> list[Comparison]:
@@ -124,9 +126,7 @@ def _overlap_panel(ctx: FigureContext, exp: Experiment, steps, colors: dict, off
     for online in _labels(exp, ONLINE):
         per_kv = {}
         for kv in kvs:
-            pairs = [(a, b) for (label, seed, k), a in steps.snapshots.items()
-                     if label == online and k == kv and (offline, seed, kv) in steps.snapshots
-                     for b in [steps.snapshots[offline, seed, kv]]]
+            pairs = _pairs(steps, online, offline, kv)
             if pairs:
                 per_kv[kv] = np.mean([[_jaccard(x, y) for x, y in zip(a, b)] for a, b in pairs],
                                      axis=0)

@@ -264,7 +264,7 @@ def log_axis(ax) -> None:
     """Make ``ax``'s y axis logarithmic: zeros left out (never clipped), ticks in decimals."""
     ax.set_yscale("log", nonpositive="mask")
     ax.yaxis.set_major_formatter(_DecimalLogFormatter())
-    ax.yaxis.set_minor_formatter(_DecimalLogFormatter(labelOnlyBase=False))
+    ax.yaxis.set_minor_formatter(_DecimalLogFormatter())
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:
