@@ -1,12 +1,15 @@
 """Read ``.npy``/``.npz`` files safely: shapes from the headers first, then the arrays.
 
 Headers tell how much memory the arrays take before any of them is read, so a file too
-large for the machine is refused with one line instead of an allocation failure.
+large for the machine is refused with one line instead of an allocation failure. A file
+that cannot be read (truncated, a member failing its checksum or whose compressed stream
+is broken) is a one-line :class:`KvsimError` too.
 """
 
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,9 @@ from kvsim.errors import KvsimError
 from kvsim.paths import regular_file
 from kvsim.resources import check_memory
 
-_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile)
+READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
+               zipfile.LargeZipFile, zlib.error)
+"""What reading a damaged ``.npy``/``.npz`` raises (zlib.error: a broken deflate stream)."""
 
 
 def _header(f) -> tuple[tuple[int, ...], np.dtype]:
@@ -44,7 +49,7 @@ def headers(path: Path, key: str = "path") -> dict[str, tuple[tuple[int, ...], n
             return out
         with open(path, "rb") as f:
             return {"": _header(f)}
-    except _ERRORS as exc:
+    except READ_ERRORS as exc:
         raise KvsimError(f"expected a readable .npy or .npz file ({exc})", key) from None
 
 
@@ -62,5 +67,5 @@ def load(path: Path, names: list[str] | None, what: str, key: str = "path") -> d
             return {"": data}
         with data:
             return {n: data[n] for n in names if n in data.files}
-    except _ERRORS as exc:
+    except READ_ERRORS as exc:
         raise KvsimError(f"expected a readable .npy or .npz file ({exc})", key) from None

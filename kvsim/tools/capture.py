@@ -27,6 +27,7 @@ from kvsim._version import __version__
 from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
 from kvsim.tools import models
+from kvsim.tools.preflight import INSTALL
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -43,8 +44,7 @@ def _imports():
         import torch
         import transformers
     except ImportError:
-        raise KvsimError('capture needs torch and transformers: pip install -e ".[capture]"') \
-            from None
+        raise KvsimError(f"capture needs torch and transformers: {INSTALL}") from None
     return torch, transformers
 
 
