@@ -10,7 +10,8 @@ as Gemma-3 does), the queries before RoPE with each layer's RoPE inverse frequen
 cos/sin factor and base, checked to rotate into the recorded queries. Before saving, the
 trace is checked: the causal (and windowed) softmax of ``q . k * scaling`` recomputed
 from the stored float16 vectors must reproduce those weights to float16 precision. Needs
-the optional extra: ``pip install -e ".[capture]"``.
+the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU wheel first on a
+machine without a GPU).
 """
 
 from __future__ import annotations

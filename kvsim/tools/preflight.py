@@ -12,8 +12,8 @@ from pathlib import Path
 from kvsim.paths import read_text
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
-INSTALL = ('pip install -e ".[capture]"; without a GPU, first pip install torch '
-           '--index-url https://download.pytorch.org/whl/cpu')
+INSTALL = ("without a GPU, pip install torch --index-url https://download.pytorch.org/whl/cpu "
+           'first; then pip install -e ".[capture]"')
 """How to install the capture extra (a CPU-only torch first: the default wheel is CUDA's)."""
 
 
