@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from broken import broken_deflate, cli
-from fake_capture import fake_capture
+from fake_capture import use_fake_capture
 
 from kvsim.attention import trace_cache
 from kvsim.scenario.load import load_scenario
@@ -19,10 +19,9 @@ from kvsim.tools import capture, preflight
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(capture, "capture", fake_capture(calls))
+    use_fake_capture(monkeypatch, calls)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(trace_cache, "_UNCACHED", {})
-    monkeypatch.setattr(preflight, "missing_extra", lambda gguf: [])  # torch or not
     (tmp_path / "model").mkdir()
     (tmp_path / "text.txt").write_text("some text")
     (tmp_path / "s.toml").write_text(
