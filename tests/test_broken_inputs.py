@@ -224,9 +224,10 @@ TRACE = [
     Case("empty file", "trace", "attention.path: expected a readable", {"attention.path": "empty.npz"}),
     Case("text file", "trace", "attention.path: expected a readable", {"attention.path": "junk.npz"}),
     *[Case(f"deflate broken {where}{' (run)' if run else ''}", "trace",
-           "attention.path: expected a readable .npy or .npz file (Error -3 while decompressing",
+           f"attention.path: expected a readable .npy or .npz file ({member}.npy: Error -3 "
+           f"while decompressing data: invalid block type)",
            {"attention.path": f"deflate-{where}.npz"}, run=run)
-      for where in ("header", "data") for run in (False, True)],
+      for where, member in (("header", "keys"), ("data", "queries")) for run in (False, True)],
 ]
 
 MATRIX = [
@@ -258,7 +259,7 @@ MATRIX = [
     Case("empty file", "matrix", "attention.path: expected a readable", {"attention.path": "empty.npz"}),
     Case("pickled", "matrix", "attention.path: expected a readable", {"attention.path": "pickled.npy"}),
     Case("missing", "matrix", "attention.path: expected an existing", {"attention.path": "gone.npy"}),
-    Case("deflate broken", "matrix", "attention.path: expected a readable .npy or .npz file (Error -3",
+    Case("deflate broken", "matrix", "attention.path: expected a readable .npy or .npz file (attention.npy: Error -3",
          {"attention.path": "deflate-matrix.npz"}),
     Case("budget > T", "matrix", "experiment[0].budgets[0]", {"experiment.budgets": [25]}),
 ]

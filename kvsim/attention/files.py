@@ -8,6 +8,7 @@ is broken) is a one-line :class:`KvsimError` too.
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -21,6 +22,15 @@ from kvsim.resources import check_memory
 READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
                zipfile.LargeZipFile, zlib.error)
 """What reading a damaged ``.npy``/``.npz`` raises (zlib.error: a broken deflate stream)."""
+
+
+@contextlib.contextmanager
+def _member(name: str):
+    """Name the member whose compressed stream is broken (zlib's message does not)."""
+    try:
+        yield
+    except zlib.error as exc:
+        raise zlib.error(f"{name}: {exc}") from None
 
 
 def _header(f) -> tuple[tuple[int, ...], np.dtype]:
@@ -44,7 +54,7 @@ def headers(path: Path, key: str = "path") -> dict[str, tuple[tuple[int, ...], n
             out = {}
             with zipfile.ZipFile(path) as archive:
                 for member in archive.namelist():
-                    with archive.open(member) as f:
+                    with _member(member), archive.open(member) as f:
                         out[member.removesuffix(".npy")] = _header(f)
             return out
         with open(path, "rb") as f:
@@ -65,7 +75,11 @@ def load(path: Path, names: list[str] | None, what: str, key: str = "path") -> d
         data = np.load(path, allow_pickle=False)
         if isinstance(data, np.ndarray):
             return {"": data}
+        out = {}
         with data:
-            return {n: data[n] for n in names if n in data.files}
+            for n in (n for n in names if n in data.files):
+                with _member(f"{n}.npy"):
+                    out[n] = data[n]
+        return out
     except READ_ERRORS as exc:
         raise KvsimError(f"expected a readable .npy or .npz file ({exc})", key) from None
