@@ -122,9 +122,12 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _positive(text: str) -> int:
+    from kvsim.api.arguments import MAX_WORKERS  # the API's bound: one rule for both
+
     value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, {MAX_WORKERS}], got "
+                                         f"{text!r}")
     return value
 
 

@@ -282,6 +282,8 @@ CLI = [
     Case("--set into a number", "field", "--set attention.T.x", argv=("--set", "attention.T.x=1")),
     Case("--workers 0", "field", "kvsim: argument --workers", argv=("--workers", "0"), run=True),
     Case("--workers word", "field", "kvsim: argument --workers", argv=("--workers", "many"), run=True),
+    Case("--workers 2000", "field", "kvsim: argument --workers: expected an integer in [1, 1024]",
+         argv=("--workers", "2000"), run=True),
     Case("unknown flag", "field", "kvsim: unrecognized arguments", argv=("--bogus",), run=True),
     Case("--max-memory word", "field", "kvsim: --max-memory", argv=("--max-memory", "lots")),
     Case("--max-memory 1K", "field", "attention.T: expected the run to fit in memory", argv=("--max-memory", "1K")),
