@@ -262,10 +262,11 @@ def _capture(argv: list[str]) -> int:
 
 
 def _study(argv: list[str], command: str, report, description: str, file_help: str,
-           workers_help: str, epilog: str | None = None, redraw=None) -> int:
+           workers_help: str, epilog: str | None = None, redraw=None, gate=None) -> int:
     """A study command (``closed-loop``, ``task``): ``report(file, out, ...)`` runs the file
     and writes its report folder, whose path is printed; with ``redraw``, a ``--redraw``
-    flag calls ``redraw(file, out, command=...)`` instead."""
+    flag calls ``redraw(file, out, command=...)`` instead; with ``gate``, a ``--gate`` flag
+    prints ``gate(file, workers=..., progress=...)`` and writes nothing."""
     p = _Parser(prog=f"kvsim {command}", description=description, epilog=epilog,
                 formatter_class=argparse.RawDescriptionHelpFormatter if epilog
                 else argparse.HelpFormatter)
@@ -282,10 +283,18 @@ def _study(argv: list[str], command: str, report, description: str, file_help: s
                             "without running the model (the file's settings must be the "
                             "report's, apart from description, focus_budget, bootstrap and "
                             "[output])")
+    if gate is not None:
+        p.add_argument("--gate", action="store_true",
+                       help="run only the full cache on every cell and print which cells "
+                            "pass the full-cache gate; writes nothing (check a grid before "
+                            "a long run)")
     args = p.parse_args(argv)
     line = shlex.join(["python", "-m", "kvsim", command, *argv])
     if redraw is not None and args.redraw:
         print(redraw(args.file, args.out, command=line))
+        return 0
+    if gate is not None and args.gate:
+        print(gate(args.file, workers=args.workers, progress=not args.quiet))
         return 0
     print(report(args.file, args.out, force=args.force, progress=not args.quiet,
                  workers=args.workers, command=line))
@@ -307,30 +316,34 @@ TASK_EPILOG = """\
 A task file has a [task] table and [policies.NAME] tables (as in a scenario):
 
   [task]
-  lengths = [512, 1024]        # prompt lengths in tokens (filler + needle + question)
+  lengths = [512, 1024]        # prompt lengths in tokens (everything the model reads)
   depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
   trials = 5                   # trials per length x depth cell (new key, new filler)
   budgets = [32, 64, 128]      # keys per layer and KV head
-  compress = ["before_question", "after_question"]
+  compress = ["before_question", "after_question"]  # and/or "prefill_only" (kvpress's)
   filler = "seeded"            # or a shipped text: "gpl-3"
+  prompt = "raw"               # or "chat": inside the model's chat template
   [policies.h2o]
   [policies.snapkv]
   window = 16
 
-Each trial plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the
-depth, asks "What is the pass key? The pass key is", and generates 8 tokens greedily
-from every compressed cache (and the full cache); success: the first 5-digit number
-is the key. Beside each run, the simulator's prediction from the full-cache
-attention: needle retention and the question's attention on the kept needle.
+Each trial starts as the model expects (its special tokens, the task description),
+plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the depth, asks
+"What is the pass key? The pass key is", and generates 8 tokens greedily from every
+compressed cache (and the full cache); success: the first 5-digit number is the key.
+A (length, depth) cell whose full cache answers under 90% of its trials is flagged and
+left out of every claim. Beside each run, the simulator's prediction from the
+full-cache attention: needle retention and the question's attention on the kept needle.
 
 examples:
   python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
   python -m kvsim task scenarios/passkey_smollm2.toml --redraw   # new figures, same trials
+  python -m kvsim task scenarios/passkey_gemma3.toml --gate      # which cells pass the gate
 """
 
 
 def _task(argv: list[str]) -> int:
-    from kvsim.tools.task.command import redraw_report, task_report
+    from kvsim.tools.task.command import gate_table, redraw_report, task_report
 
     return _study(
         argv, "task", task_report, "Run the passkey task inside a real model (SmolLM2-135M "
@@ -339,7 +352,7 @@ def _task(argv: list[str]) -> int:
         f"(report.md, results.csv, figures). {NEEDS}",
         "task file (TOML with a [task] table)",
         "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG,
-        redraw=redraw_report)
+        redraw=redraw_report, gate=gate_table)
 
 
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,

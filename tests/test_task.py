@@ -686,3 +686,26 @@ def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, 
                                    add_generation_prompt=True)
     assert tok.decode(list(chat.head)).startswith(turn.split("x")[0])
     assert tok.decode(list(chat.question)).endswith("The pass key is")
+
+
+def test_gate_runs_the_full_cache_alone_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import kvsim.tools.capture
+    from kvsim.tools.task.command import task_report
+
+    monkeypatch.setattr(kvsim.tools.capture, "load_model",
+                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
+    tiny_net(512).save_pretrained(tmp_path / "m")
+    (tmp_path / "t.toml").write_text(
+        'name = "tiny"\n[task]\nmodel = "m"\nlengths = [300]\ndepths = [0.0, 1.0]\n'
+        'trials = 2\nbudgets = [8]\n[policies.window]\n')
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["task", str(tmp_path / "t.toml"), "--gate", "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        full = [r for r in csv.DictReader(f) if r["policy"] == "full"]
+    for d in ("0", "1"):  # the same answers as the full cache of a whole run
+        hits = sum(r["success"] == "1" for r in full if r["depth"] == d + ".0")
+        assert any(line.startswith(f"| {d} | {hits}/2") for line in printed), printed
+    assert printed[0].startswith("t.toml: the full cache's answers per cell")

@@ -23,10 +23,10 @@ def check_task_out(out: Path, force: bool, name: str) -> str | None:
 
 
 def _trial(index: int) -> list[dict]:
-    from kvsim.tools.task.run import cells, run_trial
+    from kvsim.tools.task.run import cells
 
-    net, tokenizer, cfg, text_ids, form = _FORKED["job"]
-    return run_trial(net, tokenizer, cfg, cells(cfg)[index], text_ids, form)
+    net, tokenizer, cfg, text_ids, form, trial = _FORKED["job"]
+    return trial(net, tokenizer, cfg, cells(cfg)[index], text_ids, form)
 
 
 def prompt_frame(cfg: TaskConfig, tokenizer):
@@ -46,12 +46,14 @@ def prompt_frame(cfg: TaskConfig, tokenizer):
     return form
 
 
-def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> list[dict]:
+def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
+            gate_only: bool = False) -> list[dict]:
     """Every trial's rows, in grid order, on ``workers`` forked processes (results do not
-    depend on it: each trial is decoded alone, torch on one thread)."""
+    depend on it: each trial is decoded alone, torch on one thread); ``gate_only``: the
+    full cache's rows alone."""
     from kvsim.tools.closed_loop.model import attach
     from kvsim.tools.closed_loop.run import forked_pool
-    from kvsim.tools.task.run import cells
+    from kvsim.tools.task.run import cells, gate_trial, run_trial
 
     attach(net)
     text_ids = None
@@ -62,7 +64,8 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> li
             raise KvsimError(f"task.filler: expected a text of at least {max(cfg.lengths)} "
                              f"tokens, got {text_ids.size}")
     n = len(cells(cfg))
-    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer))
+    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer),
+                      gate_trial if gate_only else run_trial)
     try:
         with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
             if workers <= 1:
@@ -83,17 +86,7 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
     ``workers`` forked processes. Returns the report folder."""
 
     def work(cfg: TaskConfig, out: Path, provenance) -> None:
-        import torch
-
-        from kvsim.tools.capture import load_model
-
-        net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # results then do not depend on the machine's core count
-        try:
-            rows = run_all(cfg, net, tokenizer, workers, progress)
-        finally:
-            torch.set_num_threads(threads)
+        net, tokenizer, rows = _trials(cfg, workers, progress, False)
         from kvsim.tools import models
         from kvsim.tools.closed_loop.model import prefill
 
@@ -112,6 +105,37 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
 
     return write_study(path, out, force, command or f"kvsim task {path}", workers,
                        load_config, check_task_out, work)
+
+
+def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
+    """The model, its tokenizer and the rows of every trial of ``cfg``."""
+    import torch
+
+    from kvsim.tools.capture import load_model
+
+    net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # results then do not depend on the machine's core count
+    try:
+        return net, tokenizer, run_all(cfg, net, tokenizer, workers, progress, gate_only)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def gate_table(path: str | Path, *, workers: int = 1, progress: bool = True) -> str:
+    """Run only the full cache on every cell of a task file and return its gate table (a
+    Markdown table: successes of trials per depth and length, flagged cells marked);
+    nothing is written. What to check before a long run."""
+    from kvsim.tools.task.prediction import GATE, gate
+
+    cfg = load_config(path)
+    cells = gate(_trials(cfg, workers, progress, True)[2])
+    from kvsim.tools.task.report import gate_lines
+
+    passing = sum(c["passes"] for c in cells.values())
+    return "\n".join([f"{cfg.path.name}: the full cache's answers per cell (✗: under "
+                      f"{GATE:.0%}, flagged in a report); {passing} of {len(cells)} cells "
+                      f"pass", *gate_lines(cfg, cells)])
 
 
 # Settings that only shape the report: a redraw may change them.

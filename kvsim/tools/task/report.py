@@ -271,6 +271,19 @@ def _pct(a: dict) -> str:
     return f"{100 * a['accuracy']:.0f}% [{100 * a['ci_low']:.0f}, {100 * a['ci_high']:.0f}]"
 
 
+def gate_lines(cfg: TaskConfig, cells: dict) -> list[str]:
+    """The gate table: the full cache's successes of trials per depth (rows) and length
+    (columns), ✗ on a flagged cell."""
+    lines = ["| depth | " + " | ".join(f"{n} tokens" for n in cfg.lengths) + " |",
+             "| --- |" + " ---: |" * len(cfg.lengths)]
+    for d in cfg.depths:
+        row = [cells.get((n, d)) for n in cfg.lengths]
+        lines.append(f"| {d:g} | " + " | ".join(
+            "n/a" if c is None else f"{c['successes']}/{c['trials']}"
+            f"{'' if c['passes'] else ' ✗'}" for c in row) + " |")
+    return lines
+
+
 def _cell_list(cells: dict) -> str:
     return ", ".join(f"{n} tokens at depth {d:g} ({c['successes']}/{c['trials']})"
                      for (n, d), c in cells.items() if not c["passes"])
@@ -356,14 +369,7 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         f"The full cache's answers per cell (successes of trials). A cell where it answers "
         f"under {GATE:.0%} of its trials is no reference for a policy: it is flagged (✗) and "
         f"left out of the accuracy tables, the headline and the prediction metrics.", "",
-        "| depth | " + " | ".join(f"{n} tokens" for n in cfg.lengths) + " |",
-        "| --- |" + " ---: |" * len(cfg.lengths)]
-    for d in cfg.depths:
-        row = [cells.get((n, d)) for n in cfg.lengths]
-        lines.append(f"| {d:g} | " + " | ".join(
-            "n/a" if c is None else f"{c['successes']}/{c['trials']}"
-            f"{'' if c['passes'] else ' ✗'}" for c in row) + " |")
-    lines += ["", "## Accuracy", ""]
+        *gate_lines(cfg, cells), "", "## Accuracy", ""]
     if not acc:
         lines += ["No cell passes the gate: no accuracy is reported.", ""]
         return _closing(lines, figures)

@@ -203,22 +203,45 @@ def late_layers(n: int) -> int:
     return n // 2
 
 
-def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
-              text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
-    """Every row of one trial: the full cache, then each protocol's policies x budgets;
-    ``form``: the model's prompt frame (:func:`~kvsim.tools.task.inputs.frame`)."""
+def full_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
+               text_ids: np.ndarray | None, form: inputs.Frame, rope: bool = False):
+    """The prompt of one trial, its full prefill and the full cache's greedy answer
+    (``answer_tokens`` ids); ``form``: the model's prompt frame
+    (:func:`~kvsim.tools.task.inputs.frame`)."""
     length, depth, trial = cell
     prompt = inputs.build(tokenizer, length, depth,
                           inputs.trial_rng(cfg.seed, length, depth, trial), text_ids, form)
-    full = prefill(net, prompt.ids, logits_to_keep=1,
-                   rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
+    full = prefill(net, prompt.ids, logits_to_keep=1, rope=rope)
     P = prompt.ids.size
     L, H_kv = full.keys.shape[:2]
-    digits = np.concatenate(prompt.digits)
     keys, values = stores(full, 1, P, P + cfg.answer_tokens, [], [])
     reference = Decoder(net, full, P, [[[FullCache(P) for _ in range(H_kv)] for _ in range(L)]],
                         keys, values, P + cfg.answer_tokens)
     tokens, _ = decode_answers(reference, full.logits[-1:], cfg.answer_tokens)
+    return prompt, full, tokens[0]
+
+
+def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: dict) -> dict:
+    """A result row of ``cell``: the trial's columns, ``row`` (its ``tokens`` decoded into
+    the answer) and the success."""
+    row = dict(row)
+    answer = tokenizer.decode(row.pop("tokens").tolist())
+    number = inputs.first_number(answer)
+    return {"length": cell[0], "depth": cell[1], "trial": cell[2], "key": prompt.key,
+            "needle_start": prompt.needle_start, "actual_depth": round(prompt.depth, 4),
+            "question_len": prompt.question_len, **row, "answer": answer,
+            "number": number or "", "success": int(number == prompt.key)}
+
+
+def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
+              text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
+    """Every row of one trial: the full cache, then each protocol's policies x budgets."""
+    prompt, full, tokens = full_trial(
+        net, tokenizer, cfg, cell, text_ids, form,
+        rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
+    P = prompt.ids.size
+    H_kv = full.keys.shape[1]
+    digits = np.concatenate(prompt.digits)
     protocols, rows_of = compress(full, prompt, cfg)
     rows = []
     for protocol, caches in protocols.items():
@@ -228,17 +251,15 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                           for layer in full.global_layers])
     question_mass = float(on_needle.mean())
     rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
-                    "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens[0],
+                    "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens,
                     "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass,
                     "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean())})
-    out = []
-    for r in rows:
-        tokens = r.pop("tokens")
-        answer = tokenizer.decode(tokens.tolist())
-        number = inputs.first_number(answer)
-        out.append({"length": length, "depth": depth, "trial": trial, "key": prompt.key,
-                    "needle_start": prompt.needle_start, "actual_depth": round(prompt.depth, 4),
-                    "question_len": prompt.question_len, **r, "answer": answer,
-                    "number": number or "", "success": int(number == prompt.key),
-                    "question_needle_mass": question_mass})
-    return out
+    return [{**scored(tokenizer, prompt, cell, r), "question_needle_mass": question_mass}
+            for r in rows]
+
+
+def gate_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
+               text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
+    """The full cache's row of one trial alone (``kvsim task --gate``)."""
+    prompt, _, tokens = full_trial(net, tokenizer, cfg, cell, text_ids, form)
+    return [scored(tokenizer, prompt, cell, {"policy": FULL, "tokens": tokens})]
