@@ -22,21 +22,42 @@ def sibling(out: Path, suffix: str) -> Path:
     return out.parent / f".{out.name}{suffix}"
 
 
-def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+def replace_folder(out: Path, write: Callable[[Path], None],
+                   keep: tuple[str, ...] | None = None, advice: str = "") -> None:
     """``write`` the folder's files into ``.NAME.tmp-PID``, then put it at ``out`` in one
     rename (a previous ``out`` moves aside to ``.NAME.old-PID`` first): a reader sees the
-    old folder or the new one, never half of one."""
+    old folder or the new one, never half of one.
+
+    With ``keep`` (file names), a failure of ``write`` loses no results: the files of
+    ``keep`` it had written (it writes them first) go to ``out`` alone, and the failure
+    becomes one :class:`KvsimError` line naming them, then ``advice`` (how to finish the
+    report); when it had written none of them, any earlier ``out`` stays as it was."""
     tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    failure, kept = None, []
     try:
-        write(tmp)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
+        try:
+            write(tmp)
+        except Exception as exc:
+            if keep is None:
+                raise
+            failure, kept = exc, [name for name in keep if (tmp / name).is_file()]
+            for path in tmp.iterdir():
+                if path.name not in kept:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if failure is None or kept:
+            if out.exists():
+                out.rename(old)
+            tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+    if failure is not None:
+        cause = " ".join(f"{type(failure).__name__}: {failure}".split())[:300]
+        saved = (f"its results are kept ({', '.join(kept)}){advice}" if kept else
+                 f"no report written{' (the earlier one is unchanged)' if out.exists() else ''}")
+        raise KvsimError(f"writing the report failed ({cause}); {saved}", str(out)) from None
 
 
 class ReportLock:

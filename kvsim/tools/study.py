@@ -46,6 +46,11 @@ MODEL_SETTINGS = {
 }
 
 
+# Resamples of a bootstrap interval: its 2.5% and 97.5% quantiles are settled long before.
+BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=100,
+                  high=100_000)
+
+
 def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
     """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
     the folder ``base``: a named model resolves to its wheel's files; each problem (the

@@ -15,7 +15,7 @@ from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS
 from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools.study import (MODEL_SETTINGS, read_focus, read_model, read_output,
+from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, read_focus, read_model, read_output,
                                read_steppable_policies, read_study_file)
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
@@ -37,8 +37,7 @@ SETTINGS = {
                            check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
     "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
                  choices=("mean", "max", "sum")),
-    "bootstrap": Param(int, 2000, "bootstrap resamples for the interval of rho",
-                       check=lambda v: v >= 100, expect="an integer >= 100"),
+    "bootstrap": BOOTSTRAP,
 }
 LISTS = ("lengths", "depths", "budgets", "compress")
 
