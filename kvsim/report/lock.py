@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvsim.errors import KvsimError
+from kvsim.interrupts import held
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -33,10 +34,11 @@ def replace_folder(out: Path, write: Callable[[Path], None],
     becomes one :class:`KvsimError` line naming them, then ``advice`` (how to finish the
     report); when it had written none of them, any earlier ``out`` stays as it was."""
     tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     failure, kept = None, []
     try:
+        with held():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
         try:
             write(tmp)
         except Exception as exc:
@@ -47,12 +49,19 @@ def replace_folder(out: Path, write: Callable[[Path], None],
                 if path.name not in kept:
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
         if failure is None or kept:
-            if out.exists():
-                out.rename(old)
-            tmp.rename(out)
+            with held():  # a signal between the two renames would lose both reports
+                if out.exists():
+                    out.rename(old)
+                try:
+                    tmp.rename(out)
+                except OSError:
+                    if old.exists():
+                        old.rename(out)
+                    raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        with held():
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
     if failure is not None:
         cause = " ".join(f"{type(failure).__name__}: {failure}".split())[:300]
         saved = (f"its results are kept ({', '.join(kept)}){advice}" if kept else
@@ -71,7 +80,8 @@ class ReportLock:
     def __enter__(self) -> "ReportLock":
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self._take()
+            with held():  # the lock file is created and owned, or neither
+                self._take()
         except OSError as exc:
             raise KvsimError(f"expected a report folder that can be written "
                              f"({exc.strerror or exc})", str(self.out)) from None
@@ -99,12 +109,13 @@ class ReportLock:
         self.fd = fd
 
     def __exit__(self, *exc) -> None:
-        try:
-            os.unlink(self.path)  # while still holding the lock: see the inode check above
-        except FileNotFoundError:
-            pass
-        os.close(self.fd)
-        self.fd = None
+        with held():
+            try:
+                os.unlink(self.path)  # while still holding the lock: see the inode check above
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = None
 
 
 def clean_leftovers(out: Path, keep_units: bool) -> None:
