@@ -76,6 +76,17 @@ def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | N
     return model, gguf
 
 
+def check_context(chk: _Checker, key: str, model: Path | None, gguf: str | None,
+                  positions: int, what: str) -> None:
+    """The ``positions`` a run feeds the model (``what``, in words) fit its context, where
+    known (:func:`kvsim.tools.models.context`): longer, it would decode past what it was
+    trained on, in memory that grows with the square of the length."""
+    limit = models.context(model, gguf) if model is not None else None
+    if limit is not None and positions > limit:
+        chk.add(key, f"expected at most the model's context of {limit} positions {what}, "
+                     f"got {positions}")
+
+
 def read_steppable_policies(chk: _Checker, doc: dict, budgets, T: int, P: int,
                             sizes_known: bool = True) -> dict[str, PolicyConfig]:
     """The ``[policies.NAME]`` tables of a file run inside a model: each must be able to
