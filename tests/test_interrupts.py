@@ -28,7 +28,7 @@ def _first(tmp_path: Path, pattern: str):
 
 
 PHASES = {  # phase: when it has begun (tmp_path -> bool)
-    "compile": lambda d: (d / ".r.units").is_dir(),  # a cold numba cache: first kernels
+    "compile": lambda d: (d / ".r.lock").exists(),  # owned, a cold numba cache: compiling
     "simulate": lambda d: _first(d, ".r.units/*.npz") is not None,
     "write": lambda d: _first(d, ".r.tmp-*/results.csv") is not None,
     "figures": lambda d: _first(d, ".r.tmp-*/*.png") is not None,
