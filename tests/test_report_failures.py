@@ -68,7 +68,8 @@ def test_a_task_report_whose_figures_fail_keeps_its_results(tmp_path, monkeypatc
     assert main(["task", str(task), "--out", str(out), "--quiet"]) == 2
     line = _one_line(capsys)
     assert line.startswith(f"kvsim: {out}: writing the report failed (ValueError: 'yerr' must "
-                           f"not contain negative values); its results are kept ({', '.join(KEPT)}): draw")
+                           f"not contain negative values); its results are kept "
+                           f"({', '.join(KEPT)}): draw")
     assert line.endswith(f"`python -m kvsim task {task} --out {out} --redraw`")
     assert sorted(p.name for p in out.iterdir()) == sorted(KEPT)
     assert _beside(tmp_path) == ["m", "r", "t.toml"]
