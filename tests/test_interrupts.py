@@ -120,6 +120,28 @@ def test_a_closed_unit_store_saves_nothing_and_its_removal_waits_for_a_save(tmp_
     assert sorted(p.name for p in kept.folder.iterdir()) == ["a.npz"]
 
 
+def _interrupted():
+    raise KeyboardInterrupt
+
+
+def test_an_interrupt_that_a_callback_swallowed_still_stops_the_run(monkeypatch, capsys):
+    """A signal landing in one of llvmlite's ctypes callbacks (Numba compiling in the main
+    thread) was printed as an ignored exception, and the run went on to its report."""
+    import ctypes
+
+    from kvsim import cli
+
+    def command(argv):
+        ctypes.CFUNCTYPE(None)(_interrupted)()  # the handler's KeyboardInterrupt, swallowed
+        for _ in range(500):  # the rest of the run
+            time.sleep(0.01)
+        return 0
+
+    monkeypatch.setitem(cli.COMMANDS, "policies", command)
+    assert cli.main(["policies"]) == 130
+    assert capsys.readouterr().err == "kvsim: interrupted; no report written\n"
+
+
 # A run of a few seconds: a field, three policies, no figures but the field's.
 TINY = {"policies": {"window": {}, "h2o": {}, "tova": {}}, "seeds": [0, 1, 2, 3],
         "experiment.figures": [], "output.dpi": 30}
