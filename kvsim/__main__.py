@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -28,8 +29,11 @@ def _own_package() -> None:
 _own_package()
 
 from kvsim.cli import main  # noqa: E402 (after the package is ours)
+from kvsim.interrupts import SIGNALS  # noqa: E402
 
 status = main()
+for stop in SIGNALS:  # the run has ended (its report is written or not): a late signal
+    signal.signal(stop, signal.SIG_IGN)  # must not turn its exit into a kill or a traceback
 if status == 130:  # interrupted: policy threads still inside a kernel are not awaited
     sys.stdout.flush()
     sys.stderr.flush()

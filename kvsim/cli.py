@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from kvsim.errors import KvsimError, ScenarioError
+from kvsim.interrupts import resend_swallowed
 from kvsim.resources import memory_limit_of, parse_size
 from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
                                       parse_setting)
@@ -363,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
     previous = _interrupt_on(signal.SIGTERM, signal.SIGHUP)
+    hook = sys.unraisablehook
+    if previous:  # in the main thread: an interrupt a callback swallowed is raised again
+        sys.unraisablehook = resend_swallowed
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
@@ -385,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             f"them" if kept else ""), file=sys.stderr)
         return 130
     finally:
+        sys.unraisablehook = hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

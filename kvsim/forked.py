@@ -30,22 +30,31 @@ def forked_pool(workers: int, initializer=None, initargs: tuple = ()):
     """A ``ProcessPoolExecutor`` of ``workers`` forked processes, all started at once
     with SIGINT and SIGTERM blocked (so none can receive them before it ignores them)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    pool = None
     try:
         pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"),
                                    initializer=_worker_init, initargs=(initializer, initargs))
         pool.submit(int)  # forks every worker now (fork starts them all on the first job)
-    finally:
+        # A signal that came while blocked arrives here: inside the try, which stops the
+        # workers (raised before it, it left them waiting for jobs, orphaned, for ever).
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    try:
         yield pool
     except BaseException:
-        processes = list(pool._processes.values())  # the executor's own workers
-        # Shut down first: the executor then drops its cancelled jobs before it sees the
-        # workers die (Python 3.11 fails on them otherwise, with a thread's traceback).
-        pool.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            process.terminate()
-        for process in processes:  # gone before the caller removes what they were writing
-            process.join(5)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        if pool is not None:
+            _stop(pool)
         raise
     pool.shutdown()
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Terminate the pool's workers without awaiting their jobs; return once they are gone
+    (before the caller removes what they were writing)."""
+    processes = list(pool._processes.values())  # the executor's own workers
+    # Shut down first: the executor then drops its cancelled jobs before it sees the
+    # workers die (Python 3.11 fails on them otherwise, with a thread's traceback).
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(5)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.cli import main
+from kvsim.errors import KvsimError
 from kvsim.report import writer
 
 OK = '[attention]\nsource = "field"\nT = 32\n[policies.window]\n[[experiment]]\nbudgets = [4]\nfigures = []\n'
@@ -103,6 +104,34 @@ def test_out_in_a_read_only_folder(tmp_path, capsys, monkeypatch):
     assert one_line(capsys) == (f"kvsim: {tmp_path / 'ro' / 'r'}: expected a folder kvsim can "
                                 f"write in, got {tmp_path / 'ro'} (read-only)")
     assert list((tmp_path / "ro").iterdir()) == []
+
+
+def test_an_earlier_report_kvsim_cannot_remove_is_refused_before_any_work(tmp_path, capsys,
+                                                                         monkeypatch):
+    """Replaced, a read-only report could not be removed: it stayed beside the new one as
+    ``.r.old-PID``. Now the run refuses it first, in one line, and leaves it as it was."""
+    import json
+
+    (tmp_path / "s.toml").write_text(OK)
+    out = tmp_path / "r"
+    assert main([str(tmp_path / "s.toml"), "--out", str(out), "--quiet"]) == 0
+    (out / "sub").mkdir()
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    real = os.access
+    monkeypatch.setattr(writer.os, "access", lambda p, mode: False if Path(p) == out / "sub"
+                        else real(p, mode))  # as if read-only (root ignores permissions)
+    assert main([str(tmp_path / "s.toml"), "--out", str(out), "--quiet"]) == 2
+    assert one_line(capsys) == (f"kvsim: {out}: expected a report kvsim can replace, got the "
+                                f"read-only folder {out / 'sub'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r", "s.toml"]
+    assert sorted(p.name for p in out.iterdir()) == before
+    study = tmp_path / "study"  # a closed-loop (or task) report of the same study
+    (study / "sub").mkdir(parents=True)
+    (study / "closed_loop.json").write_text(json.dumps({"settings": {"name": "a"}}))
+    monkeypatch.setattr(writer.os, "access", lambda p, mode: Path(p) != study / "sub")
+    with pytest.raises(KvsimError, match="expected a report kvsim can replace"):
+        writer.check_study_out(study, False, "closed_loop.json", "a", "closed-loop")
 
 
 def test_out_with_a_name_too_long(tmp_path, capsys):

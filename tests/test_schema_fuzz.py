@@ -210,3 +210,87 @@ def test_simulate_any_arguments(arguments):
         kvsim.simulate(_probs(16), **kwargs)
     except kvsim.KvsimError as exc:
         assert "\n" not in str(exc) and str(exc)
+
+
+# ---------------------------------------------------------------- task files
+
+TASK = {"name": "t", "task": {"model": "m", "lengths": [128], "depths": [0.5], "budgets": [16],
+                              "trials": 1},
+        "policies": {"window": {}, "snap": {"kind": "snapkv", "window": 8}}}
+
+
+def _task_keys() -> list[str]:
+    from kvsim.tools.task.config import LISTS, SETTINGS
+
+    return ["name", "description", "task", "policies", "output", "output.dpi",
+            "output.formats", "policies.snap.protect_window", "policies.window.kind",
+            "policies.x", "task.extra", *(f"task.{k}" for k in (*SETTINGS, *LISTS))]
+
+
+TASK_VALUES = st.one_of(VALUES, st.sampled_from([
+    "seeded", "gpl-3", "mean", "max", "before_question", ["after_question"], [64, 4096],
+    [0.0, 1.0], [1], 64, 100, 100_000, 100_001, 2**40, "m", "weights.gguf"]))
+
+
+@pytest.fixture(scope="module")
+def task_folder(tmp_path_factory):
+    """A folder with a model folder that passes the checks made before a model loads."""
+    path = tmp_path_factory.mktemp("task")
+    (path / "m").mkdir()
+    (path / "m" / "config.json").write_text("{}")
+    (path / "m" / "model.safetensors").write_bytes(b"")
+    return path
+
+
+@settings(max_examples=EXAMPLES or 80, derandomize=not EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(_task_keys()), TASK_VALUES)
+def test_task_files_any_value(task_folder, key, value):
+    """validate refuses a task file in one line per problem, each naming the file, exit
+    2 and no traceback; a file it accepts builds its config and its grid of trials."""
+    import copy
+
+    from kvsim.scenario.overrides import assign
+    from kvsim.tools.task.config import load_config
+    from kvsim.tools.task.run import cells
+
+    doc = copy.deepcopy(TASK)
+    try:
+        assign(doc, key, value)
+    except Exception:
+        return
+    path = task_folder / "t.toml"
+    path.write_text(to_toml(doc))
+    status, out, err = cli(["validate", path])
+    if status == 2:
+        assert out == "" and err and all(line.startswith(f"{path}: ")
+                                         for line in err.splitlines()), err
+        return
+    assert status == 0 and err == "" and "task file" in out, (status, err)
+    cfg = load_config(path)
+    assert 1 <= len(cfg.lengths) * len(cfg.depths) * cfg.trials <= 10**6, cfg  # then built:
+    assert len(cells(cfg)) >= 1 and 100 <= cfg.bootstrap <= 100_000
+
+
+@pytest.mark.parametrize("key", _task_keys())
+def test_every_task_key_gets_wrong_types(task_folder, key):
+    for value in (NAN, 2**62, 2**64, -1, 0, "x", [], {"a": 1}, True, [2**62]):
+        test_task_files_any_value.hypothesis.inner_test(task_folder, key, value)
+
+
+def test_runs_beyond_the_models_context_are_refused_by_validate(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 256}')
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "text.txt").write_text("word " * 200)
+    task = tmp_path / "t.toml"
+    task.write_text(to_toml({**TASK, "task": {**TASK["task"], "lengths": [128, 250]}}))
+    assert cli(["validate", task]) == (2, "", f"{task}: task.lengths: expected at most the "
+                                       f"model's context of 256 positions (the longest length "
+                                       f"plus answer_tokens), got 258\n")
+    loop = tmp_path / "c.toml"
+    loop.write_text(to_toml({**CLOSED_LOOP, "closed_loop": {
+        **CLOSED_LOOP["closed_loop"], "model": "m", "tokens": 300, "prompt_len": 200}}))
+    assert cli(["validate", loop]) == (2, "", f"{loop}: closed_loop.tokens: expected at most "
+                                       f"the model's context of 256 positions (tokens), got "
+                                       f"300\n")

@@ -88,7 +88,7 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
             write_report(out, variants, results, force, workers, provenance, progress)
         except BaseException as exc:  # interrupted or failed: the units only serve --resume
             store.close(keep=resume)  # policy threads still running save nothing more
-            if resume:
+            if resume and store.folder.exists():
                 exc.kept_units = store.folder  # the command line says where they are
             raise
         store.close(keep=False)  # finished: nothing left to resume

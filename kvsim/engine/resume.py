@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim._version import __version__
+from kvsim.interrupts import held
 from kvsim.policies import Trace
 
 FIELDS = ("mass", "cache_size", "recall", "error", "kept", "snapshots")
@@ -42,7 +43,6 @@ class UnitStore:
         self.resume = resume
         self._closed = False
         self._lock = threading.Lock()  # a save and the closing never interleave
-        folder.mkdir(parents=True, exist_ok=True)
 
     def load(self, key: str) -> list[Trace] | None:
         """The stored traces of unit ``key``, or None (also when not resuming)."""
@@ -63,6 +63,7 @@ class UnitStore:
         with self._lock:
             if self._closed:
                 return
+            self.folder.mkdir(parents=True, exist_ok=True)  # with the first unit
             tmp = self.folder / f".{key}.{os.getpid()}.tmp.npz"
             np.savez(tmp, count=len(traces), **arrays)
             os.replace(tmp, self.folder / f"{key}.npz")
@@ -70,7 +71,7 @@ class UnitStore:
     def close(self, keep: bool) -> None:
         """No more saves (waiting for one in progress); the folder is removed unless
         ``keep``."""
-        with self._lock:
+        with held(), self._lock:  # a signal waits: never half a folder left
             self._closed = True
             if not keep:
                 shutil.rmtree(self.folder, ignore_errors=True)

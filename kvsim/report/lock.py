@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from kvsim.errors import KvsimError
+from kvsim.interrupts import held
 
 
 def sibling(out: Path, suffix: str) -> Path:
@@ -22,21 +23,50 @@ def sibling(out: Path, suffix: str) -> Path:
     return out.parent / f".{out.name}{suffix}"
 
 
-def replace_folder(out: Path, write: Callable[[Path], None]) -> None:
+def replace_folder(out: Path, write: Callable[[Path], None],
+                   keep: tuple[str, ...] | None = None, advice: str = "") -> None:
     """``write`` the folder's files into ``.NAME.tmp-PID``, then put it at ``out`` in one
     rename (a previous ``out`` moves aside to ``.NAME.old-PID`` first): a reader sees the
-    old folder or the new one, never half of one."""
+    old folder or the new one, never half of one.
+
+    With ``keep`` (file names), a failure of ``write`` loses no results: the files of
+    ``keep`` it had written (it writes them first) go to ``out`` alone, and the failure
+    becomes one :class:`KvsimError` line naming them, then ``advice`` (how to finish the
+    report); when it had written none of them, any earlier ``out`` stays as it was."""
     tmp, old = sibling(out, f".tmp-{os.getpid()}"), sibling(out, f".old-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    failure, kept = None, []
     try:
-        write(tmp)
-        if out.exists():
-            out.rename(old)
-        tmp.rename(out)
+        with held():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        try:
+            write(tmp)
+        except Exception as exc:
+            if keep is None:
+                raise
+            failure, kept = exc, [name for name in keep if (tmp / name).is_file()]
+            for path in tmp.iterdir():
+                if path.name not in kept:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if failure is None or kept:
+            with held():  # a signal between the two renames would lose both reports
+                if out.exists():
+                    out.rename(old)
+                try:
+                    tmp.rename(out)
+                except OSError:
+                    if old.exists():
+                        old.rename(out)
+                    raise
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        with held():
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+    if failure is not None:
+        cause = " ".join(f"{type(failure).__name__}: {failure}".split())[:300]
+        saved = (f"its results are kept ({', '.join(kept)}){advice}" if kept else
+                 f"no report written{' (the earlier one is unchanged)' if out.exists() else ''}")
+        raise KvsimError(f"writing the report failed ({cause}); {saved}", str(out)) from None
 
 
 class ReportLock:
@@ -50,7 +80,8 @@ class ReportLock:
     def __enter__(self) -> "ReportLock":
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self._take()
+            with held():  # the lock file is created and owned, or neither
+                self._take()
         except OSError as exc:
             raise KvsimError(f"expected a report folder that can be written "
                              f"({exc.strerror or exc})", str(self.out)) from None
@@ -78,12 +109,13 @@ class ReportLock:
         self.fd = fd
 
     def __exit__(self, *exc) -> None:
-        try:
-            os.unlink(self.path)  # while still holding the lock: see the inode check above
-        except FileNotFoundError:
-            pass
-        os.close(self.fd)
-        self.fd = None
+        with held():
+            try:
+                os.unlink(self.path)  # while still holding the lock: see the inode check above
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = None
 
 
 def clean_leftovers(out: Path, keep_units: bool) -> None:

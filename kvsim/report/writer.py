@@ -63,11 +63,11 @@ def check_out(out: Path, force: bool, scenario: Scenario | None = None) -> str |
                          f"without kvsim's scenario.json (kvsim never replaces it; choose "
                          f"another --out)")
     if scenario is not None and source == scenario.path.resolve():
-        return f"kvsim: replacing {out}, an earlier report of {scenario.path}"
+        return _replacing(out, f"an earlier report of {scenario.path}")
     if not force:
         raise KvsimError(f"{out}: expected a new output folder, got a report of {source} "
                          f"(use --force to replace it)")
-    return f"kvsim: replacing {out}, a report of {source} (--force)"
+    return _replacing(out, f"a report of {source} (--force)")
 
 
 def check_study_out(out: Path, force: bool, marker: str, name: str, what: str) -> str | None:
@@ -78,12 +78,24 @@ def check_study_out(out: Path, force: bool, marker: str, name: str, what: str) -
         written = json.loads((out / marker).read_text())["settings"]["name"]
     except (OSError, ValueError, KeyError, TypeError):
         return check_out(out, force)  # new, empty, a scenario report, or not kvsim's
+    _check_place(out)
     if written == name:
-        return f"kvsim: replacing {out}, an earlier {what} report of {name}"
+        return _replacing(out, f"an earlier {what} report of {name}")
     if not force:
         raise KvsimError(f"{out}: expected a new output folder, got the {what} report of "
                          f"{written!r} (use --force to replace it)")
-    return f"kvsim: replacing {out}, the {what} report of {written!r} (--force)"
+    return _replacing(out, f"the {what} report of {written!r} (--force)")
+
+
+def _replacing(out: Path, what: str) -> str:
+    """The note on replacing the report ``what`` in ``out``, once sure that the report can
+    be removed after its replacement (every folder in it writable): refused before any
+    work, rather than left beside the new report."""
+    for folder, _, _ in os.walk(out):
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise KvsimError(f"{out}: expected a report kvsim can replace, got the read-only "
+                             f"folder {folder}")
+    return f"kvsim: replacing {out}, {what}"
 
 
 def _check_place(out: Path) -> None:

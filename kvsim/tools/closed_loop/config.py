@@ -18,8 +18,9 @@ from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import preflight
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.load import PolicyConfig, _read_budgets, _read_quantize
-from kvsim.tools.study import (MODEL_SETTINGS, read_focus, read_model, read_output,
-                               read_steppable_policies, read_study_file)
+from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
+                               read_model, read_output, read_steppable_policies,
+                               read_study_file)
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
 
@@ -43,8 +44,7 @@ SETTINGS = {
     "batch": Param(int, 0, "caches decoded together in one forward pass (0: all); only "
                    "memory and speed depend on it", check=lambda v: v >= 0,
                    expect="an integer >= 0"),
-    "bootstrap": Param(int, 2000, "bootstrap resamples for the confidence interval of rho",
-                       check=lambda v: v >= 100, expect="an integer >= 100"),
+    "bootstrap": BOOTSTRAP,
     "seed": Param(int, 0, "seed of the bootstrap and of seeded policies",
                   check=lambda v: v >= 0, expect="an integer >= 0"),
 }
@@ -90,6 +90,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
         else:
             preflight.check_text(chk, "closed_loop.text", text, "closed_loop.tokens",
                                  s["tokens"])
+        check_context(chk, "closed_loop.tokens", model, gguf, s["tokens"], "(tokens)")
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")

@@ -60,6 +60,9 @@ def open_metrics(mass: np.ndarray, error: np.ndarray, weights: np.ndarray) -> di
             "neg_log_mass": float(-np.log(np.maximum(mass, 1e-300)).mean()) + 0.0}
 
 
+CHUNK = 1 << 20  # bootstrap values drawn at a time
+
+
 def _rowwise_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Spearman rho of each row pair (average ranks for ties); NaN for a constant row."""
     rx, ry = rankdata(x, axis=-1), rankdata(y, axis=-1)
@@ -73,12 +76,16 @@ def _rowwise_spearman(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def spearman_ci(x: np.ndarray, y: np.ndarray, reps: int, seed: int) -> tuple[float, float, float]:
     """Spearman rho of ``x`` and ``y`` and its 95% percentile bootstrap interval.
 
-    The points (policy and budget pairs) are resampled with replacement, ``reps`` times.
+    The points (policy and budget pairs) are resampled with replacement, ``reps`` times,
+    in chunks of about :data:`CHUNK` values (the same draws as in one piece, in bounded
+    memory).
     """
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     rho = float(_rowwise_spearman(x, y))
-    idx = np.random.default_rng(seed).integers(0, x.size, (reps, x.size))
-    boots = _rowwise_spearman(x[idx], y[idx])
+    rng, rows = np.random.default_rng(seed), max(1, CHUNK // max(x.size, 1))
+    boots = np.concatenate([
+        _rowwise_spearman(x[idx], y[idx]) for idx in
+        (rng.integers(0, x.size, (min(rows, reps - i), x.size)) for i in range(0, reps, rows))])
     lo, hi = np.nanquantile(boots, [0.025, 0.975])
     return rho, float(lo), float(hi)
 

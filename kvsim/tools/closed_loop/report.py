@@ -252,28 +252,33 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
     return "\n".join(lines)
 
 
+# The numbers of the run, written before anything else (kept when the figures or text fail).
+KEPT = ("results.csv", "steps.csv", "closed_loop.json")
+
+
 def write_report(cfg: ClosedLoopConfig, series: list[Series], facts: dict, out: Path) -> Path:
-    """Write the report folder ``out`` in one rename (the caller checked that it may)."""
-    rows = result_rows(series)
-    policy_rows = [r for r in rows if r["policy"] != FULL]
-    ranks = [r for target in TARGETS for r in
-             metrics.rank_predictors(policy_rows, target, cfg.bootstrap, cfg.seed)]
-    replace_folder(out, lambda tmp: _write_files(cfg, series, rows, ranks, facts, tmp))
+    """Write the report folder ``out`` in one rename (the caller checked that it may); if
+    the predictors, figures or text fail, ``out`` holds the files of :data:`KEPT` alone."""
+    replace_folder(out, lambda tmp: _write_files(cfg, series, facts, tmp), keep=KEPT,
+                   advice=" (the figures and text need a new run)")
     return out
 
 
-def _write_files(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict],
-                 ranks: list[dict], facts: dict, tmp: Path) -> None:
+def _write_files(cfg: ClosedLoopConfig, series: list[Series], facts: dict, tmp: Path) -> None:
+    rows = result_rows(series)
     _csv(tmp / "results.csv", rows)
-    _csv(tmp / "predictors.csv", ranks)
     steps = [{"policy": s.label, "budget": s.budget, "t": cfg.prompt_len + i,
               "kl": float(s.kl[i]), "nll": float(s.nll[i]), "open_mass": float(s.mass[i])}
              for s in series for i in range(s.kl.shape[0])]
     _csv(tmp / "steps.csv", steps)
-    figures = _figures(cfg, series, rows, tmp)
     settings = settings_of(cfg)
     settings["text"] = cfg.text.name
     info = {"settings": settings, **{k: v for k, v in facts.items() if k != "token_ids"},
             "token_ids_sha256": facts["token_ids_sha256"]}
     (tmp / "closed_loop.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    policy_rows = [r for r in rows if r["policy"] != FULL]
+    ranks = [r for target in TARGETS for r in
+             metrics.rank_predictors(policy_rows, target, cfg.bootstrap, cfg.seed)]
+    _csv(tmp / "predictors.csv", ranks)
+    figures = _figures(cfg, series, rows, tmp)
     (tmp / "report.md").write_text(_markdown(cfg, rows, ranks, facts, figures))

@@ -69,7 +69,11 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     try:
         with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
             if workers <= 1:
-                return [r for i in range(n) for r in bar.update() or _trial(i)]
+                rows = []
+                for i in range(n):
+                    rows += _trial(i)
+                    bar.update()
+                return rows
             with forked_pool(min(workers, n)) as pool:
                 results = []
                 for rows in pool.map(_trial, range(n)):
@@ -99,9 +103,11 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
                  "windows": sorted({g.window for g in probe.geometry if g.window}),
                  "licence": models.licence(cfg.gguf_file),
                  "question_len": rows[0]["question_len"]}
-        from kvsim.tools.task.report import write_files
+        from kvsim.tools.task.report import KEPT, write_files
 
-        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
+        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=KEPT,
+                       advice=f": draw the report from them with `python -m kvsim task {path} "
+                              f"--out {out} --redraw`")
 
     return write_study(path, out, force, command or f"kvsim task {path}", workers,
                        load_config, check_task_out, work)
@@ -171,7 +177,7 @@ def redraw_report(path: str | Path, out: Path | None = None, *,
         now_facts = provenance()
         facts = {**info["facts"], "redrawn": {k: now_facts[k]
                                               for k in ("command", "kvsim", "commit", "date")}}
-        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp))
+        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=())
 
     return write_study(path, out, False, command or f"kvsim task {path} --redraw", 1,
                        load_config, check_task_out, work)

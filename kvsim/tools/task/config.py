@@ -16,8 +16,9 @@ from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
 from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools.task.inputs import PROMPTS
-from kvsim.tools.study import (MODEL_SETTINGS, read_focus, read_model, read_output,
-                               read_steppable_policies, read_study_file)
+from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
+                               read_model, read_output, read_steppable_policies,
+                               read_study_file)
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
 FILLERS = ("seeded", *SHIPPED)
@@ -26,7 +27,7 @@ MIN_LENGTH = 64  # room for the needle, the question and some filler
 SETTINGS = {
     **MODEL_SETTINGS,
     "trials": Param(int, 5, "trials per length x depth cell (a new key and filler each)",
-                    check=lambda v: v >= 1, expect="an integer >= 1"),
+                    low=1, high=10_000),
     "seed": Param(int, 0, "seed of the keys, the filler and seeded policies",
                   check=lambda v: v >= 0, expect="an integer >= 0"),
     "focus_budget": Param(int, 0, "budget of the depth x length heatmaps (0: the second "
@@ -41,8 +42,7 @@ SETTINGS = {
                            check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
     "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
                  choices=("mean", "max", "sum")),
-    "bootstrap": Param(int, 2000, "bootstrap resamples for the interval of rho",
-                       check=lambda v: v >= 100, expect="an integer >= 100"),
+    "bootstrap": BOOTSTRAP,
 }
 LISTS = ("lengths", "depths", "budgets", "compress")
 
@@ -120,6 +120,9 @@ def load_config(path: str | Path) -> TaskConfig:
     if "model" in s and "gguf_file" in s:
         model, gguf = read_model(chk, "task", s, path.parent)
     answer = s.get("answer_tokens", 1)
+    if lengths:
+        check_context(chk, "task.lengths", model, gguf, max(lengths) + answer,
+                      "(the longest length plus answer_tokens)")
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
                                       bool(lengths) and "answer_tokens" in s)

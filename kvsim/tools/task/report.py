@@ -77,13 +77,16 @@ def answered(rows: list[dict]) -> dict:
 
 
 def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (``(nan, nan)`` without trials)."""
+    """The Wilson score interval of a binomial proportion (``(nan, nan)`` without trials).
+
+    It holds ``successes / trials`` by construction: rounding would otherwise leave a bound
+    ~1e-17 on the wrong side of it at 0 or all successes (a negative error bar)."""
     if trials == 0:
         return math.nan, math.nan
     p = successes / trials
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials ** 2))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def accuracy_rows(rows: list[dict]) -> list[dict]:
@@ -425,23 +428,29 @@ def _closing(lines: list[str], figures: list[str]) -> str:
     return "\n".join(lines)
 
 
+# What a redraw needs, written before anything else (kept when the figures or text fail).
+KEPT = ("results.csv", "accuracy.csv", "task.json")
+
+
 def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) -> None:
-    """Every file of the report into ``folder`` (an empty temporary folder)."""
+    """Every file of the report into ``folder`` (an empty temporary folder): first those of
+    :data:`KEPT` (task.json then without the prediction), then the figures and text."""
     cells = gate(rows)
     kept = gated(rows, cells)
     acc = accuracy_rows(kept)
-    quality = prediction_quality(kept, cfg.bootstrap, cfg.seed)
     _csv(folder / "results.csv", rows)
     if acc:
         _csv(folder / "accuracy.csv", acc)
     else:  # no cell passes the gate: the columns alone
         (folder / "accuracy.csv").write_text("protocol,policy,budget,trials,successes,accuracy,"
                                              "ci_low,ci_high,retention\n")
+    info = {"settings": settings_of(cfg), "facts": facts,
+            "gate": [{"length": n, "depth": d, **c} for (n, d), c in cells.items()]}
+    task_json = folder / "task.json"
+    task_json.write_text(json.dumps(info, indent=1, default=str) + "\n")
+    quality = prediction_quality(kept, cfg.bootstrap, cfg.seed)
     figures = _figures(cfg, rows, cells, acc, folder)
-    settings = settings_of(cfg)
-    info = {"settings": settings, "facts": facts,
-            "gate": [{"length": n, "depth": d, **c} for (n, d), c in cells.items()],
-            "prediction": quality}
-    (folder / "task.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+    info["prediction"] = quality
+    task_json.write_text(json.dumps(info, indent=1, default=str) + "\n")
     (folder / "report.md").write_text(markdown(cfg, rows, cells, acc, quality, facts,
                                                figures))
