@@ -33,8 +33,8 @@ def test_one_worker_with_a_progress_bar_that_redraws(monkeypatch):
 
     monkeypatch.setattr(command, "tqdm", functools.partial(tqdm, mininterval=0, miniters=1))
     cfg = task_config([PolicyConfig("window", "window", {})], budgets=(8,))
-    cfg = type(cfg)(**{**vars(cfg), "trials": 2})
-    rows = command.run_all(cfg, tiny_net(), CharTokenizer(), workers=1, progress=True)
+    cfg = type(cfg)(**{**vars(cfg), "trials": 2, "lengths": (300,)})
+    rows = command.run_all(cfg, tiny_net(512), CharTokenizer(), workers=1, progress=True)
     assert len(rows) == 2 * (1 + 2) and {r["trial"] for r in rows} == {0, 1}
 
 
@@ -58,11 +58,11 @@ def test_a_task_report_whose_figures_fail_keeps_its_results(tmp_path, monkeypatc
     import kvsim.tools.task.report as report
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
-                        lambda model, gguf=None: (tiny_net(), CharTokenizer()))
-    tiny_net().save_pretrained(tmp_path / "m")
+                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
+    tiny_net(512).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     task, out = tmp_path / "t.toml", tmp_path / "r"
-    task.write_text('name = "tiny"\n[task]\nmodel = "m"\nlengths = [160]\ndepths = [0.0, 1.0]\n'
+    task.write_text('name = "tiny"\n[task]\nmodel = "m"\nlengths = [300]\ndepths = [0.0, 1.0]\n'
                     'trials = 1\nbudgets = [8, 12]\n[policies.window]\n')
     monkeypatch.setattr(report, "_figures", _broken_figures)
     assert main(["task", str(task), "--out", str(out), "--quiet"]) == 2
@@ -92,8 +92,8 @@ def test_a_closed_loop_report_whose_figures_fail_keeps_its_results(tmp_path, mon
     import kvsim.tools.closed_loop.report as report
 
     monkeypatch.setattr(command, "load_model",
-                        lambda model, gguf=None: (tiny_net(), CharTokenizer()))
-    tiny_net().save_pretrained(tmp_path / "m")
+                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
+    tiny_net(512).save_pretrained(tmp_path / "m")
     capsys.readouterr()
     study, out = tmp_path / "c.toml", tmp_path / "r"
     study.write_text('name = "tiny"\n[closed_loop]\nmodel = "m"\ntext = "gpl-3"\ntokens = 40\n'

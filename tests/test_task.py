@@ -550,9 +550,11 @@ def test_auc_balanced_accuracy_and_brier_against_plain_definitions():
     assert prediction.auc(x, y) == pytest.approx(np.mean(pairs), abs=1e-12)
     assert np.isnan(prediction.auc(x, np.zeros(60)))
     t, sign = prediction.best_threshold(x, y)
+    v = np.unique(x)
+    cuts = [v[0] - 1, *((v[:-1] + v[1:]) / 2), v[-1] + 1]
     scores = {(u, d): prediction.balanced_accuracy(x >= u if d > 0 else x <= u, y > 0)
-              for u in np.unique(x) for d in (1, -1)}
-    assert scores[t, sign] == max(scores.values())
+              for u in cuts for d in (1, -1)}
+    assert scores[t, sign] == max(scores.values()) and t in cuts
     groups = np.arange(60) // 3
     fold = prediction.folds(groups, 0)
     assert all(len(set(fold[groups == g])) == 1 for g in range(20))  # a trial in one fold

@@ -111,9 +111,11 @@ def logistic(x: np.ndarray, y: np.ndarray):
 
 def best_threshold(x: np.ndarray, y: np.ndarray) -> tuple[float, int]:
     """The threshold and direction (+1: predict success when ``x >= t``; -1: when
-    ``x <= t``) of the highest balanced accuracy on ``(x, y)``, over the values of ``x``;
-    ties to the lower threshold, then to +1."""
-    u = np.unique(x)
+    ``x <= t``) of the highest balanced accuracy on ``(x, y)``, over the midpoints between
+    consecutive values of ``x`` (and beyond both ends); ties to the lower threshold, then
+    to +1."""
+    v = np.unique(x)
+    u = np.concatenate([[v[0] - 1.0], (v[:-1] + v[1:]) / 2, [v[-1] + 1.0]])
     pos, neg = np.sort(x[y > 0]), np.sort(x[y == 0])
     n1, n0 = pos.size, neg.size
 
