@@ -623,7 +623,7 @@ def test_gemma3_270m_passkey_report(tmp_path):
     from kvsim.tools.task.command import task_report
 
     (tmp_path / "t.toml").write_text(
-        'name = "gemma"\n[task]\nmodel = "gemma3-270m"\nlengths = [160]\ndepths = [0.5]\n'
+        'name = "gemma"\n[task]\nmodel = "gemma3-270m"\nlengths = [512]\ndepths = [0.5]\n'
         'trials = 1\nbudgets = [16]\n[policies.window]\n[policies.snapkv]\nwindow = 8\n')
     out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
     with open(out / "results.csv") as f:
@@ -632,6 +632,7 @@ def test_gemma3_270m_passkey_report(tmp_path):
         ("full", "full"), ("window", "after_question"), ("snapkv", "after_question"),
         ("window", "before_question"), ("snapkv", "before_question")]
     assert rows[0]["success"] == "1"  # Gemma-3-270M recalls the key with the full cache
+    assert rows[0]["answer"].startswith(" " + rows[0]["key"])  # with <bos>: it answers
     assert float(rows[3]["retention"]) == 0.0  # a 16-token window never holds the needle
     text = (out / "report.md").read_text()
     assert "18 layers (3 global: 5, 11, 17; the others sliding-window, window 512)" in text
