@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from broken import cli
 from policy_checks import qkv_field
 from reference import l2_norm, paged_caches, protocol_caches, threshold_caches
 
@@ -254,6 +255,8 @@ def test_threshold_invariants(name, seed, w, P, tau):
     ("oracle", {"interval": 4}, "oracle takes no protocol (interval)"),
     ("quest", {"question_len": 4, "compress": "before_question"}, "quest takes no protocol"),
     ("snapkv", {"interval": 4, "refresh": 8, "window": 4}, "refresh is itself"),
+    ("h2o", {"target_ratio": 0.5, "question_len": 4, "compress": "before_question"},
+     "got target_ratio and question_len"),
     ("h2o", {"question_len": 40}, "expected at most prompt_len"),
     ("h2o", {"interval": 0}, "expected an integer >= 1"),
     ("h2o", {"target_ratio": 0.01, "recent_ratio": 0.5}, "protected keys"),
@@ -263,6 +266,21 @@ def test_meaningless_combinations_are_one_line_errors(kind, params, words):
     with pytest.raises(KvsimError) as exc:
         kvsim.simulate(A, kind, 16, 30, **params)
     assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_target_ratio_with_question_len_is_refused_by_validate(tmp_path):
+    """Only question_len combines with interval: a scenario file with target_ratio and a
+    question is one line at validate time (exit 2), naming the file and the key."""
+    path = tmp_path / "s.toml"
+    path.write_text('[attention]\nsource = "field"\nT = 48\nheads = 1\n'
+                    '[policies.h2o]\ntarget_ratio = 0.5\ninterval = 4\nquestion_len = 4\n'
+                    'compress = "before_question"\n'
+                    '[[experiment]]\nprompt_len = 24\nbudgets = [8]\n')
+    status, out, err = cli(["validate", path])
+    assert status == 2 and out == ""
+    assert err.strip() == (f"{path}: policies.h2o.question_len: expected one protocol (only "
+                           "question_len combines with interval), got target_ratio and "
+                           "question_len (experiment 'experiment0', budget 8)")
 
 
 def test_results_name_the_protocol_and_the_memory_held():
