@@ -35,8 +35,8 @@ from kvsim.scenario.load import load_scenario
 
 T = 12
 
-# (label, kind, parameters) run under the allocation; the reference checks those whose
-# reference holds on a group of query heads and whose fixed parts do not depend on B.
+# The policies run under the allocation, with their parameters; the reference checks those
+# whose reference holds on a group of query heads and whose fixed parts do not depend on B.
 ALLOCATED = {"cake": {"window": 4}, "snapkv": {"window": 4, "kernel": 3}, "window": {},
              "streaming_llm": {"sinks": 2}, "knorm": {}, "h2o": {}, "tova": {}}
 CHECKED = ("cake", "snapkv", "window", "streaming_llm", "knorm")
