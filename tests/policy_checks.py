@@ -5,6 +5,7 @@ step-by-step driver against the simulator."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from kvsim.policies import POLICIES
 from kvsim.policies.run import make_group, resolve_params, run_policy
 from kvsim.policies.stepping import Stepper
 
+
+TRACE = Path(__file__).parent.parent / "scenarios" / "traces" / "smollm2_gpl3.npz"
 
 # Parameters that fit every registered policy into the small budgets (5 and up) of the
 # tests that run the whole registry on small fields.
@@ -91,6 +94,28 @@ def qk_field(rng, T, G, d=4, dv=3, kind="gauss") -> FieldData:
     f["pre_rope_queries"] = f["queries"]
     f["rope_freq"] = 1.0 / 10.0 ** (np.arange(d // 2) / max(d // 2, 1))
     f["rope_scale"] = 1.25
+    return FieldData(**f)
+
+
+def trace_field(layer: int, kv: int, T: int) -> FieldData:
+    """KV head ``kv`` of layer ``layer`` (its index in the file) of the committed SmolLM2
+    trace with its query heads, first ``T`` tokens."""
+    with np.load(TRACE) as data:
+        q, k, v = data["queries"], data["keys"], data["values"]
+        scale = float(data["scaling"])
+        rope = {n: data[n] for n in ("pre_rope_queries", "rope_freq", "rope_scale")
+                if n in data.files}
+    G = q.shape[1] // k.shape[1]
+    f = empty_field(G, T, 1)
+    f["queries"] = np.ascontiguousarray(q[layer, kv * G:(kv + 1) * G, :T], np.float32)
+    f["keys"] = np.ascontiguousarray(k[layer, kv:kv + 1, :T].transpose(0, 2, 1), np.float32)
+    f["values"] = np.ascontiguousarray(v[layer, kv:kv + 1, :T], np.float32)
+    f["value_heads"] = np.ones(1, bool)
+    f["qk_scale"] = np.full(G, scale)
+    if rope:  # capture version 3
+        f["pre_rope_queries"] = np.ascontiguousarray(
+            rope["pre_rope_queries"][layer, kv * G:(kv + 1) * G, :T], np.float32)
+        f["rope_freq"], f["rope_scale"] = rope["rope_freq"][layer], float(rope["rope_scale"][layer])
     return FieldData(**f)
 
 

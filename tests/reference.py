@@ -880,6 +880,31 @@ def policy_rkv(src, P, T, B, gqa, window, kernel, mix_lambda):
     return prefill, steps
 
 
+def rkv_protocol_caches(src, P, T, B, params):
+    """(prefill, [C_t]) of R-KV under ``interval`` (with ``target_ratio``): a compression
+    before t joins ranks the cache plus t once, as the code compresses its buffer, with
+    the queries of the newest ``window`` of them; the window's keys stay and the best
+    others fill the target."""
+    window, kernel, lam = params["window"], params["kernel"], params["mix_lambda"]
+    N, ratio = params.get("interval", 1), params.get("target_ratio", 1.0)
+    prefill, _ = policy_rkv(src, P, P, B, "mean", window, kernel, lam)
+    cache, steps = list(prefill), []
+    for t in range(P, T):
+        if ratio != 1.0:
+            m = max(1, math.floor(ratio * (t + 1))) - 1 if (t - P + 1) % N == 0 else len(cache)
+        else:
+            m = B - 1 if len(cache) + 1 > B + N - 1 else len(cache)
+        if len(cache) > m:
+            candidates = sorted(cache + [t])
+            score = rkv_scores(src, candidates, window, kernel, lam)
+            old = candidates[:len(candidates) - window]
+            stay = [k for k in cache if k not in score]
+            cache = sorted(stay + top_k(old, score, m - len(stay)))
+        cache.append(t)
+        steps.append(list(cache))
+    return prefill, steps
+
+
 def dropkv_scores(src, P, gqa, window, kernel):
     """DropKV's pooled score of every prompt position: over the window's queries i, the
     squared output change of dropping j, (p_ij / (1 - p_ij + 1e-6))^2 ||v_j - o_i||^2."""

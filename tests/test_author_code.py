@@ -103,6 +103,30 @@ def test_rkv_decode_matches_the_code_step_by_step(seed):
         assert np.array_equal(np.sort(snap[snap >= 0]), cache), (seed, t)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_rkv_interval_matches_the_code_buffer(seed):
+    """Under ``interval = N`` the code's schedule: keys accumulate to ``B + N`` (the incoming
+    one counted), then the buffer is compressed to ``B`` at once, ranked with the 8 newest
+    queries (kvsim evicts before t attends, so its compression takes t's query too)."""
+    rng = np.random.default_rng(400 + seed)
+    G, T = int(rng.integers(1, 4)), int(rng.integers(30, 60))
+    P = int(rng.integers(0, T - 8))
+    budget, N = int(rng.integers(9, 16)), int(rng.choice([2, 4, 7]))
+    field = model_field(rng, T, G)
+    q, k, _ = tensors(field)
+    got = run_kvsim(field, "rkv", {"interval": N}, budget, P, "mean", [])
+    cache = np.arange(P)
+    if P > budget:
+        cache = np.sort(rkv_update_kv(q[:, :, P - 8:P], k[:, :, :P], budget)[0])
+    for step, t in enumerate(range(P, T)):
+        cache = np.append(cache, t)
+        if len(cache) >= budget + N:
+            cache = np.sort(cache[rkv_update_kv(q[:, :, max(0, t - 7):t + 1], k[:, :, cache],
+                                                budget)[0]])
+        snap = got.snapshots[step]
+        assert np.array_equal(np.sort(snap[snap >= 0]), cache), (seed, t)
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_dropkv_matches_the_code(seed):
     rng = np.random.default_rng(300 + seed)

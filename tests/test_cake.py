@@ -55,11 +55,21 @@ def authors_adjust_budgets(budget_list, total_budget, seq_len, layer_nums):
 
 def authors_layer_budgets(prefs, cache_size, window, seq_len):
     """CakeprefillKVCache: total (cache_size - window) * L shared in proportion, adjusted,
-    each capped at seq_len - window (the hh_size of the layer)."""
+    each capped at seq_len - window (the hh_size of the layer); then kvsim's floor."""
     total = (cache_size - window) * len(prefs)
     shares = [p / sum(prefs) * total for p in prefs]
     adjusted = authors_adjust_budgets(shares, total, seq_len - window, len(prefs))
-    return [min(b, seq_len - window) for b in adjusted]
+    return floored([min(b, seq_len - window) for b in adjusted], total)
+
+
+def floored(shares: list[int], total: int) -> list[int]:
+    """kvsim's floor on the authors' shares (docs/allocation-rules.md): a layer left no
+    selectable slot gets one; while they sum above total, the largest share (the earliest
+    among equals) gives one back."""
+    shares = [max(b, 1) for b in shares]
+    while sum(shares) > total:
+        shares[shares.index(max(shares))] -= 1
+    return shares
 
 
 def authors_hh_score(attn: np.ndarray, window: int, gamma: float, group: int) -> np.ndarray:
@@ -114,7 +124,19 @@ def test_layer_caps_match_the_authors_code(case):
     want = [w + b for b in authors_layer_budgets(list(prefs), B, w, P)]
     got = allocation.cake_caps(prefs, B, w, P)
     assert got.tolist() == want
-    assert got.sum() <= L * B and (got <= P).all() and (got >= w).all()
+    assert got.sum() <= L * B and (got <= P).all() and (got > w).all()
+
+
+def test_a_share_of_zero_is_floored_at_one_selectable_slot():
+    """One slot per layer to share (B = window + 1): the authors' shares leave a layer
+    none (its cap would be the window alone, which the kernels cannot run), kvsim gives
+    it one from the largest share."""
+    prefs = np.array([5.0, 3.0, 1.0, 0.01])
+    assert authors_adjust_budgets(list(prefs / prefs.sum() * 4), 4, 58, 4) == [3, 1, 0, 0]
+    assert allocation.cake_caps(prefs, 33, 32, 90).tolist() == [33, 33, 33, 33]
+    prefs = np.array([10.0, 10.0, 0.001])  # [3, 3, 0]: the earliest largest gives back
+    assert authors_adjust_budgets(list(prefs / prefs.sum() * 6), 6, 58, 3) == [3, 3, 0]
+    assert allocation.cake_caps(prefs, 34, 32, 90).tolist() == [34, 35, 33]
 
 
 @pytest.mark.parametrize("case", range(6))

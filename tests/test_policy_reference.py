@@ -11,23 +11,19 @@ it is then reported as a NearTieWarning, the cache sizes still compared.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from matrices import make_attention
 from policy_checks import (case_id, check, field_source, heads, min_budget, policy_cases,
-                           qk_field, valid)
+                           qk_field, trace_field, valid)
 from reference import dense_source
 
 import kvsim
 from kvsim import ScenarioError, load_scenario
 from kvsim.errors import KvsimError
-from kvsim.numerics.field import FieldData, dense_field, empty_field
+from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
 from kvsim.policies.run import NEED_WORDS
-
-TRACE = Path(__file__).parent.parent / "scenarios" / "traces" / "smollm2_gpl3.npz"
 
 CASES = policy_cases()
 ATTENTION_ONLY = policy_cases(attention_only=True)
@@ -70,26 +66,6 @@ def test_dense_matrices(name, params, recipe):
             if valid(name, params, T, P):
                 check(field, src, name, params, B, P, ("mean", "max", "sum")[P % 3],
                       important=[0, 5, 17])
-
-
-def trace_field(layer: int, kv: int, T: int) -> FieldData:
-    with np.load(TRACE) as data:
-        q, k, v = data["queries"], data["keys"], data["values"]
-        scale = float(data["scaling"])
-        rope = {n: data[n] for n in ("pre_rope_queries", "rope_freq", "rope_scale")
-                if n in data.files}
-    G = q.shape[1] // k.shape[1]
-    f = empty_field(G, T, 1)
-    f["queries"] = np.ascontiguousarray(q[layer, kv * G:(kv + 1) * G, :T], np.float32)
-    f["keys"] = np.ascontiguousarray(k[layer, kv:kv + 1, :T].transpose(0, 2, 1), np.float32)
-    f["values"] = np.ascontiguousarray(v[layer, kv:kv + 1, :T], np.float32)
-    f["value_heads"] = np.ones(1, bool)
-    f["qk_scale"] = np.full(G, scale)
-    if rope:  # capture version 3
-        f["pre_rope_queries"] = np.ascontiguousarray(
-            rope["pre_rope_queries"][layer, kv * G:(kv + 1) * G, :T], np.float32)
-        f["rope_freq"], f["rope_scale"] = rope["rope_freq"][layer], float(rope["rope_scale"][layer])
-    return FieldData(**f)
 
 
 @pytest.mark.parametrize("name, params", CASES)

@@ -3,19 +3,23 @@ reference, neutral settings against the per-step rule, invariants and one-line e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from policy_checks import qkv_field
-from reference import l2_norm, paged_caches, protocol_caches, threshold_caches
+from broken import cli
+from policy_checks import field_source, qk_field, qkv_field
+from reference import (l2_norm, paged_caches, protocol_caches, rkv_protocol_caches,
+                       threshold_caches)
 
 import kvsim
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
 from kvsim.policies.run import make_group, resolve_params, run_policy
-from kvsim.protocols.settings import label, problem
+from kvsim.protocols.settings import is_ring, label, problem
 
 REFERENCE = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {},
              "window": {}, "streaming_llm": {"sinks": 2}, "knorm": {"recent_ratio": 0.25}}
@@ -254,6 +258,8 @@ def test_threshold_invariants(name, seed, w, P, tau):
     ("oracle", {"interval": 4}, "oracle takes no protocol (interval)"),
     ("quest", {"question_len": 4, "compress": "before_question"}, "quest takes no protocol"),
     ("snapkv", {"interval": 4, "refresh": 8, "window": 4}, "refresh is itself"),
+    ("h2o", {"target_ratio": 0.5, "question_len": 4, "compress": "before_question"},
+     "got target_ratio and question_len"),
     ("h2o", {"question_len": 40}, "expected at most prompt_len"),
     ("h2o", {"interval": 0}, "expected an integer >= 1"),
     ("h2o", {"target_ratio": 0.01, "recent_ratio": 0.5}, "protected keys"),
@@ -263,6 +269,79 @@ def test_meaningless_combinations_are_one_line_errors(kind, params, words):
     with pytest.raises(KvsimError) as exc:
         kvsim.simulate(A, kind, 16, 30, **params)
     assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_rkv_ranks_the_cache_once_per_compression(seed):
+    """R-KV under interval (and target_ratio): each compression ranks the cache plus the
+    incoming key once, as the authors' code compresses its buffer (not key by key)."""
+    rng = np.random.default_rng([37, seed])
+    T, G = int(rng.integers(24, 44)), int(rng.integers(1, 4))
+    field = qk_field(rng, T, G, kind=("gauss", "ints", "pool")[seed % 3])
+    policy = POLICIES["rkv"]
+    params = resolve_params(policy, {"window": int(rng.integers(1, 5)),
+                                     "kernel": int(rng.choice([1, 3, 5])),
+                                     "mix_lambda": float(rng.choice([0.0, 0.07, 0.5, 1.0]))})
+    P = int(rng.integers(params["window"] + 2, T - 6))
+    B = int(rng.integers(params["window"] + 1, P + 2))
+    params["interval"] = int(rng.choice([2, 3, 5, 8]))
+    if seed % 4 == 3:
+        params["target_ratio"] = 0.95
+    if problem(policy, params, B, P, T):
+        params.pop("target_ratio", None)
+    group = make_group(field, 0, P, np.zeros((G, T), bool), {}, snap_budget=B,
+                       snap_steps=np.arange(T - P))
+    trace = run_policy(policy, group, B, params)
+    prefill, steps = rkv_protocol_caches(field_source(field), P, T, B, params)
+    assert [sorted(int(k) for k in row if k >= 0) for row in trace.snapshots] == steps
+    assert trace.kept.tolist() == steps[-1]
+
+
+DOCS = Path(__file__).parent.parent / "docs" / "protocols.md"
+TRY = {"interval": {"interval": 4}, "target_ratio": {"interval": 4, "target_ratio": 0.9},
+       "page": {"page": 4}, "threshold": {"threshold": 0.01},
+       "question_len": {"question_len": 8, "compress": "before_question"}}
+
+
+def _ranks_by(policy) -> str:
+    """How a batched compression ranks the policy's cache (kvsim.protocols.batched)."""
+    if policy.rescore is not None:
+        return "re-scored once (`rescore`)"
+    if policy.steps.rank is not None:
+        return "its scores, once (`Steps.rank`)"
+    return "age, once" if is_ring(policy) else "`admit`, key by key"
+
+
+def test_the_docs_say_which_policy_takes_which_protocol():
+    """docs/protocols.md's table is what the registry's checks accept (default parameters,
+    a budget well above the minimum), row for row."""
+    want = ["| policy | " + " | ".join(f"`{s}`" for s in TRY)
+            + " | a batched compression ranks by |", "| --- " * (len(TRY) + 2) + "|"]
+    for name, policy in POLICIES.items():
+        params = resolve_params(policy, {})
+        B = policy.min_budget(params) + 64
+        takes = [problem(policy, {**params, **s}, B, 4 * B, 8 * B) is None for s in TRY.values()]
+        want.append(f"| `{name}` | " + " | ".join("yes" if t else "no" for t in takes)
+                    + f" | {_ranks_by(policy) if any(takes) else '(takes none)'} |")
+    lines = DOCS.read_text().splitlines()
+    start = lines.index(want[0])
+    got = lines[start:start + len(want) + 1]
+    assert got == want + [""]
+
+
+def test_target_ratio_with_question_len_is_refused_by_validate(tmp_path):
+    """Only question_len combines with interval: a scenario file with target_ratio and a
+    question is one line at validate time (exit 2), naming the file and the key."""
+    path = tmp_path / "s.toml"
+    path.write_text('[attention]\nsource = "field"\nT = 48\nheads = 1\n'
+                    '[policies.h2o]\ntarget_ratio = 0.5\ninterval = 4\nquestion_len = 4\n'
+                    'compress = "before_question"\n'
+                    '[[experiment]]\nprompt_len = 24\nbudgets = [8]\n')
+    status, out, err = cli(["validate", path])
+    assert status == 2 and out == ""
+    assert err.strip() == (f"{path}: policies.h2o.question_len: expected one protocol (only "
+                           "question_len combines with interval), got target_ratio and "
+                           "question_len (experiment 'experiment0', budget 8)")
 
 
 def test_results_name_the_protocol_and_the_memory_held():

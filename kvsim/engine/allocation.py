@@ -21,8 +21,9 @@ allocations compare at equal memory. Plain NumPy: the rules run once per layer.
   ``P_l = H_l^(1/tau1) * V_l^(1/tau2)`` from the attention of its last 32 prompt queries
   to the prefix keys (entropy ``H_l``, summed unbiased variances ``V_l``, over every query
   head); the selectable slots ``L * (B - fixed)`` go to the layers in proportion (floored),
-  through the authors' ``adjust_budgets``, each at most ``P - fixed``; every KV head of
-  layer ``l`` gets ``fixed + b_l``.
+  through the authors' ``adjust_budgets``, each at most ``P - fixed`` and at least 1 (a
+  share of 0 takes a slot from the largest share); every KV head of layer ``l`` gets
+  ``fixed + b_l``.
 
 A head's fixed parts (sinks, observation window, recent tokens) stay those of ``B``
 whatever its cap; only its selectable part grows or shrinks.
@@ -128,7 +129,8 @@ def adjust_budgets(budgets: list[float], total: int, seq_len: int) -> np.ndarray
 
 def cake_caps(preferences: np.ndarray, budget: int, fixed: int, prompt_len: int) -> np.ndarray:
     """Per-layer caps under CAKE: ``fixed + b_l``, ``b_l`` = ``adjust_budgets`` of
-    ``floor(P_l / sum P * L * (B - fixed))``, then at most ``P - fixed``. Every layer keeps
+    ``floor(P_l / sum P * L * (B - fixed))``, then at most ``P - fixed`` and at least 1
+    (:func:`floor_shares`). Every layer keeps
     ``B`` when the prompt fits (``P <= B``) or no layer has a preference."""
     layers = preferences.shape[0]
     total = layers * (budget - fixed)
@@ -136,7 +138,17 @@ def cake_caps(preferences: np.ndarray, budget: int, fixed: int, prompt_len: int)
         return np.full(layers, budget, np.int64)
     shares = [p / preferences.sum() * total for p in preferences]
     b = np.minimum(adjust_budgets(shares, total, prompt_len - fixed), prompt_len - fixed)
-    return (fixed + b).astype(np.int64)
+    return (fixed + floor_shares(b, total)).astype(np.int64)
+
+
+def floor_shares(shares: np.ndarray, total: int) -> np.ndarray:
+    """Every layer keeps at least one selectable slot: a share of 0 becomes 1, and while
+    the shares exceed ``total`` the largest (the earliest among equals) gives one back
+    (``total`` is at least the number of layers: every budget leaves a slot)."""
+    shares = np.maximum(shares, 1)
+    for _ in range(int(shares.sum()) - total):
+        shares[np.argmax(shares)] -= 1
+    return shares
 
 
 def layer_window_rows(field, P: int, w: int) -> list[np.ndarray]:
@@ -182,7 +194,7 @@ def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int,
     gives KV head ``kv``'s group (needed by ``ada`` only); ``preferences`` the layers'
     CAKE preferences (``cake`` only). Unbudgeted policies (``full``)
     and ``uniform`` get ``B``. Raises :class:`InvariantError` if the caps of a layer do
-    not add up.
+    not add up or a cap leaves no selectable slot beside the fixed parts.
     """
     kv_heads, layers = scenario.kv_heads, len(scenario.layers)
     caps = np.empty((len(exp.policies), len(exp.budgets), kv_heads), np.int64)
@@ -209,4 +221,7 @@ def layer_caps(scenario: Scenario, exp: Experiment, group_for, place: int,
                 caps[i, j] = ada_caps(scores, budget, fixed, exp.floor_share)
             check_total(caps[i, j], kv_heads * int(caps[i, j, 0] if exp.allocation in
                                                    ("pyramid", "cake") else budget), where)
+            if caps[i, j].min() <= fixed:  # the kernels need a selectable slot
+                raise InvariantError(f"{where}: a cap of {caps[i, j].min()} leaves no "
+                                     f"selectable slot beside the fixed parts ({fixed})")
     return caps

@@ -227,8 +227,9 @@ class Policy:
 
     ``rescore(group, cache, t, since, params)``, where given, scores the cached positions
     ``cache`` at a batched compression (``interval``, ``target_ratio``) before token ``t``
-    joins, from the decode queries ``since .. t-1`` since the last compression; None where
-    it has nothing to re-score from (the per-step ranking then applies).
+    joins, from the decode queries ``since .. t-1`` since the last compression (or, as
+    ``rkv``, from the newest queries); None where it has nothing to re-score from (the
+    per-step ranking then applies). A score of ``+inf`` keeps a key.
     """
 
     name: str

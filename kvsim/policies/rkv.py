@@ -16,7 +16,9 @@ Prefill keeps the window and the top ``B - window`` older prompt keys when the p
 exceeds the budget. At decode, token ``t`` joins and, when the cache was full, the
 lowest-scored non-window candidate of the cache plus ``t`` leaves, scored with the
 queries of the window (``t - window + 1 .. t``) before query ``t`` attends. Cached keys
-are taken in position order (for the pooling and the first-key fallback).
+are taken in position order (for the pooling and the first-key fallback). Under
+``interval`` (or ``target_ratio``) a compression ranks the cache plus ``t`` once with
+those scores (:func:`interval_scores`), as the code compresses its buffer.
 """
 
 from __future__ import annotations
@@ -186,17 +188,39 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
 
 
+def candidate_scores(keys: np.ndarray, queries: np.ndarray, scale: np.ndarray,
+                     pos: np.ndarray, params: dict) -> np.ndarray:
+    """The scores of the non-window candidates among positions ``pos`` (ascending): the
+    first ``len(pos) - window``."""
+    n, window = pos.shape[0], params["window"]
+    units = np.zeros((keys.shape[0], n))
+    for i in range(n):
+        unit_key(keys, pos[i], units, i)
+    out, work = np.zeros(n), np.zeros((3, n))
+    scores(keys, queries, scale, pos, units, n, window, params["kernel"],
+           params["mix_lambda"], out, work)
+    return out[:n - window]
+
+
 def prompt_scores(keys: np.ndarray, queries: np.ndarray, scale: np.ndarray, P: int,
                   params: dict) -> np.ndarray:
     """The scores of prompt keys ``0 .. P - window - 1`` at the end of prefill."""
-    window = params["window"]
-    units = np.zeros((keys.shape[0], P))
-    for k in range(P):
-        unit_key(keys, k, units, k)
-    out, work = np.zeros(P), np.zeros((3, P))
-    scores(keys, queries, scale, np.arange(P), units, P, window, params["kernel"],
-           params["mix_lambda"], out, work)
-    return out[:P - window]
+    return candidate_scores(keys, queries, scale, np.arange(P), params)
+
+
+def interval_scores(group: Group, cache: np.ndarray, t: int, since: int,
+                    params: dict) -> np.ndarray:
+    """One ranking per batched compression, as R-KV's code compresses its whole buffer at
+    once: the cached keys and the incoming ``t`` scored together, with the queries of the
+    newest ``window`` of them (``t`` among them), as the per-step rule scores them at
+    ``t``; the window's cached keys score ``+inf`` (always kept). ``since`` is unused
+    (the window's queries are the newest, whenever the last compression was)."""
+    order = np.argsort(cache)
+    pos = np.append(cache[order], t)
+    old = candidate_scores(group.keys, group.queries, group.qk_scale, pos, params)
+    value = np.full(cache.shape[0], np.inf)
+    value[order[:old.shape[0]]] = old
+    return value
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
@@ -224,4 +248,4 @@ POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key co
                 min_budget=lambda params: params["window"] + 1,
                 floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                needs=frozenset({"keys", "queries"}))
+                needs=frozenset({"keys", "queries"}), rescore=interval_scores)

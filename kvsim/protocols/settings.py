@@ -94,8 +94,7 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
     if not policy.budgeted or policy.steps is None or policy.run_budgets is not None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it has no per-step "
                           f"eviction to batch, page or delay")
-    if len(named) > 1 and named != ["interval", "question_len"] \
-            and named != ["target_ratio", "question_len"]:
+    if len(named) > 1 and named != ["interval", "question_len"]:
         return named[1], (f"expected one protocol (only question_len combines with interval), "
                           f"got {' and '.join(named)}")
     if params.get("refresh"):
