@@ -55,7 +55,7 @@ def test_the_flagship_is_refused_below_its_peak_naming_the_sequence_length():
     assert cost.estimate(load_sweep(path)).driver == "attention.T"
 
 
-def test_a_run_compiles_unless_its_kernels_are_on_disk(monkeypatch, tmp_path):
+def test_a_run_compiles_unless_its_kernels_are_on_disk(monkeypatch):
     variants = load_sweep(ROOT / "scenarios" / "seed_notebook.toml")
 
     class Empty:  # a kernel cache index with nothing for the current source

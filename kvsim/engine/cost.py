@@ -24,10 +24,10 @@ from kvsim.resources import check_memory, size_text
 from kvsim.scenario.load import Scenario
 
 ROW_BYTES = 3000  # one results row: a dict of about 40 entries
-# Measured on the shipped scenarios (reports/bench/memory.csv, docs/benchmarks.md):
-BASE_BYTES = 240 * 2**20  # the interpreter, NumPy, Numba, kvsim, matplotlib, loaded kernels
-COMPILE_BYTES = 288 * 2**20  # what Numba and LLVM keep after compiling a run's kernels
-FIGURE_BYTES = 40 * 2**20  # the pages of its own of each forked figure-drawing process
+# Fitted to the measured peaks of the shipped scenarios (reports/bench/memory.csv):
+BASE_BYTES = 224 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
+COMPILE_BYTES = 252 * 2**20  # what Numba and LLVM keep after compiling a run's kernels
+FIGURE_POLICY_BYTES = 8 * 2**20  # each figure process's own pages, per policy (a panel each)
 STACKED = 1.8  # the report's stacked arrays, times this for the copies drawing takes
 
 
@@ -92,7 +92,9 @@ def _transient(z: _Size, workers: int) -> float:
             + T * z.dim * 8.0 * (4 + z.focus) + z.file_bytes
     prompts = {round(e.share * T) for e in z.experiments} or {T}
     steps = max((T - P for P in prompts), default=0)
-    passes = H * len(prompts) * (4 * T + steps * z.dv) * 8.0 + 2 * BLOCKS * T * 8.0
+    # kept passes; while one runs, its blocks' column sums and each thread's row buffers
+    passes = H * len(prompts) * (4 * T + steps * z.dv) * 8.0 + 2 * BLOCKS * T * 8.0 \
+        + workers * 3 * T * 8.0
     budget = max((max(e.budgets) for e in z.experiments), default=0)
     decode = workers * (budget * (z.dim + 80) * 8.0 + T * 8.0 * 4)
     return field + passes + decode
@@ -133,7 +135,9 @@ def _peak(sizes: list[_Size], workers: int, compiles: bool) -> float:
     kept = sum(_kept(z) for z in sizes)
     drawing = workers if workers > 1 else 0  # figures drawn on that many processes
     simulate = max(_transient(z, workers) for z in sizes) + kept
-    report = kept + STACKED * sum(_stacked(z) for z in sizes) + drawing * FIGURE_BYTES
+    figure = FIGURE_POLICY_BYTES * max((e.policies for z in sizes for e in z.experiments),
+                                       default=0)
+    report = kept + STACKED * sum(_stacked(z) for z in sizes) + drawing * figure
     return BASE_BYTES + (COMPILE_BYTES if compiles else 0) + max(simulate, report)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from kvsim.attention import components
 from kvsim.attention.dense import probability_stack
 from kvsim.attention.sources import Field
 from kvsim.tools.bench.breakdown import breakdown
+from kvsim.tools.bench.memory import peak_of
 from kvsim.tools.bench.numpy_baseline import BASELINES, h2o as numpy_h2o
 from kvsim.tools.bench.ratios import pass_floor, qk_versus_numpy
 from kvsim.errors import KvsimError
@@ -197,20 +197,15 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
 
 
 def end_to_end(scenario: Path) -> dict:
-    """Wall time and peak memory of a scenario run with an empty, then a warm, Numba cache."""
+    """Wall time and peak memory (:func:`kvsim.tools.bench.memory.peak_of`: the run's
+    processes together) of a scenario run with an empty, then a warm, Numba cache."""
     out = {}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as reports:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         for label in ("cold", "warm"):
-            start = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "kvsim", str(scenario), "--out",
-                                     f"{reports}/{label}", "--quiet"], env=env,
-                                    stdout=subprocess.DEVNULL)
-            _, status, usage = os.wait4(proc.pid, 0)
-            if status:
-                raise RuntimeError(f"{scenario} failed with status {status}")
-            out[label] = {"seconds": time.perf_counter() - start,
-                          "peak_mb": usage.ru_maxrss / 1024}
+            run = peak_of([sys.executable, "-m", "kvsim", str(scenario), "--out",
+                           f"{reports}/{label}", "--quiet"], env)
+            out[label] = {"seconds": run["seconds"], "peak_mb": run["peak_bytes"] / 2**20}
     return out
 
 
