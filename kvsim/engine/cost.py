@@ -25,10 +25,11 @@ from kvsim.scenario.load import Scenario
 
 ROW_BYTES = 3000  # one results row: a dict of about 40 entries
 # Fitted to the measured peaks of the shipped scenarios (reports/bench/memory.csv):
-BASE_BYTES = 224 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
-COMPILE_BYTES = 252 * 2**20  # what Numba and LLVM keep after compiling a run's kernels
-FIGURE_POLICY_BYTES = 8 * 2**20  # each figure process's own pages, per policy (a panel each)
-STACKED = 1.8  # the report's stacked arrays, times this for the copies drawing takes
+BASE_BYTES = 204 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
+COMPILE_BYTES = 292 * 2**20  # what Numba and LLVM keep after compiling a run's kernels
+FIGURE_BYTES = 36 * 2**20  # the pages of its own of each forked figure-drawing process,
+FIGURE_HEAD_BYTES = 14 * 2**20  # and per query head of every variant (a panel each)
+STACKED = 1.6  # the report's stacked arrays, times this for the copies drawing takes
 
 
 class _Exp(NamedTuple):
@@ -135,8 +136,7 @@ def _peak(sizes: list[_Size], workers: int, compiles: bool) -> float:
     kept = sum(_kept(z) for z in sizes)
     drawing = workers if workers > 1 else 0  # figures drawn on that many processes
     simulate = max(_transient(z, workers) for z in sizes) + kept
-    figure = FIGURE_POLICY_BYTES * max((e.policies for z in sizes for e in z.experiments),
-                                       default=0)
+    figure = FIGURE_BYTES + FIGURE_HEAD_BYTES * sum(z.heads for z in sizes)
     report = kept + STACKED * sum(_stacked(z) for z in sizes) + drawing * figure
     return BASE_BYTES + (COMPILE_BYTES if compiles else 0) + max(simulate, report)
 
