@@ -25,10 +25,10 @@ from kvsim.scenario.load import Scenario
 
 ROW_BYTES = 3000  # one results row: a dict of about 40 entries
 # Fitted to the measured peaks of the shipped scenarios (reports/bench/memory.csv):
-BASE_BYTES = 204 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
+BASE_BYTES = 212 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
 COMPILE_BYTES = 292 * 2**20  # what Numba and LLVM keep after compiling a run's kernels
-FIGURE_BYTES = 36 * 2**20  # the pages of its own of each forked figure-drawing process,
-FIGURE_HEAD_BYTES = 14 * 2**20  # and per query head of every variant (a panel each)
+FIGURE_BYTES = 40 * 2**20  # the pages of its own of each forked figure-drawing process,
+FIGURE_HEAD_BYTES = 12 * 2**20  # and per query head of every variant (a panel each)
 STACKED = 1.6  # the report's stacked arrays, times this for the copies drawing takes
 
 
@@ -130,15 +130,14 @@ def _stacked(z: _Size) -> float:
 
 
 def _peak(sizes: list[_Size], workers: int, compiles: bool) -> float:
-    """The simulation (a sequence's transient arrays beside the results so far) or the
-    report (the results, stacked once more, beside the figure processes), whichever is
-    larger, over the base of one process and what compiling the kernels keeps."""
-    kept = sum(_kept(z) for z in sizes)
+    """The base of one process, what compiling the kernels keeps, the largest sequence's
+    transient arrays (their pages stay with the process), every result, the arrays the
+    report stacks from them, and the figure processes."""
     drawing = workers if workers > 1 else 0  # figures drawn on that many processes
-    simulate = max(_transient(z, workers) for z in sizes) + kept
     figure = FIGURE_BYTES + FIGURE_HEAD_BYTES * sum(z.heads for z in sizes)
-    report = kept + STACKED * sum(_stacked(z) for z in sizes) + drawing * figure
-    return BASE_BYTES + (COMPILE_BYTES if compiles else 0) + max(simulate, report)
+    return BASE_BYTES + (COMPILE_BYTES if compiles else 0) \
+        + max(_transient(z, workers) for z in sizes) + sum(_kept(z) for z in sizes) \
+        + STACKED * sum(_stacked(z) for z in sizes) + drawing * figure
 
 
 def _logits(z: _Size) -> float:
