@@ -219,7 +219,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    from kvsim.tools.bench import run_bench
+    from kvsim.tools.bench import run_api_only, run_bench
 
     p = _Parser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
@@ -229,8 +229,10 @@ def _bench(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     p.add_argument("--out", type=Path, default=Path("reports/bench"),
                    help="folder for bench.json and the figure (default reports/bench)")
+    p.add_argument("--only", choices=["api"], help="only the Python API rows, written into "
+                   "an existing bench.json in place of its API rows")
     args = p.parse_args(argv)
-    run_bench(args.quick, args.out)
+    (run_api_only if args.only else run_bench)(args.quick, args.out)
     return 0
 
 

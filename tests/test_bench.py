@@ -77,3 +77,26 @@ def test_full_pass_rate_is_timed_with_its_ceiling():
 
     rate, ceiling = full_pass_rate(1280, noise=True, threads=2)
     assert rate > 0 and ceiling > 2 * 1e6  # two threads' worth of NumPy exp
+
+
+def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch, capsys):
+    import json
+
+    import kvsim.tools.bench as bench
+    from kvsim.errors import KvsimError
+
+    small = {"T": 256, "settings": {"prefill_heavy": (128, 32), "decode_heavy": (64, 16)},
+             "budgets": [16, 32]}
+    config = {**bench.bench_config(True), "api": small}
+    monkeypatch.setattr(bench, "bench_config", lambda quick: config)
+    (tmp_path / "bench.json").write_text(json.dumps({"machine": {}, "config": config,
+                                                     "api": {}, "scaling": {"4096": 1}}))
+    bench.run_api_only(True, tmp_path)
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert written["scaling"] == {"4096": 1}  # other rows kept as they were
+    assert written["api"]["decode_heavy"]["trusted_speedup"] > 0 and "load" in written["api"]
+    assert "API vs NumPy h2o decode_heavy" in capsys.readouterr().out
+    monkeypatch.setattr(bench, "bench_config",
+                        lambda quick: {**config, "api": {**small, "T": 512}})
+    with pytest.raises(KvsimError, match="same sizes"):
+        bench.run_api_only(True, tmp_path)

@@ -23,10 +23,9 @@ SEEDED_SOURCES = ("field", "seed_notebook")  # sources whose random terms depend
 class Attention:
     """Causal attention of ``heads`` query heads over ``T`` positions, ready to simulate.
 
-    Build one with a ``from_*`` constructor; its input is checked once, so every later
-    :func:`kvsim.simulate` call on it pays no check, and full-attention passes computed
-    for one call are kept for the next. A dense float64 C-contiguous matrix is used
-    in place, never copied.
+    Build one with a ``from_*`` constructor; its input is checked once and copied once
+    (the object owns its data), so every later :func:`kvsim.simulate` call on it pays
+    neither, and full-attention passes computed for one call are kept for the next.
 
     Attributes
     ----------
@@ -104,10 +103,18 @@ class Attention:
             Holding a float64 copy of ``probs`` (renormalised where rows are off by more
             than 1e-12), so that changes to ``probs`` afterwards do not reach it.
         """
+        return cls._probabilities(probs, kv_heads, important, gqa, check, own=True)
+
+    @classmethod
+    def _probabilities(cls, probs, kv_heads, important, gqa: str, check, own: bool
+                       ) -> Attention:
+        """:meth:`from_probs`; ``own=False`` uses a float64 C-contiguous input in place
+        (for :func:`kvsim.simulate` on an array: the caller's array serves that call only,
+        so it is read, never copied)."""
         check = arguments.flag(check, "check")
         given = arguments.array(probs, "probs")
         stack = probability_stack(given, "probs", check)
-        if np.may_share_memory(stack, given):
+        if own and np.may_share_memory(stack, given):
             stack = stack.copy()  # the Attention owns its data: later writes cannot fool it
         return cls._dense("probabilities", stack, kv_heads, important, gqa)
 

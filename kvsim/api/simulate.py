@@ -74,7 +74,8 @@ def simulate(attention, policy: str | None = None, budget: int | None = None,
     attention : Attention or array_like
         An :class:`Attention` (checked once, reused across calls), or causal
         probabilities ``(T, T)`` / ``(H, T, T)`` in float16, float32 or float64 (checked
-        at each call unless ``check=False``).
+        at each call unless ``check=False``; a float64 C-contiguous array is read in
+        place, not copied).
     policy, budget : str, int
         The single-run form: one registered policy at one budget.
     prompt_len : int
@@ -197,7 +198,7 @@ def _attention(attention, important, check) -> Attention:
             raise KvsimError("important: expected it on the Attention constructor "
                              "(Attention.from_probs(..., important=...)), got it on simulate")
         return attention
-    return Attention.from_probs(attention, important=important, check=check)
+    return Attention._probabilities(attention, None, important, "mean", check, own=False)
 
 
 def _prompt_len(value, T: int) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,8 +20,10 @@ from statistics import median
 import numpy as np
 
 from kvsim.attention import components
+from kvsim.attention.dense import probability_stack
 from kvsim.attention.sources import Field
 from kvsim.tools.bench.breakdown import breakdown
+from kvsim.tools.bench.memory import peak_of
 from kvsim.tools.bench.numpy_baseline import BASELINES, h2o as numpy_h2o
 from kvsim.tools.bench.ratios import pass_floor, qk_versus_numpy
 from kvsim.errors import KvsimError
@@ -157,14 +158,16 @@ def _paired(functions: dict, repeats: int) -> dict:
 def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -> dict:
     """``kvsim.simulate`` through the public API against the NumPy online H2O peer.
 
-    On one dense float64 (T, T) matrix: the input check against a plain ``A.sum()``; per
-    (P, B) setting one call with trusted input (``check=False``), with checks, and on an
-    :class:`Attention` built once; and several budgets in one checked call against one
-    peer run per budget.
+    On one dense float64 (T, T) matrix: the input check a call pays (the matrix is read
+    in place, not copied) against a plain ``A.sum()``; per (P, B) setting one call
+    ``simulate(A, "h2o", B, P)`` with trusted input (``check=False``; also in the
+    ``policies=[...]`` form, whose :class:`Results` add the summary rows), with checks,
+    and on an :class:`Attention` built once; and several budgets in one checked call
+    against one peer run per budget.
     """
     A = dense_matrix(T)
-    out = {"T": T, "check": _paired({"sum": A.sum, "check": lambda: Attention.from_probs(A)},
-                                    repeats)}
+    out = {"T": T, "check": _paired({"sum": A.sum,
+                                     "check": lambda: probability_stack(A, "probs")}, repeats)}
     out["check"]["ratio"] = out["check"]["check"] / out["check"]["sum"]
     att = Attention.from_probs(A)
     for name, (P, B) in settings.items():
@@ -177,13 +180,13 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
             raise AssertionError(f"NumPy h2o and kvsim.simulate disagree on {name}")
         t = _paired({
             "numpy": lambda: numpy_h2o(A, P, B),
-            "trusted": lambda: simulate(A, policies=["h2o"], budgets=[B], prompt_len=P,
-                                        check=False),
+            "trusted": lambda: simulate(A, "h2o", B, P, check=False),
+            "trusted_results": lambda: simulate(A, policies=["h2o"], budgets=[B],
+                                                prompt_len=P, check=False),
             "checked": lambda: simulate(A, "h2o", B, P),
             "reused": lambda: simulate(att, "h2o", B, P)}, repeats)
         out[name] = {"prompt_len": P, "budget": B, **{f"{k}_s": v for k, v in t.items()},
-                     **{f"{k}_speedup": t["numpy"] / t[k] for k in ("trusted", "checked",
-                                                                    "reused")}}
+                     **{f"{k}_speedup": t["numpy"] / t[k] for k in t if k != "numpy"}}
     P = settings["prefill_heavy"][0]
     t = _paired({"numpy": lambda: [numpy_h2o(A, P, b) for b in budgets],
                  "one_call": lambda: simulate(A, policies=["h2o"], budgets=budgets,
@@ -194,20 +197,15 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
 
 
 def end_to_end(scenario: Path) -> dict:
-    """Wall time and peak memory of a scenario run with an empty, then a warm, Numba cache."""
+    """Wall time and peak memory (:func:`kvsim.tools.bench.memory.peak_of`: the run's
+    processes together) of a scenario run with an empty, then a warm, Numba cache."""
     out = {}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as reports:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         for label in ("cold", "warm"):
-            start = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "kvsim", str(scenario), "--out",
-                                     f"{reports}/{label}", "--quiet"], env=env,
-                                    stdout=subprocess.DEVNULL)
-            _, status, usage = os.wait4(proc.pid, 0)
-            if status:
-                raise RuntimeError(f"{scenario} failed with status {status}")
-            out[label] = {"seconds": time.perf_counter() - start,
-                          "peak_mb": usage.ru_maxrss / 1024}
+            run = peak_of([sys.executable, "-m", "kvsim", str(scenario), "--out",
+                           f"{reports}/{label}", "--quiet"], env)
+            out[label] = {"seconds": run["seconds"], "peak_mb": run["peak_bytes"] / 2**20}
     return out
 
 
@@ -258,12 +256,30 @@ def scaling_figure(result: dict, out: Path) -> Path:
     return path
 
 
-def run_bench(quick: bool, out: Path) -> dict:
-    """Run every measurement, print the table, write ``bench.json`` and the figure."""
-    import numba
+def api_rows(a: dict, quick: bool) -> dict:
+    """The Python API rows (:func:`api_versus_numpy` on the ``api`` config), printed."""
+    api = api_versus_numpy(a["T"], a["settings"], a["budgets"], repeats=3 if quick else 7)
+    c = api["check"]
+    print(f"API input check on a {api['T']}^2 float64 matrix: {c['check'] * 1e3:.1f} ms, "
+          f"A.sum() {c['sum'] * 1e3:.1f} ms: x{c['ratio']:.2f} the sum")
+    for name in a["settings"]:
+        r = api[name]
+        print(f"API vs NumPy h2o {name} (P = {r['prompt_len']}, B = {r['budget']}): numpy "
+              f"{r['numpy_s'] * 1e3:.1f} ms; simulate check=False {r['trusted_s'] * 1e3:.1f} ms "
+              f"x{r['trusted_speedup']:.1f} (Results with rows {r['trusted_results_s'] * 1e3:.1f}"
+              f" ms x{r['trusted_results_speedup']:.1f}), checked {r['checked_s'] * 1e3:.1f} ms "
+              f"x{r['checked_speedup']:.1f}, reused Attention {r['reused_s'] * 1e3:.1f} ms "
+              f"x{r['reused_speedup']:.1f}")
+    r = api["budgets"]
+    print(f"API {len(r['budgets'])} budgets in one checked call (P = {r['prompt_len']}): "
+          f"{r['one_call_s'] * 1e3:.1f} ms vs {len(r['budgets'])} NumPy runs "
+          f"{r['numpy_s'] * 1e3:.1f} ms: x{r['speedup']:.1f}")
+    return api
 
-    threads = numba.get_num_threads()
-    config = {
+
+def bench_config(quick: bool) -> dict:
+    """The sizes of every measurement (``quick``: smaller)."""
+    return {
         "full_pass_T": [4096, 8192] if quick else [8192, 32768, 131072],
         "policy": {"budgets": [256, 1024] if quick else [256, 1024, 4096],
                    "prompt_len": 8192, "steps": 256 if quick else 1024},
@@ -279,10 +295,46 @@ def run_bench(quick: bool, out: Path) -> dict:
         else ["scenarios/seed_notebook.toml", "scenarios/long_context.toml"],
         "qk": {"T": 4096 if quick else 8192, "d": 64},
     }
-    result = {"machine": {"python": platform.python_version(), "numpy": np.__version__,
-                          "numba": numba.__version__, "cores": os.cpu_count(),
-                          "numba_threads": threads, "processor": platform.processor()},
-              "config": config}
+
+
+def _machine() -> dict:
+    import numba
+
+    return {"python": platform.python_version(), "numpy": np.__version__,
+            "numba": numba.__version__, "cores": os.cpu_count(),
+            "numba_threads": numba.get_num_threads(), "processor": platform.processor()}
+
+
+def _write(result: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    os.replace(tmp, out / "bench.json")
+    return out / "bench.json"
+
+
+def run_api_only(quick: bool, out: Path) -> dict:
+    """Only the Python API rows: printed, and written into ``out/bench.json`` in place of
+    its ``api`` rows (every other row of an existing file kept as it was)."""
+    config = bench_config(quick)
+    path = out / "bench.json"
+    result = json.loads(path.read_text()) if path.is_file() else \
+        {"machine": _machine(), "config": config}
+    if result["config"].get("api") != json.loads(json.dumps(config["api"])):
+        raise KvsimError(f"bench --only api: expected {path} written with the same sizes "
+                         f"({'--quick' if quick else 'no --quick'}), got other API sizes")
+    load = os.getloadavg()
+    result["api"] = api_rows(config["api"], quick)
+    result["api"]["load"] = {"start": load[0], "end": os.getloadavg()[0]}
+    print(f"wrote the API rows into {_write(result, out)}")
+    return result
+
+
+def run_bench(quick: bool, out: Path) -> dict:
+    """Run every measurement, print the table, write ``bench.json`` and the figure."""
+    config = bench_config(quick)
+    result = {"machine": _machine(), "config": config}
+    threads = result["machine"]["numba_threads"]
     per_core = exp_rate()
     ceiling = per_core * threads
     result["exp_per_core"] = per_core
@@ -322,23 +374,7 @@ def run_bench(quick: bool, out: Path) -> dict:
         print(f"vs NumPy {key:<28} kvsim {r['kvsim_s']:7.4f} s  numpy {r['numpy_s']:7.4f} s  "
               f"speed-up x{r['speedup']:.1f}  (simulate() with input checks "
               f"{r['simulate_s']:.4f} s: x{r['speedup_with_checks']:.1f})")
-    a = config["api"]
-    api = result["api"] = api_versus_numpy(a["T"], a["settings"], a["budgets"],
-                                           repeats=3 if quick else 7)
-    c = api["check"]
-    print(f"API input check on a {api['T']}^2 float64 matrix: {c['check'] * 1e3:.1f} ms, "
-          f"A.sum() {c['sum'] * 1e3:.1f} ms: x{c['ratio']:.2f} the sum")
-    for name in a["settings"]:
-        r = api[name]
-        print(f"API vs NumPy h2o {name} (P = {r['prompt_len']}, B = {r['budget']}): numpy "
-              f"{r['numpy_s'] * 1e3:.1f} ms; simulate check=False {r['trusted_s'] * 1e3:.1f} ms "
-              f"x{r['trusted_speedup']:.1f}, checked {r['checked_s'] * 1e3:.1f} ms "
-              f"x{r['checked_speedup']:.1f}, reused Attention {r['reused_s'] * 1e3:.1f} ms "
-              f"x{r['reused_speedup']:.1f}")
-    r = api["budgets"]
-    print(f"API {len(r['budgets'])} budgets in one checked call (P = {r['prompt_len']}): "
-          f"{r['one_call_s'] * 1e3:.1f} ms vs {len(r['budgets'])} NumPy runs "
-          f"{r['numpy_s'] * 1e3:.1f} ms: x{r['speedup']:.1f}")
+    result["api"] = api_rows(config["api"], quick)
     result["end_to_end"] = {}
     for name in config["end_to_end"]:
         scenario = SCENARIO.parent.parent / name
@@ -364,9 +400,5 @@ def run_bench(quick: bool, out: Path) -> dict:
     result["scaling"] = scaling(s["T"], s["budget"], s["steps"])
     for T, r in result["scaling"].items():
         print(f"scaling T={T:>6}: full pass {r['full_pass_s']:8.2f} s, h2o {r['h2o_s']:6.3f} s")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "bench.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    os.replace(tmp, out / "bench.json")
-    print(f"wrote {out / 'bench.json'} and {scaling_figure(result, out)}")
+    print(f"wrote {_write(result, out)} and {scaling_figure(result, out)}")
     return result
