@@ -26,7 +26,7 @@ import numpy as np
 from kvsim._version import __version__
 from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
-from kvsim.tools import models
+from kvsim.tools import gguf_tokenizer, models
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -65,6 +65,9 @@ def load_model(model: str, gguf_file: str | None = None):
         tokenizer = transformers.AutoTokenizer.from_pretrained(model, **kwargs)
         net = transformers.AutoModelForCausalLM.from_pretrained(
             model, attn_implementation="eager", dtype=torch.float32, **kwargs)
+        if gguf_file:  # transformers < 5.3 builds some GGUF tokenizers differently
+            tokenizer = gguf_tokenizer.repaired(tokenizer, transformers.utils.cached_file(
+                model, gguf_file, local_files_only=True))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KvsimError(f"--model: expected a model on disk ({model}"
