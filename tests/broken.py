@@ -8,6 +8,8 @@ import copy
 import io
 import json
 import math
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,32 @@ def write_data(folder: Path) -> None:
     """The data files the trace and matrix bases name."""
     np.savez(folder / "trace.npz", **trace_arrays())
     np.save(folder / "m.npy", matrix())
+
+
+def broken_deflate(path: Path, arrays: dict[str, np.ndarray], member: str,
+                   at: float = 0.0) -> None:
+    """An ``.npz`` of ``arrays``, compressed, whose member ``member`` has a broken deflate
+    stream: a valid zip directory and CRC-32, but the block starting at fraction ``at`` of
+    the member's bytes (0: the ``.npy`` header) has an invalid block type."""
+    data, directory = bytearray(), bytearray()
+    for name, a in arrays.items():
+        buffer = io.BytesIO()
+        np.save(buffer, a)
+        raw, name = buffer.getvalue(), f"{name}.npy".encode()
+        deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+        cut = int(len(raw) * at) if name == f"{member}.npy".encode() else len(raw)
+        head = deflate.compress(raw[:cut]) + deflate.flush(zlib.Z_FULL_FLUSH)  # byte-aligned
+        body = bytearray(head + deflate.compress(raw[cut:]) + deflate.flush())
+        if cut < len(raw):
+            body[len(head)] = 0xFF  # BFINAL 1, BTYPE 11: a block type deflate does not have
+        crc, offset = zlib.crc32(raw), len(data)
+        data += struct.pack("<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, len(body),
+                            len(raw), len(name), 0) + name + body
+        directory += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 20, 20, 0, 8, 0, 0x21, crc,
+                                 len(body), len(raw), len(name), 0, 0, 0, 0, 0, offset) + name
+    n = len(arrays)
+    path.write_bytes(bytes(data + directory + struct.pack(
+        "<IHHHHIIH", 0x06054B50, 0, 0, n, n, len(directory), len(data), 0)))
 
 
 def _key(k: str) -> str:

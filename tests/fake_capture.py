@@ -17,3 +17,12 @@ def fake_capture(calls: list):
                  layers=np.array([0, 1]))
         return out
     return capture
+
+
+def use_fake_capture(monkeypatch, calls: list) -> None:
+    """Captures of on-demand traces go to :func:`fake_capture`, whether or not the capture
+    extra is installed."""
+    from kvsim.tools import capture, preflight
+
+    monkeypatch.setattr(capture, "capture", fake_capture(calls))
+    monkeypatch.setattr(preflight, "missing_extra", lambda gguf: [])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from allocation_checks import (ada_reference, dense_scenario, pyramid_reference,
                                random_attention, selectable_scores)
-from fake_capture import fake_capture
+from fake_capture import use_fake_capture
 
 import reference as ref
 from kvsim.engine import allocation
@@ -181,9 +181,8 @@ def test_allocation_errors_name_the_key(tmp_path, body, key, message):
 
 
 def test_on_demand_trace_is_captured_once_and_cached(tmp_path, monkeypatch):
-    from kvsim.tools import capture
     calls: list = []
-    monkeypatch.setattr(capture, "capture", fake_capture(calls))
+    use_fake_capture(monkeypatch, calls)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "model").mkdir()
     (tmp_path / "text.txt").write_text("some text")

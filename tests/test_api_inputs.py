@@ -123,6 +123,62 @@ def test_simulate_on_a_changed_array_is_checked_again():
         kvsim.simulate(A, policies=["h2o"], budgets=[6], prompt_len=P)
 
 
+def test_a_0d_array_is_refused_as_a_list_would_be():
+    A = probs()
+    for name, args in (("budgets", {"budgets": np.array(6)}),
+                       ("seeds", {"budgets": [6], "seeds": np.array(3)})):
+        with pytest.raises(KvsimError, match=rf"^{name}: expected a non-empty list of .*, "
+                                             rf"got array\(\d\)$"):
+            kvsim.simulate(A, policies=["h2o"], prompt_len=P, **args)
+    res = kvsim.simulate(A, policies=["h2o"], budgets=np.array([6]), seeds=np.array([3]),
+                         prompt_len=P)
+    assert [(r["budget"], r["seed"]) for r in res.rows] == [(6, 3), (6, 3)]
+
+
+@pytest.mark.parametrize("T", [2**40, 10**9])
+def test_a_field_spec_too_large_is_the_cli_cost_refusal(T):
+    with pytest.raises(KvsimError, match=r"^spec\.T: expected the run to fit in memory, got "
+                                         r"an estimated peak of .*; 2 units"):
+        kvsim.Attention.from_spec({"T": T, "heads": 2})
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"dask": 3}, "dask: expected a scheduler address 'tcp://HOST:PORT' or 'local:N', got 3"),
+    ({"dask": "local:0"}, "--dask: expected local:N with N >= 1"),
+    ({"workers": -1}, "workers: expected an integer in [1, 1024], got -1"),
+    ({"workers": 2.0}, "workers: expected an integer in [1, 1024], got 2.0"),
+])
+def test_run_refuses_bad_workers_and_dask_before_any_work(tmp_path, arguments, message):
+    (tmp_path / "s.toml").write_text(
+        '[attention]\nsource = "field"\nT = 40\nheads = 1\n[policies.window]\n'
+        "[[experiment]]\nprompt_len = 20\nbudgets = [8]\nfigures = []\n")
+    with pytest.raises(KvsimError) as info:
+        kvsim.run(tmp_path / "s.toml", tmp_path / "out", **arguments)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.toml"]
+
+
+def _steps(path, change) -> None:
+    """Rewrite ``steps.npz`` with ``change(arrays)`` applied."""
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    change(arrays)
+    np.savez(path, **arrays)
+
+
+def _flatten_mass(arrays) -> None:
+    (name,) = [n for n in arrays if n.endswith("/mass")]
+    arrays[name] = arrays[name].ravel()  # one unit: the steps as a 1-D array
+
+
+def _broken_deflate(path) -> None:
+    from broken import broken_deflate
+    with np.load(path) as data:
+        arrays = {name: data[name] for name in data.files}
+    (mass,) = [n for n in arrays if n.endswith("/mass")]
+    broken_deflate(path, arrays, mass, 0.5)
+
+
 def _set_unit(path, value: str) -> None:
     import csv
     with open(path, newline="") as f:
@@ -154,6 +210,11 @@ def report(tmp_path_factory):
     ("results.csv", lambda p: _set_unit(p, "x"), "lacks a variant, experiment or integer unit"),
     ("steps.npz", lambda p: p.write_bytes(p.read_bytes()[:100]), "expected steps.npz"),
     ("steps.npz", lambda p: p.write_bytes(b""), "expected steps.npz"),
+    ("steps.npz", lambda p: _steps(p, _flatten_mass), "expected the per-step series mass, "
+     "cache_size, recall, error of experiment 'experiment0' as (units, decode steps) arrays"),
+    ("steps.npz", lambda p: _steps(p, lambda a: a.pop(next(n for n in a if n.endswith("/error")))),
+     "expected the per-step series"),
+    ("steps.npz", _broken_deflate, "expected steps.npz as kvsim writes it (Error -3"),
     ("scenario.json", lambda p: p.write_text("{not json"), "expected scenario.json"),
     ("scenario.json", lambda p: p.write_text('{"variants": [1, 2]}'), "expected scenario.json"),
     ("scenario.json", lambda p: p.write_text('[]'), "expected scenario.json"),

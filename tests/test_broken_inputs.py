@@ -14,7 +14,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from broken import DELETE, cli, document, matrix, to_toml, trace_arrays, write_data
+from broken import (DELETE, broken_deflate, cli, document, matrix, to_toml, trace_arrays,
+                    write_data)
 from kvsim.attention.components import COMPONENTS
 
 NAN, INF = float("nan"), float("inf")
@@ -222,6 +223,11 @@ TRACE = [
     Case("npy as trace", "trace", "attention.path: expected a .npz trace", {"attention.path": "m.npy"}),
     Case("empty file", "trace", "attention.path: expected a readable", {"attention.path": "empty.npz"}),
     Case("text file", "trace", "attention.path: expected a readable", {"attention.path": "junk.npz"}),
+    *[Case(f"deflate broken {where}{' (run)' if run else ''}", "trace",
+           f"attention.path: expected a readable .npy or .npz file ({member}.npy: Error -3 "
+           f"while decompressing data: invalid block type)",
+           {"attention.path": f"deflate-{where}.npz"}, run=run)
+      for where, member in (("header", "keys"), ("data", "queries")) for run in (False, True)],
 ]
 
 MATRIX = [
@@ -253,6 +259,8 @@ MATRIX = [
     Case("empty file", "matrix", "attention.path: expected a readable", {"attention.path": "empty.npz"}),
     Case("pickled", "matrix", "attention.path: expected a readable", {"attention.path": "pickled.npy"}),
     Case("missing", "matrix", "attention.path: expected an existing", {"attention.path": "gone.npy"}),
+    Case("deflate broken", "matrix", "attention.path: expected a readable .npy or .npz file (attention.npy: Error -3",
+         {"attention.path": "deflate-matrix.npz"}),
     Case("budget > T", "matrix", "experiment[0].budgets[0]", {"experiment.budgets": [25]}),
 ]
 
@@ -274,6 +282,8 @@ CLI = [
     Case("--set into a number", "field", "--set attention.T.x", argv=("--set", "attention.T.x=1")),
     Case("--workers 0", "field", "kvsim: argument --workers", argv=("--workers", "0"), run=True),
     Case("--workers word", "field", "kvsim: argument --workers", argv=("--workers", "many"), run=True),
+    Case("--workers 2000", "field", "kvsim: argument --workers: expected an integer in [1, 1024]",
+         argv=("--workers", "2000"), run=True),
     Case("unknown flag", "field", "kvsim: unrecognized arguments", argv=("--bogus",), run=True),
     Case("--max-memory word", "field", "kvsim: --max-memory", argv=("--max-memory", "lots")),
     Case("--max-memory 1K", "field", "attention.T: expected the run to fit in memory", argv=("--max-memory", "1K")),
@@ -345,6 +355,9 @@ def _write_extras(folder: Path) -> None:
     np.savez(folder / "imp2d.npz", attention=m, important=np.array([[1, 2]]))
     np.savez(folder / "imprange.npz", attention=m, important=np.array([3, 40]))
     np.savez(folder / "none.npz")
+    broken_deflate(folder / "deflate-header.npz", trace_arrays(), "keys")  # headers fail
+    broken_deflate(folder / "deflate-data.npz", trace_arrays(), "queries", 0.5)  # data fail
+    broken_deflate(folder / "deflate-matrix.npz", {"attention": m}, "attention", 0.5)
     np.save(folder / "pickled.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     os.mkfifo(folder / "fifo.toml")  # reading it would block
     (folder / "latin1.toml").write_bytes("name = \"caf\u00e9\"\n".encode("latin-1"))

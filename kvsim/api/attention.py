@@ -11,6 +11,7 @@ from kvsim.api import arguments
 from kvsim.attention.dense import DTYPES, probability_stack, softmax_logits
 from kvsim.attention.sources import Field
 from kvsim.attention.trace import layer_field
+from kvsim.engine.cost import check as check_cost
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
@@ -205,6 +206,7 @@ class Attention:
                "policies": {"full": {}}, "experiment": [{"budgets": [1]}]}
         try:
             scenario = validate(doc, Path(base) / "spec")
+            check_cost([scenario], workers=1)  # the CLI's refusal: one sequence must fit
         except ScenarioError as exc:
             raise KvsimError("; ".join(
                 f"spec.{k.removeprefix('attention.')}: {m}" if k else m

@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.engine.records import parse_steps, read_rows, write_rows
+from kvsim.attention import files
+from kvsim.engine.records import SERIES, parse_steps, read_rows, write_rows
 
 METRICS = ("mass", "cache_size", "recall", "error")
 # Series that exist only with some data: the summary column that is nan without it, and what.
@@ -242,8 +242,15 @@ def load_report(path: str | Path) -> Results:
     try:
         with np.load(npz_path, allow_pickle=False) as data:
             arrays, kept = parse_steps(data, variants, focus)
-    except (OSError, ValueError, IndexError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+    except (*files.READ_ERRORS, IndexError) as exc:
         raise KvsimError(f"{npz_path}: expected steps.npz as kvsim writes it ({exc})") from None
+    for (_, experiment), table in arrays.items():
+        shapes = {name: table[name].shape for name in SERIES if name in table}
+        if len(shapes) < len(SERIES) or len(set(shapes.values())) > 1 \
+                or len(shapes["mass"]) != 2:
+            raise KvsimError(f"{npz_path}: expected the per-step series {', '.join(SERIES)} "
+                             f"of experiment {experiment!r} as (units, decode steps) arrays of "
+                             f"one shape, got {shapes}")
     for r in rows:
         table = arrays.get((r["variant"], r["experiment"]), {}).get("mass")
         if table is None or not 0 <= r["unit"] < table.shape[0]:

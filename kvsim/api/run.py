@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from pathlib import Path
 
 from tqdm import tqdm
 
+from kvsim.api import arguments
 from kvsim.engine.cost import check as check_cost
-from kvsim.engine.distributed import connect, simulate_variants
+from kvsim.engine.distributed import check_address, connect, simulate_variants
 from kvsim.engine.experiments import simulate_scenario
 from kvsim.engine.resume import UnitStore
+from kvsim.errors import KvsimError
 from kvsim.report import figures, markdown
 from kvsim.report.lock import ReportLock, clean_leftovers, sibling
 from kvsim.report.writer import check_out, default_out, git_commit, write_report
@@ -61,10 +62,15 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     else:
         variants = load_sweep(scenario, overrides)
     figures.check(variants)
+    workers = arguments.workers(workers)
+    if dask is not None:
+        if not isinstance(dask, str):
+            raise KvsimError(f"dask: expected a scheduler address 'tcp://HOST:PORT' or "
+                             f"'local:N', got {dask!r}")
+        check_address(dask)
     out = Path(out) if out is not None else default_out(variants[0])
     check_out(out, force, variants[0])
     cost = check_cost(variants, workers)
-    workers = workers or os.cpu_count() or 1
     provenance = markdown.Provenance.start(command, workers)
     provenance.commit = git_commit()
     with connect(dask) if dask else nullcontext() as client, ReportLock(out):

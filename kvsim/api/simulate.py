@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -135,7 +134,7 @@ def simulate(attention, policy: str | None = None, budget: int | None = None,
     record = _record(record)
     if "kept" in record:
         _warn_record_cost(att, P, caps, len(seeds))
-    run = _Run(att, P, configs, caps, seeds, record, _workers(workers), random_seed)
+    run = _Run(att, P, configs, caps, seeds, record, arguments.workers(workers), random_seed)
     return run.results()
 
 
@@ -205,12 +204,6 @@ def _prompt_len(value, T: int) -> int:
     if value is None:
         raise KvsimError(f"prompt_len: expected an integer in [0, {T}], got None")
     return arguments.integer(value, "prompt_len", 0, T)
-
-
-def _workers(value) -> int:
-    if value is None:
-        return os.cpu_count() or 1
-    return arguments.integer(value, "workers", 1, 1024)
 
 
 def _record(value) -> tuple[str, ...]:

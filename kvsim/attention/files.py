@@ -1,12 +1,16 @@
 """Read ``.npy``/``.npz`` files safely: shapes from the headers first, then the arrays.
 
 Headers tell how much memory the arrays take before any of them is read, so a file too
-large for the machine is refused with one line instead of an allocation failure.
+large for the machine is refused with one line instead of an allocation failure. A file
+that cannot be read (truncated, a member failing its checksum or whose compressed stream
+is broken) is a one-line :class:`KvsimError` too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +19,18 @@ from kvsim.errors import KvsimError
 from kvsim.paths import regular_file
 from kvsim.resources import check_memory
 
-_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile)
+READ_ERRORS = (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile,
+               zipfile.LargeZipFile, zlib.error)
+"""What reading a damaged ``.npy``/``.npz`` raises (zlib.error: a broken deflate stream)."""
+
+
+@contextlib.contextmanager
+def _member(name: str):
+    """Name the member whose compressed stream is broken (zlib's message does not)."""
+    try:
+        yield
+    except zlib.error as exc:
+        raise zlib.error(f"{name}: {exc}") from None
 
 
 def _header(f) -> tuple[tuple[int, ...], np.dtype]:
@@ -39,12 +54,12 @@ def headers(path: Path, key: str = "path") -> dict[str, tuple[tuple[int, ...], n
             out = {}
             with zipfile.ZipFile(path) as archive:
                 for member in archive.namelist():
-                    with archive.open(member) as f:
+                    with _member(member), archive.open(member) as f:
                         out[member.removesuffix(".npy")] = _header(f)
             return out
         with open(path, "rb") as f:
             return {"": _header(f)}
-    except _ERRORS as exc:
+    except READ_ERRORS as exc:
         raise KvsimError(f"expected a readable .npy or .npz file ({exc})", key) from None
 
 
@@ -60,7 +75,11 @@ def load(path: Path, names: list[str] | None, what: str, key: str = "path") -> d
         data = np.load(path, allow_pickle=False)
         if isinstance(data, np.ndarray):
             return {"": data}
+        out = {}
         with data:
-            return {n: data[n] for n in names if n in data.files}
-    except _ERRORS as exc:
+            for n in (n for n in names if n in data.files):
+                with _member(f"{n}.npy"):
+                    out[n] = data[n]
+        return out
+    except READ_ERRORS as exc:
         raise KvsimError(f"expected a readable .npy or .npz file ({exc})", key) from None

@@ -219,7 +219,7 @@ def _recapture(path: Path, name: str) -> str:
             options.append(f"--gguf-file {meta['gguf_file']}")
         options += ["--text TEXT", f"--tokens {int(meta['tokens'])}",
                     f"--layers {','.join(str(int(x)) for x in meta['layers'])}"]
-    except (KeyError, ValueError, TypeError, OSError):
+    except (*files.READ_ERRORS, TypeError):
         options = ["--model MODEL", "--text TEXT"]
     return " ".join(["python -m kvsim capture", *options, f"--out {name}"])
 

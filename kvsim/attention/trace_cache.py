@@ -6,11 +6,13 @@ On first use the trace is captured (every layer, float32 vectors, with
 the capture version; later uses read the cached file. Capturing needs the ``capture`` extra
 (torch, transformers); replaying a cached trace does not.
 
-A cached file is checked before use (every member's CRC-32, the arrays' headers against
-the token count): a truncated, corrupt or wrong-shaped one is captured again, with a note
-on stderr. Captures write a temporary file and rename it, so concurrent runs never see a
-half-written trace. A cache folder that cannot be written is skipped, with a note: the
-capture goes to a temporary folder removed at exit.
+A cached file is checked before use (every member's CRC-32 and compressed stream, the
+arrays' headers against the token count): a truncated, corrupt or wrong-shaped one is
+captured again. Captures write a temporary file and rename it, so concurrent runs never
+see a half-written trace. A cache folder that cannot be read or written is skipped: the
+capture goes to a temporary folder removed at exit. Each capture says so in one line on
+stderr (why, what, where); without the capture extra, a trace that must be captured is a
+one-line error instead.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 from kvsim.attention import files
 from kvsim.errors import KvsimError
 from kvsim.paths import read_text
+from kvsim.tools import preflight
 
 def cache_folder() -> Path:
     """``$XDG_CACHE_HOME/kvsim/traces``, or ``~/.cache/kvsim/traces``."""
@@ -54,20 +57,20 @@ def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | Non
     return str(folder), gguf_file or None, f"{folder}/{gguf_file}"
 
 
-_UNCACHED: dict[str, Path] = {}  # captures of this process outside an unwritable cache
+_UNCACHED: dict[str, Path] = {}  # captures of this process outside an unusable cache
 
 
 def damage(path: Path, tokens: int) -> str | None:
     """Why a cached trace of ``tokens`` tokens cannot be used, or None: a member failing
-    its CRC-32 (truncated or corrupt), a missing array, or shapes that are not those of
-    the capture."""
+    its CRC-32 or its decompression (truncated or corrupt), a missing array, or shapes
+    that are not those of the capture."""
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()  # reads every member once, checking its CRC-32
         if bad is not None:
             return f"{bad} fails its checksum"
         found = files.headers(path)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KvsimError) as exc:
+    except (*files.READ_ERRORS, KvsimError) as exc:
         return str(exc) or type(exc).__name__
     for name in ("queries", "keys"):
         if name not in found:
@@ -87,7 +90,7 @@ def _unwritable(folder: Path) -> str | None:
         with tempfile.TemporaryFile(dir=folder):
             return None
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return f"cannot be written ({exc.strerror or exc})"
 
 
 def cache_key(model_id: str, text: bytes, tokens: int, capture_version: int) -> str:
@@ -113,30 +116,43 @@ def resolve(params: dict, base: Path) -> Path:
     from kvsim.tools import capture
 
     key = cache_key(model_id, raw, params["tokens"], capture.CAPTURE_VERSION)
-    path = cache_folder() / f"{key}.npz"
     if key in _UNCACHED:
         return _UNCACHED[key]
-    if path.is_file():
+    path = cache_folder() / f"{key}.npz"
+    try:
+        cached, unusable = path.is_file(), None
+    except OSError as exc:  # a cache folder that cannot be searched: skipped, as below
+        cached, unusable = False, f"cannot be read ({exc.strerror or exc})"
+    notes = []
+    if cached:
         problem = damage(path, params["tokens"])
         if problem is None:
             return path
-        print(f"kvsim: the cached trace {path} is unusable ({problem}); capturing it again",
-              file=sys.stderr)
-    unwritable = _unwritable(path.parent)
-    if unwritable:
-        folder = Path(tempfile.mkdtemp(prefix="kvsim-trace-"))
-        atexit.register(shutil.rmtree, folder, True)
-        print(f"kvsim: the trace cache {path.parent} cannot be written ({unwritable}); "
-              f"capturing into {folder}, removed at exit", file=sys.stderr)
-        path = _UNCACHED[key] = folder / path.name
-    print(f"kvsim: capturing every layer of {params['model']} on {text.name} "
-          f"({params['tokens']} tokens) into {path} (once)", file=sys.stderr)
+        notes.append(f"the cached trace {path} is unusable ({problem})")
+    what = f"every layer of {params['model']} on {text.name} ({params['tokens']} tokens)"
+    missing = preflight.missing_extra(gguf is not None)
+    if missing:
+        raise KvsimError(f"expected the capture extra ({preflight.INSTALL}) to capture {what}"
+                         f"{f', as {notes[0]}' if notes else ''}; missing: "
+                         f"{', '.join(missing)}", "model")
+    unusable = unusable or _unwritable(path.parent)
+    if unusable:
+        notes.append(f"the trace cache {path.parent} {unusable}")
+        out = Path(tempfile.mkdtemp(prefix="kvsim-trace-")) / path.name
+        atexit.register(shutil.rmtree, out.parent, True)
+        where = f"into {out}, removed at exit"
+    else:
+        out, where = path, f"into {path} (once)"
+    print(f"kvsim: {'; '.join([*notes, f'capturing {what} {where}'])}", file=sys.stderr)
     try:
         # float32: in some layers of a whole model, float16 vectors miss the capture's check
         # (SmolLM2-135M: 3.1e-3 > 2e-3); a cache need not be small.
-        return capture.capture(folder, text, params["tokens"], path, None, gguf, np.float32)
+        capture.capture(folder, text, params["tokens"], out, None, gguf, np.float32)
     except KvsimError as exc:  # the command line's option names -> the scenario's keys
         option, sep, message = str(exc).partition(": ")
         if sep and option.startswith("--"):
             raise KvsimError(message, option[2:].replace("-", "_")) from None
         raise
+    if unusable:
+        _UNCACHED[key] = out
+    return out

@@ -9,6 +9,10 @@ A prompt of ``P`` tokens ends with a question of ``Q`` tokens.
   question's ``Q`` keys join **without eviction**, their queries attend over the compressed
   cache and the policy observes them as at decode; the decode budget is ``B + Q`` (the
   peak), while the policy's fixed parts (recent tokens, sinks, windows) stay those of ``B``.
+- ``prefill_only`` (kvpress's own protocol; tasks only): compress the context ``< P - Q``
+  once, as ``before_question`` does; then the question and every answer token join
+  **without eviction** (peak ``B + Q + answer``). A simulated decode has no end, so the
+  simulator does not take it: a cache that never evicts over a long decode is the full one.
 
 :func:`plan` says where each protocol compresses and how many keys join freely;
 :func:`widen` gives a policy's step state the ``Q`` extra slots of ``before_question``.
@@ -24,6 +28,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 
 COMPRESS = ("before_question", "after_question")
+TASK_COMPRESS = (*COMPRESS, "prefill_only")  # a task's answer ends; a simulated decode does not
 
 
 class Plan(NamedTuple):
@@ -40,14 +45,20 @@ class Plan(NamedTuple):
     budget: int
 
 
-def plan(compress: str, prompt_len: int, question_len: int, budget: int) -> Plan:
+def plan(compress: str, prompt_len: int, question_len: int, budget: int,
+         answer: int = 0) -> Plan:
     """The :class:`Plan` of ``compress`` for a prompt of ``prompt_len`` tokens whose last
-    ``question_len`` are the question, at budget ``budget``."""
-    if compress not in COMPRESS:
-        raise KvsimError(f"compress: expected one of {', '.join(COMPRESS)}, got {compress!r}")
+    ``question_len`` are the question, at budget ``budget``; ``answer``: the tokens that
+    join after the prompt (``prefill_only`` holds them all)."""
+    if compress not in TASK_COMPRESS:
+        raise KvsimError(f"compress: expected one of {', '.join(TASK_COMPRESS)}, got "
+                         f"{compress!r}")
     if not 0 <= question_len <= prompt_len:
         raise KvsimError(f"question_len: expected an integer in [0, {prompt_len}], got "
                          f"{question_len!r}")
+    if compress == "prefill_only":
+        free = question_len + answer
+        return Plan(prompt_len - question_len, free, budget + free)
     if compress == "after_question" or question_len == 0:
         return Plan(prompt_len, 0, budget)
     return Plan(prompt_len - question_len, question_len, budget + question_len)

@@ -10,7 +10,8 @@ as Gemma-3 does), the queries before RoPE with each layer's RoPE inverse frequen
 cos/sin factor and base, checked to rotate into the recorded queries. Before saving, the
 trace is checked: the causal (and windowed) softmax of ``q . k * scaling`` recomputed
 from the stored float16 vectors must reproduce those weights to float16 precision. Needs
-the optional extra: ``pip install -e ".[capture]"``.
+the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU wheel first on a
+machine without a GPU).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kvsim._version import __version__
 from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
 from kvsim.tools import gguf_tokenizer, models
+from kvsim.tools.preflight import INSTALL
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -43,8 +45,7 @@ def _imports():
         import torch
         import transformers
     except ImportError:
-        raise KvsimError('capture needs torch and transformers: pip install -e ".[capture]"') \
-            from None
+        raise KvsimError(f"capture needs torch and transformers: {INSTALL}") from None
     return torch, transformers
 
 

@@ -12,16 +12,23 @@ from pathlib import Path
 from kvsim.paths import read_text
 
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
+INSTALL = ("without a GPU, pip install torch --index-url https://download.pytorch.org/whl/cpu "
+           'first; then pip install -e ".[capture]"')
+"""How to install the capture extra (a CPU-only torch first: the default wheel is CUDA's)."""
+
+
+def missing_extra(gguf: bool) -> list[str]:
+    """The modules of the capture extra (torch, transformers and, for GGUF weights, gguf)
+    that are not installed, looked up without importing them."""
+    return [m for m in ("torch", "transformers", *(("gguf",) if gguf else ()))
+            if importlib.util.find_spec(m) is None]
 
 
 def check_extra(chk, key: str, gguf: bool) -> None:
-    """The capture extra (torch, transformers and, for GGUF weights, gguf) is installed,
-    looked up without importing it."""
-    missing = [m for m in ("torch", "transformers", *(("gguf",) if gguf else ()))
-               if importlib.util.find_spec(m) is None]
+    """The capture extra is installed (:func:`missing_extra`)."""
+    missing = missing_extra(gguf)
     if missing:
-        chk.add(key, f'expected the capture extra (pip install -e ".[capture]"); missing: '
-                     f'{", ".join(missing)}')
+        chk.add(key, f'expected the capture extra ({INSTALL}); missing: {", ".join(missing)}')
 
 
 def check_model_folder(chk, key: str, model: Path, gguf: str | None) -> None:

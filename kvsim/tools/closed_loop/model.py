@@ -28,6 +28,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.quantize import Quantize, quantised_counts
+from kvsim.tools.preflight import INSTALL
 
 ATTENTION = "kvsim_closed_loop"
 _ACTIVE: list[Callable] = []  # the pass the registered attention function serves
@@ -38,8 +39,7 @@ def _torch():
         import torch
         import transformers  # noqa: F401
     except ImportError:
-        raise KvsimError('closed-loop needs torch and transformers: pip install -e ".[capture]"') \
-            from None
+        raise KvsimError(f"closed-loop needs torch and transformers: {INSTALL}") from None
     return torch
 
 

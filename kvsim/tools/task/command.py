@@ -25,8 +25,25 @@ def check_task_out(out: Path, force: bool, name: str) -> str | None:
 def _trial(index: int) -> list[dict]:
     from kvsim.tools.task.run import cells, run_trial
 
-    net, tokenizer, cfg, text_ids = _FORKED["job"]
-    return run_trial(net, tokenizer, cfg, cells(cfg)[index], text_ids)
+    net, tokenizer, cfg, text_ids, form = _FORKED["job"]
+    return run_trial(net, tokenizer, cfg, cells(cfg)[index], text_ids, form)
+
+
+def prompt_frame(cfg: TaskConfig, tokenizer):
+    """The model's prompt frame under ``task.prompt``, checked against the shortest length
+    (a :class:`KvsimError` names the key when it does not fit)."""
+    from kvsim.tools.task import inputs
+
+    try:
+        form = inputs.frame(tokenizer, cfg.prompt)
+    except ValueError as exc:
+        raise KvsimError(f"{cfg.path}: task.prompt: {exc}") from None
+    need = len(form.head) + len(form.question) + 40  # the needle (about 25 tokens) and filler
+    if min(cfg.lengths) < need:
+        raise KvsimError(f"{cfg.path}: task.lengths: expected lengths of at least {need} "
+                         f"tokens for this model's {cfg.prompt} prompt (its frame takes "
+                         f"{len(form.head) + len(form.question)}), got {min(cfg.lengths)}")
+    return form
 
 
 def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> list[dict]:
@@ -45,7 +62,7 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> li
             raise KvsimError(f"task.filler: expected a text of at least {max(cfg.lengths)} "
                              f"tokens, got {text_ids.size}")
     n = len(cells(cfg))
-    _FORKED["job"] = (net, tokenizer, cfg, text_ids)
+    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer))
     try:
         with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
             if workers <= 1:

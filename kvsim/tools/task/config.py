@@ -12,9 +12,10 @@ from pathlib import Path
 
 from kvsim.errors import ScenarioError
 from kvsim.params import Param
-from kvsim.protocols.question import COMPRESS
+from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
 from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
 from kvsim.texts import SHIPPED, shipped_text
+from kvsim.tools.task.inputs import PROMPTS
 from kvsim.tools.study import (MODEL_SETTINGS, read_focus, read_model, read_output,
                                read_steppable_policies, read_study_file)
 
@@ -33,6 +34,9 @@ SETTINGS = {
     "filler": Param(str, "seeded", "the haystack: 'seeded' (sentences drawn from a word list "
                     "by the seed) or a text shipped with kvsim, cut at a seeded offset",
                     choices=FILLERS),
+    "prompt": Param(str, "raw", "the prompt's format: 'raw' (the tokenizer's special tokens, "
+                    "the task description, the haystack, the question) or 'chat' (the same "
+                    "inside the model's chat template)", choices=PROMPTS),
     "answer_tokens": Param(int, 8, "tokens generated greedily from each cache",
                            check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
     "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
@@ -60,6 +64,7 @@ class TaskConfig:
     focus_budget: int
     compress: tuple[str, ...]
     filler: str
+    prompt: str
     answer_tokens: int
     gqa: str
     bootstrap: int
@@ -92,10 +97,10 @@ def _depths(chk: _Checker, raw) -> list[float]:
 
 
 def _compress(chk: _Checker, raw) -> list[str]:
-    if not isinstance(raw, list) or not raw or any(v not in COMPRESS for v in raw) \
+    if not isinstance(raw, list) or not raw or any(v not in TASK_COMPRESS for v in raw) \
             or len(set(raw)) != len(raw):
         chk.add("task.compress", f"expected a non-empty list of distinct protocols among "
-                                 f"{', '.join(COMPRESS)}, got {raw!r}")
+                                 f"{', '.join(TASK_COMPRESS)}, got {raw!r}")
         return []
     return list(raw)
 
@@ -124,5 +129,5 @@ def load_config(path: str | Path) -> TaskConfig:
         raise ScenarioError(chk.problems)
     return TaskConfig(path.resolve(), name, description, model, gguf, tuple(lengths),
                       tuple(depths), s["trials"], s["seed"], tuple(budgets), focus,
-                      tuple(compress), s["filler"], s["answer_tokens"], s["gqa"],
+                      tuple(compress), s["filler"], s["prompt"], s["answer_tokens"], s["gqa"],
                       s["bootstrap"], tuple(configs.values()), tuple(formats), dpi)

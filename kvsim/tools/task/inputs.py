@@ -1,21 +1,27 @@
-"""The passkey inputs: deterministic from the seed, no download.
+"""The passkey inputs: deterministic from the seed, no download, in the model's own format.
 
-A prompt of exactly ``n`` tokens (the model's tokenizer, no special tokens added) is
+A prompt of exactly ``n`` tokens is
 
-    filler[:a] + needle + filler[a:] + question
+    head + filler[:a] + needle + filler[a:] + question
 
+- ``head``: what the model expects before any text (its tokenizer's special tokens: Gemma-3's
+  ``<bos>``; SmolLM2's tokenizer adds none) and the passkey test's task description
+  (:data:`DESCRIPTION`, the literature's form); under ``prompt = "chat"`` the model's chat
+  template opens a user turn first;
 - ``needle``: " The pass key is NNNNN. Remember it. NNNNN is the pass key." (the key a
   5-digit number drawn from the trial's seed);
-- ``question``: "\\nWhat is the pass key? The pass key is" (its ``Q`` tokens are the
-  question of the protocols);
-- ``filler``: ``n - Q - len(needle)`` tokens of haystack, either sentences drawn from a
-  fixed list (the classic passkey haystack) by a NumPy generator seeded with the trial's
-  seed (``seeded``), or a text shipped with kvsim cut at a seeded offset;
+- ``question``: "\\nWhat is the pass key? The pass key is" (``raw``) or, under ``chat``, the
+  question, the template's end of the user turn and start of the model's turn, then "The
+  pass key is"; its ``Q`` tokens are the question of the protocols;
+- ``filler``: ``n - len(head) - Q - len(needle)`` tokens of haystack, either sentences drawn
+  from a fixed list (the classic passkey haystack) by a NumPy generator seeded with the
+  trial's seed (``seeded``), or a text shipped with kvsim cut at a seeded offset;
 - ``a``: the filler's sentence boundary (a position after a token ending in ".", or 0)
-  nearest to ``d * len(filler)``: the needle's relative depth is ``d`` up to half a
-  sentence.
+  nearest to ``d * len(filler)``: the needle's relative depth in the haystack is ``d`` up to
+  half a sentence.
 
-Each piece is tokenised on its own and the ids concatenated, so the counts are exact.
+Each piece is tokenised on its own and the ids concatenated, so the counts are exact; the
+special tokens are the ones the tokenizer itself adds to a whole text (:func:`specials`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it "
+               "and memorize it. I will quiz you about the important information there.")
 QUESTION = "\nWhat is the pass key? The pass key is"
+ASK, ANSWER = "\nWhat is the pass key?", "The pass key is"  # the question around a chat turn
+PROMPTS = ("raw", "chat")
 SENTENCES = (  # the classic passkey haystack (Mohtashami and Jaggi 2023), and three alike
     "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
     "There and back again.", "The river is wide.", "The night is dark.", "The road is long.")
@@ -35,7 +45,8 @@ SENTENCES = (  # the classic passkey haystack (Mohtashami and Jaggi 2023), and t
 class Prompt:
     """One trial's prompt: ``ids`` (n,) int64; the key; the needle's first position and
     the positions of the key's digit tokens, one array per occurrence; the question's
-    length ``Q`` (the prompt's last ``Q`` tokens)."""
+    length ``Q`` (the prompt's last ``Q`` tokens); ``context_start``: the haystack's first
+    position (after the special tokens and the task description)."""
 
     ids: np.ndarray
     key: str
@@ -43,12 +54,56 @@ class Prompt:
     needle_len: int
     digits: tuple[np.ndarray, np.ndarray]
     question_len: int
+    context_start: int = 0
 
     @property
     def depth(self) -> float:
-        """The needle's actual relative depth in the context (0: first, 1: last)."""
-        room = self.ids.size - self.question_len - self.needle_len
-        return self.needle_start / room if room > 0 else 0.0
+        """The needle's actual relative depth in the haystack (0: first, 1: last)."""
+        room = self.ids.size - self.context_start - self.question_len - self.needle_len
+        return (self.needle_start - self.context_start) / room if room > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Frame:
+    """What comes before and after the haystack in every prompt of one model and format:
+    ``head`` (special tokens, chat turn, task description) and ``question`` ids."""
+
+    head: tuple[int, ...]
+    question: tuple[int, ...]
+
+
+def specials(tokenizer) -> list[int]:
+    """The ids the tokenizer puts before a whole text (``<bos>`` for Gemma-3; none for
+    SmolLM2), found by encoding one text with and without its special tokens; the ones it
+    would put after (an end of sequence) do not belong in a prompt that goes on."""
+    bare = _encode(tokenizer, DESCRIPTION)
+    whole = list(tokenizer(DESCRIPTION, add_special_tokens=True)["input_ids"])
+    for k in range(len(whole) - len(bare) + 1):
+        if whole[k:k + len(bare)] == bare:
+            return whole[:k]
+    raise ValueError("the tokenizer encodes a text differently with its special tokens")
+
+
+def frame(tokenizer, prompt: str = "raw") -> Frame:
+    """The :class:`Frame` of ``prompt``: ``"raw"`` (the tokenizer's special tokens, the task
+    description, the haystack, :data:`QUESTION`) or ``"chat"`` (the model's chat template
+    around one user turn holding the description, the haystack and the question; the
+    model's turn then starts with "The pass key is")."""
+    description = _encode(tokenizer, DESCRIPTION)
+    if prompt == "raw":
+        return Frame(tuple(specials(tokenizer) + description),
+                     tuple(_encode(tokenizer, QUESTION)))
+    if prompt != "chat":
+        raise ValueError(f"prompt: expected one of {', '.join(PROMPTS)}, got {prompt!r}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("prompt = \"chat\": the model's tokenizer has no chat template")
+    mark = "\x00HAYSTACK\x00"
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
+                                         add_generation_prompt=True)
+    before, after = turn.split(mark)
+    return Frame(tuple(_encode(tokenizer, before) + description),
+                 tuple(_encode(tokenizer, ASK) + _encode(tokenizer, after)
+                       + _encode(tokenizer, ANSWER)))
 
 
 def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Generator:
@@ -85,28 +140,32 @@ def boundaries(tokenizer, ids: list[int]) -> np.ndarray:
 
 
 def build(tokenizer, length: int, depth: float, rng: np.random.Generator,
-          text_ids: np.ndarray | None = None) -> Prompt:
+          text_ids: np.ndarray | None = None, form: Frame | None = None) -> Prompt:
     """The prompt of one trial (see the module's docstring); ``text_ids``: the tokenised
-    shipped text, or None for seeded sentences."""
+    shipped text, or None for seeded sentences; ``form``: the model's :class:`Frame`
+    (default: the raw one)."""
+    form = form or frame(tokenizer)
     key = str(int(rng.integers(10000, 100000)))
     pieces = [" The pass key is", " " + key, ". Remember it.", " " + key, " is the pass key."]
     encoded = [_encode(tokenizer, p) for p in pieces]
     needle = [i for piece in encoded for i in piece]
-    question = _encode(tokenizer, QUESTION)
-    room = length - len(needle) - len(question)
+    head, question = list(form.head), list(form.question)
+    room = length - len(head) - len(needle) - len(question)
     if room < 1:
-        raise ValueError(f"a prompt of {length} tokens has no room for the filler")
+        raise ValueError(f"a prompt of {length} tokens has no room for the filler (the "
+                         f"description, needle and question take {length - room + 1})")
     filler = seeded_filler(tokenizer, rng, room) if text_ids is None \
         else text_filler(text_ids, rng, room)
     cuts = boundaries(tokenizer, filler)
     at = int(cuts[np.argmin(np.abs(cuts - depth * room))])
-    ids = np.array(filler[:at] + needle + filler[at:] + question, np.int64)
+    ids = np.array(head + filler[:at] + needle + filler[at:] + question, np.int64)
+    start = len(head) + at
     offsets = np.cumsum([0, *map(len, encoded)])
     digits = tuple(
-        at + offsets[i] + np.array([j for j, t in enumerate(encoded[i])
-                                    if re.search(r"\d", tokenizer.decode([t]))], np.int64)
+        start + offsets[i] + np.array([j for j, t in enumerate(encoded[i])
+                                       if re.search(r"\d", tokenizer.decode([t]))], np.int64)
         for i in (1, 3))
-    return Prompt(ids, key, at, len(needle), digits, len(question))
+    return Prompt(ids, key, start, len(needle), digits, len(question), len(head))
 
 
 def first_number(text: str) -> str | None:

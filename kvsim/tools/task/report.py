@@ -1,9 +1,11 @@
 """The task report folder: report.md, results.csv, task.json and figures.
 
-Accuracy per policy x budget x protocol with Wilson 95% intervals; the needle-in-a-haystack
-heatmaps (depth x length at the focus budget, one shared colour scale); accuracy against
-budget with interval bands; and how well the simulator's prediction (needle retention, the
-question's attention on the kept needle) predicts the model's answers.
+The full-cache gate per (length, depth) cell (:mod:`~kvsim.tools.task.prediction`); accuracy
+per policy x budget x protocol with Wilson 95% intervals over the gated cells; the
+needle-in-a-haystack heatmaps (depth x length at the focus budget, one shared colour scale,
+cells that fail the gate crossed out); accuracy against budget with interval bands; and how
+well the simulator's predictors foretell the model's answers (AUC, balanced accuracy and
+Brier score beside the base rate's).
 """
 
 from __future__ import annotations
@@ -16,23 +18,24 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.tools.closed_loop.metrics import spearman_ci
 from kvsim.tools.closed_loop.report import _caches, _csv, _layers
 from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
 from kvsim.tools.task.config import TaskConfig
+from kvsim.tools.task.prediction import GATE, PREDICTORS, gate, gated, prediction_quality
 from kvsim.tools.task.run import FULL
 
 Z95 = 1.959963984540054
-RETAINED = 0.5  # "retained": at least this share of the (layer, KV head) caches hold the key
 # The columns of results.csv and their types (what :func:`read_rows` parses back).
 ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_start": int,
              "actual_depth": float, "question_len": int, "policy": str, "kind": str,
              "budget": int, "protocol": str, "peak_cache": int, "retention": float,
-             "digit_share": float, "kept_needle_mass": float, "answer": str, "number": str,
+             "digit_share": float, "kept_needle_mass": float, "late_needle_mass": float,
+             "answer": str, "number": str,
              "success": int, "question_needle_mass": float}
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
-PREDICTORS = {"retention": "needle retention (share of caches holding the key)",
-              "kept_needle_mass": "question's full-cache attention on the kept key digits"}
+LOOKS = {  # per protocol: marker face and line style in the retention figure
+    "before_question": ("none", ":"), "after_question": ("full", "-"),
+    "prefill_only": ("half", "--")}
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -94,71 +97,10 @@ def accuracy_rows(rows: list[dict]) -> list[dict]:
             for (protocol, policy, budget), rs in groups.items()]
 
 
-def logistic_fit(x: np.ndarray, y: np.ndarray) -> dict:
-    """Maximum-likelihood logistic regression ``P(success) = 1 / (1 + exp(-(a + b x)))``:
-    the intercept ``a``, the slope ``b``, ``x50`` (where the fitted probability is 1/2) and
-    McFadden's pseudo-R² (``1 - LL / LL0``, LL0 the constant model's). Without both outcomes
-    or without spread in ``x``, every value is nan; when a threshold on ``x`` separates the
-    outcomes exactly, the likelihood has no maximum: the slope is ``inf`` (its sign the
-    direction), ``x50`` the middle of the gap and R² 1."""
-    nan = {"intercept": math.nan, "slope": math.nan, "x50": math.nan, "r2": math.nan}
-    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return nan
-    ok, bad = x[y > 0], x[y == 0]
-    for sign, low, high in ((1, bad.max(), ok.min()), (-1, ok.max(), bad.min())):
-        if low < high:  # separated: the likelihood grows without bound
-            return {**nan, "slope": sign * math.inf, "x50": (low + high) / 2, "r2": 1.0}
-    from scipy.optimize import minimize
-    from scipy.special import expit, log_expit
-
-    def nll(theta):
-        z = theta[0] + theta[1] * x
-        return -(y * log_expit(z) + (1 - y) * log_expit(-z)).sum()
-
-    def grad(theta):
-        r = expit(theta[0] + theta[1] * x) - y
-        return np.array([r.sum(), (r * x).sum()])
-
-    fit = minimize(nll, np.zeros(2), jac=grad, method="BFGS")
-    a, b = (float(v) for v in fit.x)
-    p0 = y.mean()
-    null = -len(y) * (p0 * math.log(p0) + (1 - p0) * math.log(1 - p0))
-    return {"intercept": a, "slope": b, "x50": -a / b if b else math.nan,
-            "r2": 1 - float(fit.fun) / null}
-
-
-def prediction_quality(rows: list[dict], reps: int, seed: int) -> list[dict]:
-    """How well each predictor orders success (Spearman rho, bootstrap CI) over the
-    compressed runs of each protocol and all together, a logistic fit of success on the
-    retention, and the accuracy of "retained => answered" (retained: retention >=
-    RETAINED)."""
-    out = []
-    protocols = sorted({r["protocol"] for r in rows if r["policy"] != FULL})
-    for protocol in [*protocols, "all"]:
-        rs = [r for r in rows if r["policy"] != FULL and protocol in ("all", r["protocol"])]
-        y = np.array([r["success"] for r in rs], np.float64)
-        retained = np.array([r["retention"] >= RETAINED for r in rs])
-        entry = {"protocol": protocol, "runs": len(rs),
-                 "rule_accuracy": float((retained == (y > 0)).mean()),
-                 "answered_if_retained": float(y[retained].mean()) if retained.any()
-                 else math.nan,
-                 "failed_if_lost": float(1 - y[~retained].mean()) if (~retained).any()
-                 else math.nan,
-                 "logistic": logistic_fit(np.array([r["retention"] for r in rs]), y)}
-        for name in PREDICTORS:
-            x = np.array([r[name] for r in rs], np.float64)
-            if np.ptp(x) == 0 or np.ptp(y) == 0:
-                entry[name] = (math.nan, math.nan, math.nan)
-            else:
-                entry[name] = spearman_ci(x, y, reps, seed)
-        out.append(entry)
-    return out
-
-
 def _label(protocol: str) -> str:
     return {"before_question": "before question (query-agnostic)",
-            "after_question": "after question (query-aware)", FULL: "full cache"}[protocol]
+            "after_question": "after question (query-aware)",
+            "prefill_only": "prefill only (kvpress's protocol)", FULL: "full cache"}[protocol]
 
 
 def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, str]:
@@ -176,8 +118,11 @@ def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, 
     return {lab: f" ({'; '.join(n)})" for lab, n in notes.items()}
 
 
-def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
+def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
              folder: Path) -> list[str]:
+    """The heatmaps over every cell (those that fail the gate crossed out), then, from the
+    gated runs (``acc``, none without a gated cell), accuracy against budget and retention
+    against accuracy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -206,6 +151,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
                     hits = [r["success"] for r in rs if r["depth"] == d and r["length"] == n]
                     if hits:
                         grid[i, j] = np.mean(hits)
+                    if not cells.get((n, d), {"passes": True})["passes"]:
+                        ax.text(j, i, "×", ha="center", va="center", color="red", fontsize=13)
             image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto",
                               origin="upper")
             ax.set_title(lab if lab != FULL else "full cache", fontsize=9)
@@ -218,12 +165,16 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         for ax in axes[:, 0]:
             ax.set_ylabel("needle depth", fontsize=8)
         fig.suptitle(f"{cfg.name}: passkey accuracy, {_label(protocol)}, budget "
-                     f"{cfg.focus_budget} (mean of {_count(cfg.trials, 'trial')} per cell)",
-                     fontsize=10)
+                     f"{cfg.focus_budget} (mean of {_count(cfg.trials, 'trial')} per cell)\n"
+                     f"red ×: a cell where the full cache answers under {GATE:.0%} of its "
+                     f"trials (left out of every claim)", fontsize=10)
         fig.tight_layout(rect=(0, 0, 0.9, 1))
         bar = fig.add_axes((0.92, 0.15, 0.02, 0.7))
         fig.colorbar(image, cax=bar, label="accuracy")
         names += _save(fig, folder, f"heatmap_{protocol}", cfg)
+    if not acc:
+        return names
+    rows = gated(rows, cells)
     fig, axes = plt.subplots(1, len(cfg.compress), figsize=(5 * len(cfg.compress), 5.2),
                              squeeze=False, sharey=True)
     full_acc = next(a for a in acc if a["policy"] == FULL)
@@ -251,35 +202,42 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
     handles, texts = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="lower center", fontsize=8, ncol=4, frameon=False)
     per_point = _count(len(cells_of(rows)), "trial")
-    fig.suptitle(f"{cfg.name}: accuracy against budget ({per_point} per point)", fontsize=10)
+    fig.suptitle(f"{cfg.name}: accuracy against budget ({per_point} per point: the cells "
+                 f"that pass the full-cache gate)", fontsize=10)
     fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
     fig, ax = plt.subplots(figsize=(7.5, 6.2))
     full_cache(ax, f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
     hidden = _hidden_markers(acc, labels, cfg.compress)
-    for protocol, face in zip(cfg.compress, ("none", "full")):
+    from matplotlib.colors import to_rgba
+
+    def face(protocol: str, color) -> object:
+        return {"none": "none", "full": color, "half": to_rgba(color, 0.35)}[
+            LOOKS[protocol][0]]
+    for protocol in cfg.compress:
         for lab in labels:
             pts = [a for a in acc if a["policy"] == lab and a["protocol"] == protocol]
             ax.scatter([a["retention"] for a in pts], [a["accuracy"] for a in pts], s=36,
                        marker=markers[lab], edgecolors=colors[lab],
-                       facecolors=colors[lab] if face == "full" else "none", alpha=0.8,
+                       facecolors=face(protocol, colors[lab]), alpha=0.8,
                        label=lab + hidden.get(lab, "") if protocol == cfg.compress[0] else None)
-    for protocol, style in zip(cfg.compress, (":", "-")):
+    for protocol in cfg.compress:
+        style = LOOKS[protocol][1]
         bins = retention_bins(rows, protocol)
         x = np.array([b["retention"] for b in bins])
         y = np.array([b["accuracy"] for b in bins])
         err = np.array([y - [b["ci_low"] for b in bins], [b["ci_high"] for b in bins] - y])
         ax.errorbar(x, y, yerr=err, color="0.15", ls=style, lw=1.3, marker="s", ms=4,
-                    mfc="white" if style == ":" else "0.15", capsize=2, zorder=3,
+                    mfc=face(protocol, "0.15") if LOOKS[protocol][0] != "none" else "white",
+                    capsize=2, zorder=3,
                     label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
-    ax.axvline(RETAINED, color="0.6", lw=0.8, label=f"rule: retained if ≥ {RETAINED:g}")
     ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding the key)")
     ax.set_ylabel("model: passkey accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
-    styles = [plt.Line2D([], [], ls="", marker="o", mfc=mfc, mec="0.3", label=_label(p))
-              for p, mfc in zip(cfg.compress, ("none", "0.3"))]
+    styles = [plt.Line2D([], [], ls="", marker="o", mfc=face(p, "0.3"), mec="0.3",
+                         label=_label(p)) for p in cfg.compress]
     handles, texts = ax.get_legend_handles_labels()
     fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
                ncol=3, loc="lower center", frameon=False,
@@ -287,7 +245,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
                      "of single runs answered, pooled by retention bin\n(0, (0, ¼), [¼, ½), "
                      "[½, ¾), [¾, 1), 1), Wilson 95% bars",
                title_fontsize=7)
-    ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy", fontsize=10)
+    ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy\n(the "
+                 f"cells that pass the full-cache gate)", fontsize=10)
     fig.tight_layout(rect=(0, 0.26, 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
@@ -312,7 +271,20 @@ def _pct(a: dict) -> str:
     return f"{100 * a['accuracy']:.0f}% [{100 * a['ci_low']:.0f}, {100 * a['ci_high']:.0f}]"
 
 
-def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
+def _cell_list(cells: dict) -> str:
+    return ", ".join(f"{n} tokens at depth {d:g} ({c['successes']}/{c['trials']})"
+                     for (n, d), c in cells.items() if not c["passes"])
+
+
+def _opening(cfg: TaskConfig, cells: dict, acc: list[dict], quality: list[dict]) -> str:
+    passing = sum(c["passes"] for c in cells.values())
+    gate_words = (f"The full cache answers at least {GATE:.0%} of the trials in {passing} of "
+                  f"{len(cells)} (length, depth) cells")
+    if passing < len(cells):
+        gate_words += (f"; the other {len(cells) - passing} are flagged and left out of every "
+                       f"claim below: {_cell_list(cells)}")
+    if not acc:
+        return gate_words + ". No cell passes the gate: this report makes no claim."
     full_acc = next(a for a in acc if a["policy"] == FULL)
     parts = []
     for protocol in cfg.compress:
@@ -321,13 +293,29 @@ def _opening(cfg: TaskConfig, acc: list[dict], quality: list[dict]) -> str:
                 for a in sorted(at, key=lambda a: -a["accuracy"])
                 if a["accuracy"] >= 0.8 * full_acc["accuracy"] and a["accuracy"] > 0]
         parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
-    rule = next(q for q in quality if q["protocol"] == "all")
-    return (f"Policies that keep the needle at budget {cfg.focus_budget} (at least 80% of the "
-            f"full cache's accuracy, which is {_pct(full_acc)} over "
-            f"{_count(full_acc['trials'], 'trial')}): {'; '.join(parts)}. The simulator's "
-            f"needle retention, computed without the model, predicts the answer with accuracy "
-            f"{100 * rule['rule_accuracy']:.0f}% (\"retained ⇒ answered\" over "
-            f"{rule['runs']} compressed runs).")
+    q = next(q for q in quality if q["protocol"] == "all")
+    aucs = ", ".join(f"{name.replace('_', ' ')} {_interval(q[name]['auc'])}"
+                     for name in PREDICTORS)
+    return (f"{gate_words}. On those cells, policies that keep the needle at budget "
+            f"{cfg.focus_budget} (at least 80% of the full cache's accuracy, which is "
+            f"{_pct(full_acc)} over {_count(full_acc['trials'], 'trial')}): "
+            f"{'; '.join(parts)}. Predicting the answer from the full-cache attention alone, "
+            f"over {q['runs']} compressed runs of which {100 * q['base_rate']:.1f}% succeed, "
+            f"the ROC AUC (0.5: no better than the base rate) is {aucs}; a lost needle "
+            f"(retention < 1/2) fails in {_share(q['failed_if_lost'])} of runs, a retained "
+            f"one is answered in {_share(q['answered_if_retained'])}.")
+
+
+def _interval(t) -> str:
+    return "n/a" if math.isnan(t[0]) else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
+
+
+def _number(x: float, digits: int) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _share(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
 
 
 def _count(n: int, noun: str) -> str:
@@ -335,11 +323,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[dict],
-             facts: dict, figures: list[str]) -> str:
+def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
+             quality: list[dict], facts: dict, figures: list[str]) -> str:
     """The report's text."""
     n_cells = len(cells_of(rows))
-    lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, acc, quality), ""]
+    lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
     redrawn = facts.get("redrawn")
@@ -353,18 +341,36 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
         f"{_layers(facts)}, {facts['heads']} query heads sharing "
         f"{_count(facts['kv_heads'], 'KV head')}. {_caches(facts)} (GQA `{cfg.gqa}`)."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
-        f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt: filler, needle and "
+        f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt in the model's "
+        f"`{cfg.prompt}` format: its special tokens, the task description, filler, needle and "
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
         f"{_count(cfg.trials, 'trial')} per cell ({_count(n_cells, 'trial')}, seed "
         f"{cfg.seed}); filler `{cfg.filler}`; budgets {list(cfg.budgets)}; answers of "
         f"{cfg.answer_tokens} greedy tokens; success: the first 5-digit number of the answer is the key",
         "- protocols: `after_question` compresses the whole prompt after a full prefill; "
         "`before_question` compresses the context before the question from its own queries, "
-        "then the question joins without eviction (decode budget B + Q)",
-        "", "## Accuracy", "",
-        "Accuracy over trials with its Wilson 95% interval, and the simulator's mean needle "
-        "retention (share of layer × KV head caches holding every digit token of one of the "
-        "key's two occurrences when the answer starts).", ""]
+        "then the question joins without eviction (decode budget B + Q); `prefill_only` "
+        "(kvpress's protocol) compresses as `before_question`, then the question and the "
+        "answer join without eviction (peak B + Q + answer)",
+        "", "## The full-cache gate", "",
+        f"The full cache's answers per cell (successes of trials). A cell where it answers "
+        f"under {GATE:.0%} of its trials is no reference for a policy: it is flagged (✗) and "
+        f"left out of the accuracy tables, the headline and the prediction metrics.", "",
+        "| depth | " + " | ".join(f"{n} tokens" for n in cfg.lengths) + " |",
+        "| --- |" + " ---: |" * len(cfg.lengths)]
+    for d in cfg.depths:
+        row = [cells.get((n, d)) for n in cfg.lengths]
+        lines.append(f"| {d:g} | " + " | ".join(
+            "n/a" if c is None else f"{c['successes']}/{c['trials']}"
+            f"{'' if c['passes'] else ' ✗'}" for c in row) + " |")
+    lines += ["", "## Accuracy", ""]
+    if not acc:
+        lines += ["No cell passes the gate: no accuracy is reported.", ""]
+        return _closing(lines, figures)
+    lines += ["Over the cells that pass the gate: accuracy over trials with its Wilson 95% "
+              "interval, and the simulator's mean needle retention (share of layer × KV head "
+              "caches holding every digit token of one of the key's two occurrences when the "
+              "answer starts).", ""]
     full_acc = next(a for a in acc if a["policy"] == FULL)
     lines += [f"Full cache (the reference; a compressed cache may do better): {_pct(full_acc)} "
               f"of {_count(full_acc['trials'], 'trial')}.", ""]
@@ -381,34 +387,32 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
             lines.append(f"| {pc.label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Does the simulator predict the answer?", "",
-              "Over every compressed run (trial × policy × budget), the simulator's two "
-              "predictors, computed on the full-cache attention without the model: Spearman ρ "
-              f"with success (95% bootstrap interval, {cfg.bootstrap} resamples); a logistic "
-              "fit of success on the retention, P(success) = 1 / (1 + exp(-(a + b × "
-              "retention))), by its retention at P = 1/2 (x50), its slope b and McFadden's "
-              "pseudo-R² (∞: a retention threshold separates successes from failures "
-              f"exactly); and the rule \"retained ⇒ answered\" (retained: at least "
-              f"{RETAINED:.0%} of the caches hold the key).", "",
-              "| protocol | runs | ρ retention | ρ kept needle mass | logistic x50, b, R² "
-              "| rule accuracy | answered if retained | failed if lost |",
-              "| --- | ---: | --- | --- | --- | ---: | ---: | ---: |"]
-
-    def rho(t):
-        return "n/a" if math.isnan(t[0]) else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
-
-    def share(x):
-        return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
-
-    def logistic(f):
-        if math.isnan(f["x50"]):
-            return "n/a"
-        return f"{f['x50']:.2f}, {f['slope']:.3g}, {f['r2']:.2f}"
+              "Over the compressed runs (trial × policy × budget) of the gated cells, each "
+              "predictor is computed from the full-cache attention without running the "
+              "compressed model: " + "; ".join(f"`{k}`: {v}" for k, v in PREDICTORS.items())
+              + f". AUC: the chance that a run that succeeds scores above one that fails "
+              f"(0.5: no better than the base rate), with a 95% bootstrap interval over trials "
+              f"({cfg.bootstrap} resamples). Balanced accuracy (the base rate's: 0.50) and "
+              f"Brier score (lower is better; beside it the base rate's) are cross-validated "
+              f"over trials in 5 folds: the threshold and a logistic calibration are fitted "
+              f"on the other folds.", ""]
+    head = "| protocol | runs | base rate | base Brier | " + " | ".join(
+        f"{k} AUC | bal. acc. | Brier" for k in PREDICTORS) + " | lost ⇒ fails | retained ⇒ answered |"
+    lines += [head, "| --- |" + " ---: |" * (head.count("|") - 2)]
     for q in quality:
-        lines.append(f"| {q['protocol']} | {q['runs']} | {rho(q['retention'])} | "
-                     f"{rho(q['kept_needle_mass'])} | {logistic(q['logistic'])} | "
-                     f"{share(q['rule_accuracy'])} | "
-                     f"{share(q['answered_if_retained'])} | {share(q['failed_if_lost'])} |")
-    lines += figure_lines(figures)
+        if not q["runs"]:
+            continue
+        lines.append(
+            f"| {q['protocol']} | {q['runs']} | {100 * q['base_rate']:.1f}% | "
+            f"{_number(q[next(iter(PREDICTORS))]['base_brier'], 3)} | "
+            + " | ".join(f"{_interval(q[k]['auc'])} | {_number(q[k]['balanced_accuracy'], 2)} | "
+                         f"{_number(q[k]['brier'], 3)}" for k in PREDICTORS)
+            + f" | {_share(q['failed_if_lost'])} | {_share(q['answered_if_retained'])} |")
+    return _closing(lines, figures)
+
+
+def _closing(lines: list[str], figures: list[str]) -> str:
+    lines = [*lines, *figure_lines(figures)]
     lines += ["", "Files: `results.csv` (one row per trial × policy × budget × protocol, with "
               "the answer and the prediction columns), `accuracy.csv` (the tables above), "
               "`task.json` (settings and facts).", ""]
@@ -417,13 +421,21 @@ def markdown(cfg: TaskConfig, rows: list[dict], acc: list[dict], quality: list[d
 
 def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) -> None:
     """Every file of the report into ``folder`` (an empty temporary folder)."""
-    acc = accuracy_rows(rows)
-    quality = prediction_quality(rows, cfg.bootstrap, cfg.seed)
+    cells = gate(rows)
+    kept = gated(rows, cells)
+    acc = accuracy_rows(kept)
+    quality = prediction_quality(kept, cfg.bootstrap, cfg.seed)
     _csv(folder / "results.csv", rows)
-    _csv(folder / "accuracy.csv", acc)
-    figures = _figures(cfg, rows, acc, quality, folder)
+    if acc:
+        _csv(folder / "accuracy.csv", acc)
+    else:  # no cell passes the gate: the columns alone
+        (folder / "accuracy.csv").write_text("protocol,policy,budget,trials,successes,accuracy,"
+                                             "ci_low,ci_high,retention\n")
+    figures = _figures(cfg, rows, cells, acc, folder)
     settings = settings_of(cfg)
     info = {"settings": settings, "facts": facts,
-            "prediction": [{k: v for k, v in q.items()} for q in quality]}
+            "gate": [{"length": n, "depth": d, **c} for (n, d), c in cells.items()],
+            "prediction": quality}
     (folder / "task.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
-    (folder / "report.md").write_text(markdown(cfg, rows, acc, quality, facts, figures))
+    (folder / "report.md").write_text(markdown(cfg, rows, cells, acc, quality, facts,
+                                               figures))

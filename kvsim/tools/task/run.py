@@ -12,8 +12,9 @@ Per trial (a length ``n``, a depth ``d``, a trial index):
    holds the key's digits when the answer starts, and how much of the question's
    full-cache attention falls on the digits it holds.
 3. All caches of a protocol then decode together (one forward pass per step): the
-   question's tokens (``before_question``: they join without eviction), then the greedy
-   answer, each generated token joining under the policy as at decode.
+   question's tokens (``before_question``, ``prefill_only``: they join without eviction),
+   then the greedy answer, each generated token joining under the policy as at decode
+   (``prefill_only``: without eviction, kvpress's protocol).
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class Caches:
     """Every policy x budget of one protocol on one prompt, compressed and ready to decode.
 
     ``steppers[c][layer][kv_head]``; ``keys``/``values``: their stores; ``at``: the
-    compression point; ``free``: the question tokens that join without eviction;
+    compression point; ``question``: the question tokens that join after it (teacher-forced);
+    ``free``: the tokens that join without eviction (the question; under ``prefill_only``
+    the answer too);
     ``budgets[c]``: each cache's decode budget (its peak); ``held``, ``share``, ``mass``
     (C, L, H_kv): the prediction, from the selections alone; ``queries``: the query
     stores of the caches whose policy reads query vectors.
@@ -83,6 +86,7 @@ class Caches:
     keys: np.ndarray
     values: np.ndarray
     at: int
+    question: int
     free: int
     budgets: np.ndarray
     held: np.ndarray
@@ -102,7 +106,7 @@ def _empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protoco
     any selection."""
     P, Q = prompt.ids.size, prompt.question_len
     runs = [(pc, b) for pc in cfg.policies for b in cfg.budgets]
-    plans = [plan(protocol, P, Q, b) for _, b in runs]
+    plans = [plan(protocol, P, Q, b, cfg.answer_tokens) for _, b in runs]
     at = plans[0].compress_at
     capacity = P + cfg.answer_tokens
     keys, values = stores(full, len(runs), at, capacity, _needing(runs, "keys"),
@@ -110,7 +114,7 @@ def _empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protoco
     L, H_kv = full.keys.shape[:2]
     shape = (len(runs), len(full.global_layers), H_kv)
     return Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
-                  plans[0].free, np.array([p.budget for p in plans]), np.zeros(shape),
+                  P - at, plans[0].free, np.array([p.budget for p in plans]), np.zeros(shape),
                   np.zeros(shape), np.zeros(shape),
                   query_stores(full, query_runs(runs), at, capacity))
 
@@ -167,8 +171,8 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
                       int(caches.budgets.max()), caches.queries)
     logits = np.repeat(full.logits[-1:], C, axis=0)
     peak = np.zeros(C, np.int64)
-    for i in range(caches.free):  # the question, teacher-forced, joining without eviction
-        if i < caches.free - 1:  # only its last token's logits are read
+    for i in range(caches.question):  # the question, teacher-forced, joining without eviction
+        if i < caches.question - 1:  # only its last token's logits are read
             decoder.step(logits=False)
         else:
             logits = decoder.step()
@@ -188,16 +192,24 @@ def protocol_rows(net, full: FullRun, caches: Caches, protocol: str, answer_toke
              "peak_cache": int(peak[c]), "tokens": tokens[c],
              "retention": float(caches.held[c].mean()),
              "digit_share": float(caches.share[c].mean()),
-             "kept_needle_mass": float(caches.mass[c].mean())}
+             "kept_needle_mass": float(caches.mass[c].mean()),
+             "late_needle_mass": float(caches.mass[c, late_layers(caches.mass.shape[1]):].mean())}
             for c, (pc, b) in enumerate(caches.runs)]
 
 
+def late_layers(n: int) -> int:
+    """The first of the late global layers (the second half of ``n``), whose question
+    attention on the kept needle is the ``late_needle_mass`` predictor."""
+    return n // 2
+
+
 def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
-              text_ids: np.ndarray | None) -> list[dict]:
-    """Every row of one trial: the full cache, then each protocol's policies x budgets."""
+              text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
+    """Every row of one trial: the full cache, then each protocol's policies x budgets;
+    ``form``: the model's prompt frame (:func:`~kvsim.tools.task.inputs.frame`)."""
     length, depth, trial = cell
     prompt = inputs.build(tokenizer, length, depth,
-                          inputs.trial_rng(cfg.seed, length, depth, trial), text_ids)
+                          inputs.trial_rng(cfg.seed, length, depth, trial), text_ids, form)
     full = prefill(net, prompt.ids, logits_to_keep=1,
                    rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
     P = prompt.ids.size
@@ -212,10 +224,13 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     for protocol, caches in protocols.items():
         rows += protocol_rows(net, full, caches, protocol, cfg.answer_tokens)
         protocols[protocol] = None  # its stores go before the next protocol decodes
-    question_mass = float(np.mean([r[digits].sum() for r in rows_of.values()]))
+    on_needle = np.array([[rows_of[layer, j][digits].sum() for j in range(H_kv)]
+                          for layer in full.global_layers])
+    question_mass = float(on_needle.mean())
     rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
                     "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens[0],
-                    "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass})
+                    "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass,
+                    "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean())})
     out = []
     for r in rows:
         tokens = r.pop("tokens")
