@@ -1,0 +1,45 @@
+"""Presses as task policies without kvpress installed: budgets become the compression_ratio
+that keeps exactly B keys (kvpress's ``compute_n_kept`` rounding, restated), and a press
+table without the extra is one line saying how to install it (tests/test_kvpress.py runs
+the presses themselves where the extra is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from kvsim.errors import ScenarioError
+from kvsim.tools.task.config import load_config
+from kvsim.tools.task.presses import n_kept, ratio
+
+TASK = """name = "t"
+[task]
+lengths = [128]
+depths = [0.5]
+budgets = [16]
+compress = ["prefill_only"]
+[policies.snap]
+press = "SnapKVPress"
+window_size = 8
+"""
+
+
+def test_ratio_keeps_exactly_the_budget():
+    for k_len in (5, 17, 100, 122, 999, 1000, 1001, 4096, 32768, 131071):
+        for b in {1, 2, k_len // 3, k_len // 2, k_len - 2, k_len - 1}:
+            if 1 <= b < k_len:
+                r = ratio(k_len, b)
+                assert 0 <= r < 1 and n_kept(k_len, r) == b, (k_len, b)
+    assert ratio(10, 10) == ratio(10, 12) == 0.0  # the whole context fits
+
+
+def test_a_press_without_the_extra_is_one_line_saying_how_to_install(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "kvpress" else real(name, *a))
+    (tmp_path / "t.toml").write_text(TASK)
+    with pytest.raises(ScenarioError) as info:
+        load_config(tmp_path / "t.toml")
+    (line,) = str(info.value).splitlines()
+    assert "policies.snap.press" in line and 'pip install -e ".[capture,kvpress]"' in line
