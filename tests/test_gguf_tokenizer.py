@@ -66,3 +66,7 @@ def test_load_model_repairs_the_tokenizer(monkeypatch):
     monkeypatch.setattr(gguf_tokenizer, "repaired", lambda tok, path: seen.append(path) or tok)
     load_model("smollm2-135m")
     assert [p.endswith(models.PRESETS["smollm2-135m"].gguf_file) for p in map(str, seen)] == [True]
+    seen.clear()
+    folder, gguf = models.resolve("smollm2-135m")
+    gguf_tokenizer.load(folder, gguf)
+    assert len(seen) == 1

@@ -63,12 +63,10 @@ def load_model(model: str, gguf_file: str | None = None):
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model, **kwargs)
+        tokenizer = gguf_tokenizer.load(model, gguf_file) if gguf_file else \
+            transformers.AutoTokenizer.from_pretrained(model, **kwargs)
         net = transformers.AutoModelForCausalLM.from_pretrained(
             model, attn_implementation="eager", dtype=torch.float32, **kwargs)
-        if gguf_file:  # transformers < 5.3 builds some GGUF tokenizers differently
-            tokenizer = gguf_tokenizer.repaired(tokenizer, transformers.utils.cached_file(
-                model, gguf_file, local_files_only=True))
     except (OSError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KvsimError(f"--model: expected a model on disk ({model}"

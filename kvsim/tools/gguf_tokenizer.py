@@ -33,6 +33,16 @@ def current() -> bool:
         is not None
 
 
+def load(model: str | Path, gguf_file: str):
+    """The tokenizer of ``gguf_file`` in the local folder or cached hub id ``model`` (never
+    downloading), as transformers >= 5.3 builds it (:func:`repaired`)."""
+    from transformers import AutoTokenizer
+    from transformers.utils import cached_file
+
+    raw = AutoTokenizer.from_pretrained(str(model), gguf_file=gguf_file, local_files_only=True)
+    return repaired(raw, cached_file(str(model), gguf_file, local_files_only=True))
+
+
 def repaired(tokenizer, gguf_path: str | Path):
     """``tokenizer`` (loaded by transformers from ``gguf_path``), or on transformers < 5.3
     the tokenizer that transformers >= 5.3 builds from the same file."""
