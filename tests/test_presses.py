@@ -43,3 +43,25 @@ def test_a_press_without_the_extra_is_one_line_saying_how_to_install(tmp_path, m
         load_config(tmp_path / "t.toml")
     (line,) = str(info.value).splitlines()
     assert "policies.snap.press" in line and 'pip install -e ".[capture,kvpress]"' in line
+
+
+def test_one_worker_with_a_progress_bar_runs_every_trial(monkeypatch, capsys):
+    """``kvsim task`` without --quiet on one worker: the bar's update returned True when it
+    redrew, which the trial loop took for a trial's rows ("'bool' object is not iterable")."""
+    import dataclasses
+    import time
+    from pathlib import Path
+
+    from kvsim.tools.task import command
+    from kvsim.tools.task.config import TaskConfig
+
+    pytest.importorskip("torch")
+    cfg = TaskConfig(Path("t.toml"), "t", "", Path("."), None, (128, 256), (0.0, 1.0), 2, 0,
+                     (16,), 16, ("prefill_only",), "seeded", "raw", 8, "mean", 100, (),
+                     ("png",), 60)
+    monkeypatch.setattr(command, "prompt_frame", lambda cfg, tokenizer: None)
+    monkeypatch.setattr(command, "_trial",  # as slow as tqdm's redraw interval (0.1 s)
+                        lambda i: time.sleep(0.11) or [{"trial": i}])
+    monkeypatch.setattr("kvsim.tools.closed_loop.model.attach", lambda net: None)
+    rows = command.run_all(dataclasses.replace(cfg), object(), None, 1, progress=True)
+    assert rows == [{"trial": i} for i in range(8)]

@@ -66,7 +66,11 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool) -> li
     try:
         with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
             if workers <= 1:
-                return [r for i in range(n) for r in bar.update() or _trial(i)]
+                rows = []
+                for i in range(n):  # (tqdm's update returns True when it redraws)
+                    rows += _trial(i)
+                    bar.update()
+                return rows
             with forked_pool(min(workers, n)) as pool:
                 results = []
                 for rows in pool.map(_trial, range(n)):
