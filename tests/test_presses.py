@@ -65,3 +65,15 @@ def test_one_worker_with_a_progress_bar_runs_every_trial(monkeypatch, capsys):
     monkeypatch.setattr("kvsim.tools.closed_loop.model.attach", lambda net: None)
     rows = command.run_all(dataclasses.replace(cfg), object(), None, 1, progress=True)
     assert rows == [{"trial": i} for i in range(8)]
+
+
+def test_wilson_interval_holds_its_proportion_exactly_at_the_ends():
+    """At 0 or n successes rounding left an end a hair inside (wilson(10, 10) ended at
+    0.9999999999999999), and the report's error bars refused the negative length."""
+    from kvsim.tools.task.report import wilson
+
+    for n in range(1, 200):
+        for k in range(n + 1):
+            lo, hi = wilson(k, n)
+            assert lo <= k / n <= hi
+        assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0

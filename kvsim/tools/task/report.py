@@ -83,7 +83,8 @@ def wilson(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
     p = successes / trials
     centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
     half = z / (1 + z * z / trials) * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials ** 2))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # it holds p; at p = 0 or 1 the end is exact (rounding could leave it a hair inside)
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 def accuracy_rows(rows: list[dict]) -> list[dict]:
