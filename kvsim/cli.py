@@ -148,7 +148,7 @@ def _check_task(path: Path) -> str:
     from kvsim.tools.task.config import load_config
 
     cfg = load_config(path)
-    return (f"{path}: ok (task file: {len(cfg.policies)} policies x {len(cfg.budgets)} "
+    return (f"{path}: ok (task file: {len(cfg.policies) + len(cfg.presses)} policies x {len(cfg.budgets)} "
             f"budgets x {len(cfg.compress)} protocols, {len(cfg.lengths)} lengths x "
             f"{len(cfg.depths)} depths x {cfg.trials} trials; model {cfg.model}"
             f"{', ' + cfg.gguf_file if cfg.gguf_file else ''})")

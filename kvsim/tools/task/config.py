@@ -16,6 +16,7 @@ from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
 from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools.task.inputs import PROMPTS
+from kvsim.tools.task.presses import read_presses
 from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
                                read_model, read_output, read_steppable_policies,
                                read_study_file)
@@ -71,6 +72,7 @@ class TaskConfig:
     policies: tuple[PolicyConfig, ...]
     formats: tuple[str, ...]
     dpi: int
+    presses: tuple[PolicyConfig, ...] = ()  # kvpress's (presses.py), under prefill_only
 
     @property
     def filler_path(self) -> Path | None:
@@ -124,8 +126,12 @@ def load_config(path: str | Path) -> TaskConfig:
         check_context(chk, "task.lengths", model, gguf, max(lengths) + answer,
                       "(the longest length plus answer_tokens)")
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
+    tables = doc.get("policies")
+    given = len(tables) if isinstance(tables, dict) else 0
+    presses = read_presses(chk, doc, compress)  # before kvsim's: it takes their tables
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
-                                      bool(lengths) and "answer_tokens" in s)
+                                      bool(lengths) and "answer_tokens" in s) \
+        if not given or doc["policies"] else {}  # {}: presses only
     focus = read_focus(chk, "task.focus_budget", s.get("focus_budget", 0), budgets)
     formats, dpi = read_output(chk, doc)
     if chk.problems:
@@ -133,4 +139,5 @@ def load_config(path: str | Path) -> TaskConfig:
     return TaskConfig(path.resolve(), name, description, model, gguf, tuple(lengths),
                       tuple(depths), s["trials"], s["seed"], tuple(budgets), focus,
                       tuple(compress), s["filler"], s["prompt"], s["answer_tokens"], s["gqa"],
-                      s["bootstrap"], tuple(configs.values()), tuple(formats), dpi)
+                      s["bootstrap"], tuple(configs.values()), tuple(formats), dpi,
+                      tuple(presses.values()))

