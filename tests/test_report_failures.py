@@ -38,6 +38,15 @@ def test_one_worker_with_a_progress_bar_that_redraws(monkeypatch):
     assert len(rows) == 2 * (1 + 2) and {r["trial"] for r in rows} == {0, 1}
 
 
+def _tiny_model(module, tmp_path, monkeypatch, capsys) -> None:
+    """``module.load_model`` gives the tiny Llama and the character tokenizer, whose
+    config and weights are saved as ``tmp_path / "m"`` (the load-time check reads them)."""
+    monkeypatch.setattr(module, "load_model",
+                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
+    tiny_net(512).save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+
+
 def _broken_figures(*args, **kwargs):
     raise ValueError("'yerr' must not contain\nnegative values")
 
@@ -57,10 +66,7 @@ def test_a_task_report_whose_figures_fail_keeps_its_results(tmp_path, monkeypatc
     import kvsim.tools.capture
     import kvsim.tools.task.report as report
 
-    monkeypatch.setattr(kvsim.tools.capture, "load_model",
-                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
-    tiny_net(512).save_pretrained(tmp_path / "m")
-    capsys.readouterr()
+    _tiny_model(kvsim.tools.capture, tmp_path, monkeypatch, capsys)
     task, out = tmp_path / "t.toml", tmp_path / "r"
     task.write_text('name = "tiny"\n[task]\nmodel = "m"\nlengths = [300]\ndepths = [0.0, 1.0]\n'
                     'trials = 1\nbudgets = [8, 12]\n[policies.window]\n')
@@ -91,10 +97,7 @@ def test_a_closed_loop_report_whose_figures_fail_keeps_its_results(tmp_path, mon
     import kvsim.tools.closed_loop.command as command
     import kvsim.tools.closed_loop.report as report
 
-    monkeypatch.setattr(command, "load_model",
-                        lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
-    tiny_net(512).save_pretrained(tmp_path / "m")
-    capsys.readouterr()
+    _tiny_model(command, tmp_path, monkeypatch, capsys)
     study, out = tmp_path / "c.toml", tmp_path / "r"
     study.write_text('name = "tiny"\n[closed_loop]\nmodel = "m"\ntext = "gpl-3"\ntokens = 40\n'
                      'prompt_len = 24\nbudgets = [8, 12]\n[policies.window]\n')

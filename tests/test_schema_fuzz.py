@@ -160,24 +160,31 @@ CLOSED_LOOP_KEYS = ["name", "description", "closed_loop", "policies", "output", 
 def test_closed_loop_files_any_value(folder, key, value):
     """validate checks a closed-loop file to the end, or exits 2 with one line per
     problem, each naming the file; never a traceback."""
+    (folder / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 4)
+    _validated(CLOSED_LOOP, key, value, folder / "c.toml", "closed-loop file")
+
+
+def _validated(base: dict, key: str, value, path, kind: str) -> bool:
+    """``validate`` on ``base`` with ``key`` set to ``value``, written to ``path``: one line
+    per problem naming the file and exit 2 (False), or accepted as a ``kind`` (True); a
+    value the document cannot take is skipped (False)."""
     import copy
 
     from kvsim.scenario.overrides import assign
 
-    doc = copy.deepcopy(CLOSED_LOOP)
+    doc = copy.deepcopy(base)
     try:
         assign(doc, key, value)
     except Exception:
-        return
-    (folder / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 4)
-    path = folder / "c.toml"
+        return False
     path.write_text(to_toml(doc))
     status, out, err = cli(["validate", path])
     if status == 2:
         assert out == "" and err and all(line.startswith(f"{path}: ")
                                          for line in err.splitlines()), err
-        return
-    assert status == 0 and err == "" and "closed-loop file" in out, (status, err)
+        return False
+    assert status == 0 and err == "" and kind in out, (status, err)
+    return True
 
 
 # ---------------------------------------------------------------- the API
@@ -248,25 +255,12 @@ def task_folder(tmp_path_factory):
 def test_task_files_any_value(task_folder, key, value):
     """validate refuses a task file in one line per problem, each naming the file, exit
     2 and no traceback; a file it accepts builds its config and its grid of trials."""
-    import copy
-
-    from kvsim.scenario.overrides import assign
     from kvsim.tools.task.config import load_config
     from kvsim.tools.task.run import cells
 
-    doc = copy.deepcopy(TASK)
-    try:
-        assign(doc, key, value)
-    except Exception:
-        return
     path = task_folder / "t.toml"
-    path.write_text(to_toml(doc))
-    status, out, err = cli(["validate", path])
-    if status == 2:
-        assert out == "" and err and all(line.startswith(f"{path}: ")
-                                         for line in err.splitlines()), err
+    if not _validated(TASK, key, value, path, "task file"):
         return
-    assert status == 0 and err == "" and "task file" in out, (status, err)
     cfg = load_config(path)
     assert 1 <= len(cfg.lengths) * len(cfg.depths) * cfg.trials <= 10**6, cfg  # then built:
     assert len(cells(cfg)) >= 1 and 100 <= cfg.bootstrap <= 100_000
