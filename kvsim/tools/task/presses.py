@@ -212,22 +212,12 @@ def press_caches(net, full, prompt, cfg, rows_of: dict):
     ``prefill_only``: the positions kvpress's prefill of the context kept (a :class:`Kept`
     per global layer and KV head) and what they predict; ``rows_of``: the question's
     full-cache attention per (global layer, KV head)."""
-    from kvsim.protocols.question import plan
-    from kvsim.tools.closed_loop.model import stores
-    from kvsim.tools.task.run import Caches, predict
+    from kvsim.tools.task.run import empty_caches, predict
 
-    P, Q = prompt.ids.size, prompt.question_len
-    runs = [(pc, b) for pc in cfg.presses for b in cfg.budgets]
-    plans = [plan(PROTOCOL, P, Q, b, cfg.answer_tokens) for _, b in runs]
-    at = plans[0].compress_at
-    L, H_kv = full.keys.shape[:2]
-    keys, values = stores(full, len(runs), at, P + cfg.answer_tokens, [], [])
-    shape = (len(runs), len(full.global_layers), H_kv)
-    caches = Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
-                    P - at, plans[0].free, np.array([p.budget for p in plans]),
-                    np.zeros(shape), np.zeros(shape), np.zeros(shape))
+    caches = empty_caches(full, prompt, cfg, PROTOCOL, cfg.presses)
+    at, H_kv = caches.at, full.keys.shape[1]
     digits = np.concatenate(prompt.digits)
-    for c, (pc, b) in enumerate(runs):
+    for c, (pc, b) in enumerate(caches.runs):
         held = kept(net, make(pc, ratio(at, b)), prompt.ids[:at], full.keys[:, :, :at],
                     full.global_layers)
         for i, layer in enumerate(full.global_layers):

@@ -111,23 +111,26 @@ def _needing(runs: list, vector: str) -> list[int]:
     return [c for c, (pc, _) in enumerate(runs) if vector in get_policy(pc.kind).needs]
 
 
-def _empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str
-                  ) -> Caches:
+def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
+                 configs=None) -> Caches:
     """The stores and result arrays of every policy x budget under ``protocol``, before
-    any selection."""
+    any selection; ``configs``: other policies than ``cfg``'s (kvpress's presses, which
+    keep no vectors of their own)."""
     P, Q = prompt.ids.size, prompt.question_len
-    runs = [(pc, b) for pc in cfg.policies for b in cfg.budgets]
+    own = configs is None
+    runs = [(pc, b) for pc in (cfg.policies if own else configs) for b in cfg.budgets]
     plans = [plan(protocol, P, Q, b, cfg.answer_tokens) for _, b in runs]
     at = plans[0].compress_at
     capacity = P + cfg.answer_tokens
-    keys, values = stores(full, len(runs), at, capacity, _needing(runs, "keys"),
-                          _needing(runs, "values"))
+    keys, values = stores(full, len(runs), at, capacity,
+                          _needing(runs, "keys") if own else [],
+                          _needing(runs, "values") if own else [])
     L, H_kv = full.keys.shape[:2]
     shape = (len(runs), len(full.global_layers), H_kv)
     return Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
                   P - at, plans[0].free, np.array([p.budget for p in plans]), np.zeros(shape),
                   np.zeros(shape), np.zeros(shape),
-                  query_stores(full, query_runs(runs), at, capacity))
+                  query_stores(full, query_runs(runs), at, capacity) if own else {})
 
 
 def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dict, dict]:
@@ -140,7 +143,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
     the question reads its first rows and columns (causal rows before a point attend only
     to keys before it)."""
     P = prompt.ids.size
-    protocols = {protocol: _empty_caches(full, prompt, cfg, protocol)
+    protocols = {protocol: empty_caches(full, prompt, cfg, protocol)
                  for protocol in sorted(cfg.compress) if cfg.policies}  # none: presses only
     _, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
