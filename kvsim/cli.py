@@ -32,7 +32,9 @@ commands:
                         check a scenario file without running it; prints its cost
                         (runs, logit evaluations, peak memory). Also checks a
                         closed-loop file (everything but the model run itself)
-  kvsim policies        list the policies and their parameters
+  kvsim policies [--markdown]
+                        list the policies and their parameters; --markdown prints
+                        the policy table of README.md and docs/policies.md
   kvsim bench [--quick] measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
@@ -188,11 +190,41 @@ def _validate(argv: list[str]) -> int:
     return 0
 
 
+def _param_text(name: str, param) -> str:
+    """A parameter as the policy table shows it: `pooling` (`max`; also `avg`, `none`)."""
+    def shown(value) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f"`{value}`" if isinstance(value, str) else f"{value:g}"
+    others = [shown(c) for c in param.choices if c != param.default]
+    return f"`{name}` ({shown(param.default)}{'; also ' + ', '.join(others) if others else ''})"
+
+
+def policy_table() -> str:
+    """The registry's policies as a Markdown table (``kvsim policies --markdown``): name,
+    family, parameters with their defaults, rule and what it reads."""
+    from kvsim.policies import POLICIES
+
+    rows = ["| name | family | parameters (defaults) | rule | needs |",
+            "| --- | --- | --- | --- | --- |"]
+    for policy in POLICIES.values():
+        shown = policy.presentation
+        params = ", ".join(_param_text(name, p) for name, p in policy.params.items())
+        rows.append(f"| `{policy.name}` | {shown.family} | {params} | {shown.rule} | {shown.reads} |")
+    return "\n".join(rows) + "\n"
+
+
 def _policies(argv: list[str]) -> int:
     from kvsim.policies import POLICIES
 
-    _Parser(prog="kvsim policies",
-                            description="List the policies and their parameters.").parse_args(argv)
+    parser = _Parser(prog="kvsim policies", description="List the policies and their parameters.")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the policy table instead (name, family, parameters with "
+                             "their defaults, rule, what it reads), as README.md and "
+                             "docs/policies.md show it")
+    if parser.parse_args(argv).markdown:
+        print(policy_table(), end="")
+        return 0
     for policy in POLICIES.values():
         print(f"{policy.name:<14} {policy.summary}")
         for name, param in policy.params.items():

@@ -10,6 +10,9 @@ import numpy as np
 import pytest
 
 from kvsim.cli import main
+from kvsim.policies import POLICIES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = """\
 name = "small"
@@ -94,6 +97,19 @@ def test_policies_listing(capsys):
     assert main(["policies"]) == 0
     text = capsys.readouterr().out
     assert "recent_ratio" in text and "protect_window" in text
+
+
+def test_policy_tables_are_the_registrys(capsys):
+    """README.md and docs/policies.md show the table `kvsim policies --markdown` prints, as
+    it prints it today: a policy added, or a rule changed, makes them stale."""
+    assert main(["policies", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    assert table.count("\n") == len(POLICIES) + 2 and "| `h2o` | heavy hitters |" in table
+    for page in ("README.md", "docs/policies.md"):
+        text = (ROOT / page).read_text()
+        shown = text.split("<!-- policy table:", 1)[1].split("-->", 1)[1]
+        shown = shown.split("<!-- end of policy table -->", 1)[0]
+        assert shown.strip() == table.strip(), f"{page}: run python -m kvsim policies --markdown"
 
 
 def test_bad_scenario_exits_2_without_traceback(tmp_path):

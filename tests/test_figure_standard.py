@@ -12,33 +12,93 @@ import numpy as np
 import pytest
 
 import kvsim
-from kvsim.policies import POLICIES
-from kvsim.report import figures, plotting
+from kvsim.policies import POLICIES, Policy, Presentation
+from kvsim.report import figures, palette, plotting
 from kvsim.report.stats import rolling_mean
 
 
-_lab = plotting.cielab
+_lab = palette.cielab
+DECLARED = {name: p.presentation.color for name, p in POLICIES.items()}
 
 
-def test_every_policy_has_a_fixed_colour_and_the_hues_are_distinct():
-    assert set(POLICIES) <= set(plotting.POLICY_COLORS)
-    n = len(plotting.POLICY_COLORS) + 2  # every policy's colour and the first two spares
-    palette = [*plotting.POLICY_COLORS.values(), *plotting.SPARE_COLORS][:n]
-    assert len(set(palette)) == n
-    worst = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(palette, 2))
-    assert worst >= 30, f"two of the {n} colours are only {worst:.1f} apart in CIELAB"
-    for color in palette:  # no pastel: every line stands out on white
+def test_every_builtin_policy_declares_a_colour_and_the_hues_are_distinct():
+    assert None not in DECLARED.values()
+    assert all(p.presentation.marker in palette.MARKERS for p in POLICIES.values())
+    n = len(DECLARED) + 2  # every policy's colour and the first two spares
+    palette_ = [*DECLARED.values(), *plotting.SPARE_COLORS][:n]
+    assert len(set(palette_)) == n
+    worst = min(np.linalg.norm(_lab(a) - _lab(b)) for a, b in itertools.combinations(palette_, 2))
+    assert worst >= palette.APART, f"two of the {n} colours are only {worst:.1f} apart in CIELAB"
+    for color in palette_:  # no pastel: every line stands out on white
         assert _lab(color)[0] <= 80
 
 
 def test_a_policy_keeps_its_colour_whatever_else_is_drawn():
     one = plotting.color_map(["tova", "h2o", "h2o_norm", "h2o_full"])
     two = plotting.color_map(["h2o_full", "scissorhands", "caote", "tova"])
-    assert one["tova"] == two["tova"] == plotting.POLICY_COLORS["tova"]
-    assert one["h2o"] == plotting.POLICY_COLORS["h2o"]
+    assert one["tova"] == two["tova"] == DECLARED["tova"]
+    assert one["h2o"] == DECLARED["h2o"]
     assert len(set(one.values())) == 4  # labels that are not policy names take spares
     many = plotting.color_map([f"h2o[r={i}]" for i in range(20)])
     assert len(set(many.values())) == 20
+
+
+FAMILIES = ("heavy hitters", "window vote", "recency", "new a", "new b", "new c", "new d")
+
+
+@pytest.fixture
+def forty_more(monkeypatch):
+    """40 synthetic policies without a declared colour or marker, in three built-in
+    families and four new ones, registered beside the built-in ones."""
+    names = [f"synthetic_{i:02d}" for i in range(40)]
+    for i, name in enumerate(names):
+        policy = Policy(name, "synthetic", {}, run=lambda group, budget, params: None,
+                        presentation=Presentation(family=FAMILIES[i % len(FAMILIES)]))
+        monkeypatch.setitem(POLICIES, name, policy)
+    return names
+
+
+def _worst_gap(colors: dict[str, str]) -> float:
+    return min(np.linalg.norm(_lab(a) - _lab(b))
+               for a, b in itertools.combinations(colors.values(), 2))
+
+
+def test_any_figure_of_many_registered_policies_draws_distinct_colours(forty_more):
+    everyone = list(POLICIES)
+    rng = np.random.default_rng(36)
+    for size in [2, 3, 5, 8, 12, 16, 20, 24] * 12:
+        figure = [str(name) for name in rng.choice(everyone, size, replace=False)]
+        colors = plotting.color_map(figure)
+        assert _worst_gap(colors) >= palette.APART, figure
+        assert colors == plotting.color_map(figure)  # deterministic
+        assert all(colors[name] == DECLARED[name] for name in figure if name in DECLARED)
+        marks = palette.markers(figure)
+        assert len(set(marks.values())) == min(size, len(palette.MARKERS))
+    # every one of them at once: the colours stay apart as far as the colour space allows
+    assert len(set(plotting.color_map(everyone).values())) == len(everyone)
+
+
+def test_a_policy_without_a_colour_takes_a_shade_of_its_familys_hue(forty_more):
+    def hue(color: str) -> float:
+        _, a, b = _lab(color)
+        return np.degrees(np.arctan2(b, a))
+
+    h2o_kin = [n for i, n in enumerate(forty_more) if FAMILIES[i % len(FAMILIES)] == "heavy hitters"]
+    alone = {n: palette.policy_color(n) for n in h2o_kin}
+    assert len(set(alone.values())) == len(h2o_kin)  # a shade per member
+    for name in h2o_kin[:len(palette.SHADES)]:  # the first shades keep the family's hue
+        gap = abs(hue(alone[name]) - hue(DECLARED["h2o"]))
+        assert min(gap, 360 - gap) < 15, (name, alone[name])
+        assert plotting.color_map([name]) == {name: alone[name]}  # alone, drawn in it
+    assert palette.policy_marker(h2o_kin[0]) in palette.MARKERS
+    assert palette.policy_marker(h2o_kin[0]) == palette.markers([h2o_kin[0]])[h2o_kin[0]]
+
+
+def test_a_figure_keeps_each_policys_marker_unless_an_earlier_label_has_it():
+    marks = plotting.policy_markers(kvsim.load_scenario("scenarios/seed_notebook.toml").experiments[0])
+    assert all(marks[name] == POLICIES[name].presentation.marker for name in marks
+               if name in POLICIES)
+    assert palette.markers(["caote", "full", "x"]) == {"caote": "o", "full": "s", "x": "D"}
 
 
 def test_a_protocol_variant_takes_its_policys_colour_unless_it_shares_a_figure_with_it():
@@ -58,10 +118,10 @@ def test_a_protocol_variant_takes_its_policys_colour_unless_it_shares_a_figure_w
         path.write_text(toml_text)
         scenario = kvsim.load_scenario(path)
     colors = plotting.policy_colors(plotting.figure_context(scenario))
-    assert colors["tova_t"] == plotting.POLICY_COLORS["tova"]  # the only tova anywhere
-    assert colors["h2o"] == plotting.POLICY_COLORS["h2o"]
+    assert colors["tova_t"] == DECLARED["tova"]  # the only tova anywhere
+    assert colors["h2o"] == DECLARED["h2o"]
     assert colors["h2o_i16"] != colors["h2o"]  # experiment c draws both: a shade of h2o's
-    assert colors["h2o_i16"] == plotting._shades(plotting.POLICY_COLORS["h2o"])[0]
+    assert colors["h2o_i16"] == plotting._shades(DECLARED["h2o"])[0]
 
 
 def test_a_variants_shade_stays_apart_from_every_other_colour():
@@ -72,8 +132,8 @@ def test_a_variants_shade_stays_apart_from_every_other_colour():
             colors = plotting.policy_colors(ctx)
             kinds = {p.label: p.kind for e in ctx.experiments for p in e.policies}
             for label, color in colors.items():
-                if label in plotting.POLICY_COLORS or \
-                        color not in plotting._shades(plotting.POLICY_COLORS[kinds[label]]):
+                if label in DECLARED or \
+                        color not in plotting._shades(DECLARED[kinds[label]]):
                     continue
                 shaded += 1
                 for other, c in colors.items():

@@ -205,6 +205,25 @@ class Steps:
 
 
 @dataclass(frozen=True)
+class Presentation:
+    """How a policy is shown: its row of the policy table (``kvsim policies --markdown``)
+    and its colour and marker in every figure.
+
+    ``family``: policies of one family share a hue (default: the policy's own name);
+    ``rule``: the table's one-line rule (default: the summary); ``reads``: what it reads
+    from its source, in words. ``color``/``marker``: declared ones; without them figures
+    draw a shade of the family's hue and a marker of the policy's own
+    (:mod:`kvsim.report.palette`).
+    """
+
+    family: str = ""
+    rule: str = ""
+    reads: str = "attention"
+    color: str | None = None
+    marker: str | None = None
+
+
+@dataclass(frozen=True)
 class Policy:
     """A registered policy.
 
@@ -230,6 +249,8 @@ class Policy:
     joins, from the decode queries ``since .. t-1`` since the last compression (or, as
     ``rkv``, from the newest queries); None where it has nothing to re-score from (the
     per-step ranking then applies). A score of ``+inf`` keeps a key.
+
+    ``presentation``: its family, table row, colour and marker (:class:`Presentation`).
     """
 
     name: str
@@ -249,6 +270,7 @@ class Policy:
     prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None
     run_capped: Callable[[Group, int, int, dict], Trace] | None = None
     rescore: Callable[[Group, np.ndarray, int, int, dict], np.ndarray | None] | None = None
+    presentation: Presentation = Presentation()
 
     def __post_init__(self):
         if not self.needs <= NEEDS:
@@ -257,6 +279,9 @@ class Policy:
             if self.steps is None:
                 raise ValueError(f"{self.name}: expected step code or a run function")
             object.__setattr__(self, "run", functools.partial(run_steps, self.steps))
+        shown = self.presentation
+        object.__setattr__(self, "presentation", dataclasses.replace(
+            shown, family=shown.family or self.name, rule=shown.rule or self.summary))
 
     def run_all(self, group: Group, budgets: list[int], params: dict) -> list[Trace]:
         """One trace per budget (shared work where the policy supports it)."""

@@ -19,7 +19,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.field import probs_row
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
 
 POOL = 5  # the authors' avg_pool1d kernel, prefill and decode
 
@@ -154,4 +154,12 @@ POLICY = Policy("cake", "CAKE's indicator: prefill mean + gamma var of the windo
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
                 prefill_score=lambda group, budget, params: (
                     prefill_scores(group, params) if group.prompt_len > params["window"]
-                    else np.zeros(0)))
+                    else np.zeros(0)),
+                presentation=Presentation(
+                    family="window vote", color="#ff9988", marker="*",
+                    reads="attention",
+                    rule=("CAKE's indicator (Qin et al. 2025; antgroup/cakekv `c4675ce`): prefill keeps the"
+                          " window + the prefix keys of highest avg-pooled (width 5) `mean + gamma * var` "
+                          "of the window's attention; decode keeps the newest `window` and evicts the "
+                          "lowest avg-pooled observed attention of the previous query. Its layer budgets "
+                          "are the `cake` allocation (`allocation = \"cake\"`)")))

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps, current
+from kvsim.policies.base import Group, Policy, Presentation, Steps, current
 from kvsim.policies.rows import head_rows
 from kvsim.policies.tova import admit  # the same step: evict the lowest score
 
@@ -92,4 +92,9 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 
 POLICY = Policy("caote", "evict the key whose removal least changes the previous output", {},
-                Steps(_start, admit, observe, decode, rank=_rank), needs=frozenset({"values"}))
+                Steps(_start, admit, observe, decode, rank=_rank), needs=frozenset({"values"}),
+                presentation=Presentation(
+                    family="last query", color="#ff1aff", marker="o",
+                    reads="attention, values",
+                    rule=("CAOTE (Goel et al. 2025): evicts the key whose removal changes the previous "
+                          "query's output least, `p~/(1-p~) * ‖v - o~‖`")))

@@ -17,7 +17,7 @@ import numpy as np
 
 from kvsim.numerics import kernels
 from kvsim.policies import snapkv
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 from kvsim.policies.dropkv import ring_state
 from kvsim.params import Param
 
@@ -85,4 +85,10 @@ POLICY = Policy("chunkkv", "ChunkKV: whole prompt chunks by the layer's SnapKV s
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
                 closed_loop=lambda params: "it pins the same chunks in every KV head of a "
                                            "layer, from all of their scores, and the closed "
-                                           "loop steps each KV head on its own")
+                                           "loop steps each KV head on its own",
+                presentation=Presentation(
+                    family="window vote", color="#770033", marker="v",
+                    reads="attention (every KV head of the layer)",
+                    rule=("ChunkKV (Liu et al. 2025, kvpress): whole chunks of `chunk` prompt positions "
+                          "ranked by the layer's summed SnapKV scores, the same chunks pinned in every KV "
+                          "head of the layer; ring for the rest (not steppable one KV head at a time)")))

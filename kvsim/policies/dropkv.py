@@ -19,7 +19,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.jit import jit
 from kvsim.params import Param
 from kvsim.policies import snapkv
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 from kvsim.policies.rows import head_rows
 
 PARAMS = {
@@ -91,4 +91,10 @@ POLICY = Policy("dropkv", "DropKV: pin the keys whose removal most changes the w
                 Steps(_start, snapkv.admit, snapkv.observe, snapkv.decode),
                 min_budget=lambda params: params["window"] + 1, floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                prefill_score=_prefill_score, needs=frozenset({"values"}))
+                prefill_score=_prefill_score, needs=frozenset({"values"}),
+                presentation=Presentation(
+                    family="window vote", color="#ff0080", marker="^",
+                    reads="attention, values",
+                    rule=("DropKV (kvpress PR 285): pins the prompt keys whose removal most changes the "
+                          "window's outputs, `sum_i (p/(1-p+1e-6))^2 ‖v - o_i‖^2`, avg-pooled; ring for the"
+                          " window and decode tokens")))

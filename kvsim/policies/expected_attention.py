@@ -28,7 +28,7 @@ from kvsim.numerics.decode import observe_nothing
 from kvsim.numerics.jit import jit
 from kvsim.params import Param
 from kvsim.policies import scored
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 
 BUFFER = 256  # decode queries a re-score reads at most (kvpress's hidden-states buffer)
 
@@ -203,4 +203,11 @@ POLICY = Policy(
     min_budget=lambda params: params["n_sink"] + 1, check=_check,
     floor_reason="n_sink + 1: the sinks are always kept",
     needs=frozenset({"keys", "values", "rope"}),
-    fixed=lambda budget, prompt_len, params: params["n_sink"], rescore=interval_scores)
+    fixed=lambda budget, prompt_len, params: params["n_sink"], rescore=interval_scores,
+    presentation=Presentation(
+        family="expected query", color="#fdb863", marker="P",
+        reads="keys, values, pre-RoPE queries with RoPE settings",
+        rule=("Expected Attention (kvpress `ExpectedAttentionPress` at commit `8bb29b9`; Devoto et al. "
+              "2025): the softmax of a future query's expected logit, from the mean and covariance of the "
+              "prompt's pre-RoPE queries under the RoPE averaged over the next `n_future` positions, times "
+              "`‖v‖`; the first `n_sink` positions always kept")))

@@ -6,7 +6,7 @@ itself: the trace comes straight from the full pass, with no decode loop.
 
 import numpy as np
 
-from kvsim.policies.base import Group, Policy, Trace, new_trace, snapshot_steps
+from kvsim.policies.base import Group, Policy, Presentation, Trace, new_trace, snapshot_steps
 
 
 def _run(group: Group, budget: int, params: dict) -> Trace:
@@ -37,4 +37,8 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
 
 POLICY = Policy("full", "keep everything (reference, mass 1; budget ignored)", {}, run=_run,
                 budgeted=False, run_budgets=_run_budgets,
-                closed_loop=lambda params: "it keeps every key: run the model uncompressed")
+                closed_loop=lambda params: "it keeps every key: run the model uncompressed",
+                presentation=Presentation(
+                    family="reference", color="#000000", marker="o",
+                    reads="nothing",
+                    rule="keeps everything; the reference (mass 1)"))

@@ -11,7 +11,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
 RECENT_RATIO = recent_ratio(0.5)
@@ -130,10 +130,20 @@ ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed at
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
-                fixed=_fixed, prefill_score=_online_prefill_score, run_capped=_run_capped)
+                fixed=_fixed, prefill_score=_online_prefill_score, run_capped=_run_capped,
+                presentation=Presentation(
+                    family="heavy hitters", color="#d62728", marker="^",
+                    reads="attention",
+                    rule=("online Heavy-Hitter Oracle (Zhang et al. 2023): the `floor(recent_ratio * B)` "
+                          "newest + the highest accumulated attention")))
 OFFLINE = score_policy("h2o_offline", "recent newest + heavy hitters by global column sums "
                        "(clairvoyant)", lambda group, lo, hi, params: group.global_scores()[lo:hi],
                        recent=RECENT_RATIO.default,
                        closed_loop=lambda params: "it is clairvoyant: it ranks keys by the "
-                       "attention of future queries")
+                       "attention of future queries",
+                       presentation=Presentation(
+                           family="heavy hitters", color="#ff7f0e", marker="v",
+                           reads="attention (future rows too)",
+                           rule=("H2O scored by the column sums of the whole attention matrix, future "
+                                 "queries included (clairvoyant; the H2O of the seed notebook)")))
 POLICIES = (ONLINE, OFFLINE)

@@ -6,6 +6,7 @@ A score-only rule (:mod:`kvsim.policies.scored`): the score ``-||k||`` is static
 import numpy as np
 
 from kvsim.numerics.jit import jit, jit_inline
+from kvsim.policies.base import Presentation
 from kvsim.policies.scored import score_policy
 
 
@@ -30,4 +31,9 @@ def key_norms(keys, lo, hi):
 
 POLICY = score_policy("knorm", "recent newest + the keys of lowest L2 norm (static score -||k||)",
                       lambda group, lo, hi, params: -key_norms(group.keys, lo, hi),
-                      needs=frozenset({"keys"}))
+                      needs=frozenset({"keys"}),
+                      presentation=Presentation(
+                          family="key geometry", color="#8c510a", marker="<",
+                          reads="keys",
+                          rule=("Knorm (Devoto et al. 2024): the newest + the keys of lowest L2 norm "
+                                "(static score `-‖k‖`)")))

@@ -6,7 +6,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import cached_important, copy_kept, count_important, record, snapshot
 from kvsim.numerics.field import probs_row
 from kvsim.numerics.jit import jit
-from kvsim.policies.base import Group, Policy, Trace, context, new_trace
+from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace
 
 
 @jit
@@ -111,4 +111,9 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
 POLICY = Policy("oracle", "per-step top B keys of the full attention (upper bound)", {},
                 run=_run, run_budgets=_run_budgets,
                 closed_loop=lambda params: "it ranks each step's full attention row, which a "
-                "closed loop does not have")
+                "closed loop does not have",
+                presentation=Presentation(
+                    family="reference", color="#bcbd22", marker="h",
+                    reads="attention (full rows)",
+                    rule=("per step, the `B` keys with the largest full attention: an unrealisable upper "
+                          "bound")))

@@ -15,7 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import Outputs, cached_important, count_important, record, snapshot
 from kvsim.numerics.field import probs_at
 from kvsim.numerics.jit import jit
-from kvsim.policies.base import Group, Param, Policy, Trace, context, new_trace, snapshot_steps
+from kvsim.policies.base import Group, Param, Policy, Presentation, Trace, context, new_trace, snapshot_steps
 
 PARAMS = {
     "page_size": Param(int, 16, "positions per page", check=lambda v: v >= 1,
@@ -131,4 +131,10 @@ POLICY = Policy("quest", "per query, the pages whose key bounds promise the larg
                 closed_loop=lambda params: "it selects pages from each query vector before "
                 "attention, which the Stepper does not receive",
                 min_budget=lambda params: params["page_size"], needs=frozenset({"queries", "keys"}),
-                floor_reason="one page")
+                floor_reason="one page",
+                presentation=Presentation(
+                    family="query pages", color="#000080", marker="s",
+                    reads="queries, keys",
+                    rule=("Quest (Tang et al. 2024): no eviction; query `t` reads its own page + the "
+                          "`floor(B/page_size) - 1` pages with the highest bound `sum_d max(q_d M_d, q_d "
+                          "m_d)` (cache size = keys read, not memory)")))

@@ -6,7 +6,7 @@ import numpy as np
 
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 
 
 class State(NamedTuple):
@@ -41,4 +41,8 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
-                Steps(_start, admit, observe_nothing, decode, rank=_rank))
+                Steps(_start, admit, observe_nothing, decode, rank=_rank),
+                presentation=Presentation(
+                    family="baseline", color="#8c8c8c", marker="X",
+                    reads="nothing",
+                    rule="random prompt subset, random evictions; seeded"))

@@ -32,7 +32,7 @@ from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.params import Param
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 from kvsim.policies.snapkv import pool
 
 PARAMS = {
@@ -248,4 +248,11 @@ POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key co
                 min_budget=lambda params: params["window"] + 1,
                 floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                needs=frozenset({"keys", "queries"}), rescore=interval_scores)
+                needs=frozenset({"keys", "queries"}), rescore=interval_scores,
+                presentation=Presentation(
+                    family="window vote", color="#1a4d1a", marker="D",
+                    reads="queries, keys",
+                    rule=("R-KV (Cai et al. 2025): the `window` newest + the best `lam * a - (1 - lam) * "
+                          "r`, `a` the window queries' attention (group max logit, max-pooled), `r` the "
+                          "key's redundancy (softmax of masked cosine column means); recomputed at every "
+                          "eviction")))

@@ -14,7 +14,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps, current
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, current
 from kvsim.policies.scored import prefill, recent_count
 from kvsim.policies.rows import head_rows
 
@@ -93,4 +93,9 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 
 POLICY = Policy("scissorhands", "recent newest + the keys most often important to the last "
-                "queries", PARAMS, Steps(_start, admit, observe, decode, rank=_rank))
+                "queries", PARAMS, Steps(_start, admit, observe, decode, rank=_rank),
+                presentation=Presentation(
+                    family="heavy hitters", color="#0000ff", marker="p",
+                    reads="attention",
+                    rule=("Scissorhands (Liu et al. 2023): the newest + the keys most often important "
+                          "(attention `>= 1/n`) to the last `history` queries")))

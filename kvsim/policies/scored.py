@@ -25,7 +25,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
 
 Score = Callable[[Group, int, int, dict], np.ndarray]
 
@@ -118,15 +118,17 @@ def _prefill_score(score: Score, group: Group, budget: int, params: dict) -> np.
 
 def score_policy(name: str, summary: str, score: Score, *, recent: float = 0.0,
                  params: dict[str, Param] | None = None, needs: frozenset[str] = frozenset(),
-                 closed_loop: Callable[[dict], str | None] = lambda params: None) -> Policy:
+                 closed_loop: Callable[[dict], str | None] = lambda params: None,
+                 presentation: Presentation = Presentation()) -> Policy:
     """The :class:`Policy` of a score-only rule: ``recent`` is the default ``recent_ratio``,
     ``params`` its own parameters (passed to ``score``), ``needs`` what it reads besides
     attention (``"keys"``, ``"values"``), ``closed_loop`` why it cannot run one step at a
-    time (e.g. a clairvoyant score), if so."""
+    time (e.g. a clairvoyant score), if so; ``presentation`` its family, table row, colour
+    and marker."""
     return Policy(name, summary, {"recent_ratio": recent_ratio(recent), **(params or {})},
                   Steps(functools.partial(start, score), admit, observe_nothing, decode,
                         functools.partial(prepare, score), rank),
-                  needs=frozenset(needs), closed_loop=closed_loop,
+                  needs=frozenset(needs), closed_loop=closed_loop, presentation=presentation,
                   fixed=lambda budget, prompt_len, params: recent_count(budget, params),
                   prefill_score=functools.partial(_prefill_score, score),
                   run_capped=functools.partial(_run_capped, score))

@@ -13,7 +13,7 @@ from kvsim.errors import Problem
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
 
 POOLING = ("max", "avg", "none")
 
@@ -188,4 +188,12 @@ POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt quer
                 min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1,
                 fixed=lambda budget, prompt_len, params: (
                     min(params["window"], prompt_len) if params["protect_window"] else 0),
-                prefill_score=lambda group, budget, params: _pooled_votes(group, params))
+                prefill_score=lambda group, budget, params: _pooled_votes(group, params),
+                presentation=Presentation(
+                    family="window vote", color="#2ca02c", marker="P",
+                    reads="attention",
+                    rule=("SnapKV (Li et al. 2024): the last `window` prompt queries vote once at prefill; "
+                          "the selection stays pinned, a ring holds the newest tokens. `refresh = N > 0`: "
+                          "every N decode steps the pinned set is re-chosen over the cache from the "
+                          "observed attention of the last `window` decode queries (kvpress's decode-time "
+                          "compression, hard budget)")))

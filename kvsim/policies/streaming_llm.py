@@ -4,7 +4,7 @@ import numpy as np
 
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
-from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
 
 PARAMS = {
     "sinks": Param(int, 4, "number of first tokens always kept", check=lambda v: v >= 0,
@@ -23,4 +23,8 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS,
                 Steps(_start, ring.admit, observe_nothing, ring.decode),
                 min_budget=lambda params: params["sinks"] + 1,
-                fixed=lambda budget, prompt_len, params: params["sinks"])
+                fixed=lambda budget, prompt_len, params: params["sinks"],
+                presentation=Presentation(
+                    family="recency", color="#17becf", marker="D",
+                    reads="nothing",
+                    rule="the first `sinks` tokens + the last `B - sinks` (Xiao et al. 2023)"))

@@ -7,7 +7,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Policy, Steps, current
+from kvsim.policies.base import Group, Policy, Presentation, Steps, current
 
 
 class State(NamedTuple):
@@ -60,4 +60,8 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
                 Steps(_start, admit, observe, decode, rank=_rank),
-                prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len])
+                prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len],
+                presentation=Presentation(
+                    family="last query", color="#6a3d9a", marker="*",
+                    reads="attention",
+                    rule="evicts the key the previous query attended to least (Oren et al. 2024)"))

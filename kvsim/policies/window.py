@@ -4,7 +4,7 @@ import numpy as np
 
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
-from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.base import Group, Policy, Presentation, Steps
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
@@ -14,4 +14,8 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("window", "last B tokens (sliding window)", {},
-                Steps(_start, ring.admit, observe_nothing, ring.decode))
+                Steps(_start, ring.admit, observe_nothing, ring.decode),
+                presentation=Presentation(
+                    family="recency", color="#1f77b4", marker="s",
+                    reads="nothing",
+                    rule="the last `B` tokens (ring buffer)"))

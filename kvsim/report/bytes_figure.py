@@ -11,7 +11,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from kvsim.report.figures import CROWDED
-from kvsim.report.plotting import MARKERS, FigureContext, Target, color_map, grid, log_axis, save
+from kvsim.report.palette import markers
+from kvsim.report.plotting import FigureContext, Target, color_map, grid, log_axis, save
 from kvsim.scenario.load import Experiment, Scenario
 
 STYLES = ("-", "--", ":", "-.")
@@ -49,7 +50,7 @@ def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Pat
     style = {e.name: STYLES[i % len(STYLES)] for i, e in enumerate(exps)}
     policies = list(dict.fromkeys(k[1] for k in lines))
     colors = color_map(policies)
-    markers = {p: MARKERS[i % len(MARKERS)] for i, p in enumerate(policies)}
+    marks = markers(policies)
     loss = any(m > CROWDED for (e, p), pts in lines.items() for _, m, _ in pts
                if not (p == "full" and e in _exact(ctx.experiments)))
     fig, axes, layout = grid(2, ctx, panel=(4.2, 3.0))
@@ -58,7 +59,7 @@ def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Pat
         b, m, err = (np.array(x) for x in zip(*pts))
         b = b / 1024
         exact_full = policy == "full" and exp in _exact(ctx.experiments)
-        kw = dict(color=colors[policy], ls=style[exp], marker=markers[policy], lw=1.3, ms=4)
+        kw = dict(color=colors[policy], ls=style[exp], marker=marks[policy], lw=1.3, ms=4)
         if exact_full:  # 16-bit full: mass 1 and rounding-level error, named instead
             continue
         for ax, y in zip(axes, (1.0 - m if loss else m, err)):
@@ -84,7 +85,7 @@ def mass_vs_bytes(ctx: FigureContext, rows: list[dict], out: Target) -> list[Pat
                 ylabel="mass lost, 1 - mass (log)" if loss else "mass")
     log_axis(axes[1])
     axes[1].set(title="relative output error", ylabel="|o~ - o| / |o| (log)")
-    handles = [Line2D([], [], color=colors[p], marker=markers[p], lw=1.3) for p in policies]
+    handles = [Line2D([], [], color=colors[p], marker=marks[p], lw=1.3) for p in policies]
     labels = list(policies)
     handles += [Line2D([], [], color="0.3", ls=style[e.name]) for e in exps]
     labels += [f"{e.name}: {storage_label(e)}" for e in exps]

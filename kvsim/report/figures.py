@@ -21,7 +21,8 @@ from matplotlib.lines import Line2D
 
 from kvsim.protocols.settings import is_threshold
 from kvsim.report import allocation_summary
-from kvsim.report.plotting import (FIGURES, MARKERS, Curves, FigureContext, Needs, Target, check,
+from kvsim.report.palette import markers
+from kvsim.report.plotting import (FIGURES, Curves, FigureContext, Needs, Target, check,
                                    color_map, draw_lines, figure, figure_context, figure_title, grid,
                                    head_label, log_axis, policy_colors, policy_markers,
                                    save, select)
@@ -450,7 +451,7 @@ def allocation_vs_uniform(ctx: FigureContext, rows: list[dict], out: Target) -> 
     rules = list(dict.fromkeys(p.rule for p in pairs))
     fig, axes, layout = grid(len(rules), ctx, panel=(3.4, 2.6))
     colors = color_map([p.policy for p in pairs])
-    markers = {label: MARKERS[i % len(MARKERS)] for i, label in enumerate(colors)}
+    marks = markers(list(colors))
     lo = min(0.0, min(p.other - p.uniform for p in pairs))
     hi = max(0.0, max(p.other - p.uniform for p in pairs))
     pad = 0.08 * (hi - lo or 1e-3)
@@ -459,7 +460,7 @@ def allocation_vs_uniform(ctx: FigureContext, rows: list[dict], out: Target) -> 
             mine = sorted((p.budget, p.other - p.uniform) for p in pairs
                           if p.rule == rule and p.policy == label)
             if mine:
-                ax.plot(*zip(*mine), color=colors[label], marker=markers[label], lw=1.3,
+                ax.plot(*zip(*mine), color=colors[label], marker=marks[label], lw=1.3,
                         label=label)
         ax.axhline(0, color="0.3", lw=0.8)
         budgets = sorted({p.budget for p in pairs})

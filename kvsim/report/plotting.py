@@ -20,12 +20,13 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import LogFormatterSciNotation  # noqa: E402
 
 from kvsim.errors import ScenarioError  # noqa: E402
+from kvsim.policies import POLICIES  # noqa: E402
+from kvsim.report.palette import cielab, declared_color, markers, policy_color, spread  # noqa: E402
 from kvsim.report.stats import COINCIDE_TOL, plural, twins  # noqa: E402
 from kvsim.scenario.load import Experiment, Scenario  # noqa: E402
 
 MAX_WIDTH_PX = 1200  # a figure is never wider: read at 800 px, its 8 pt text stays >= 7 px
 MAX_COLS = 3  # panels a row at most; more wrap into rows
-MARKERS = "osD^vP*Xh<>p"
 TWIN_STYLE = (0, (4, 3))  # dashes of a curve drawn over its identical twin
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "axes.labelsize": 9,
@@ -170,44 +171,28 @@ def select(ctx: FigureContext, exp: Experiment, rows: list[dict]
     return chosen, notes
 
 
-# One colour per registered policy name, the same in every figure of every report; they and
-# the first two spares are at least 30 apart in CIELAB (tests/test_figure_standard.py).
-POLICY_COLORS = {
-    "full": "#000000", "window": "#1f77b4", "streaming_llm": "#17becf", "h2o": "#d62728",
-    "h2o_offline": "#ff7f0e", "snapkv": "#2ca02c", "tova": "#6a3d9a", "random": "#8c8c8c",
-    "oracle": "#bcbd22", "knorm": "#8c510a", "keydiff": "#e377c2", "scissorhands": "#0000ff",
-    "caote": "#ff1aff", "quest": "#000080",
-    "rkv": "#1a4d1a", "dropkv": "#ff0080", "chunkkv": "#770033", "expected_attention": "#fdb863",
-    "cake": "#ff9988",
-}
-# For labels that are not a policy name (a second configuration, a sweep point), in order.
+# For labels that are not a policy name (a second configuration, a sweep point), in order;
+# the first two are at least 30 apart in CIELAB from every declared policy colour.
 SPARE_COLORS = ("#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff")
 
 
 def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[str, str]:
-    """``{label: colour}``: a policy name's fixed colour, or that of its policy
-    (``kinds[label]``) when given; other labels take the spare colours not already used, in
-    order (past them, tab20's, which may repeat a hue)."""
+    """``{label: colour}``: a policy name's colour (:func:`~kvsim.report.palette.policy_color`),
+    or that of its policy (``kinds[label]``) when given; other labels take the spare colours
+    not already used, in order (past them, tab20's, which may repeat a hue). A colour drawn
+    from a policy's family, not declared, moves where another of the figure is too close to
+    it (:func:`~kvsim.report.palette.spread`)."""
     labels = list(dict.fromkeys(labels))
-    colors = {label: POLICY_COLORS[label] for label in labels if label in POLICY_COLORS}
-    colors.update({label: POLICY_COLORS[kinds[label]] for label in labels
-                   if label not in colors and (kinds or {}).get(label) in POLICY_COLORS})
+    policy = {label: label if label in POLICIES else (kinds or {}).get(label) for label in labels}
+    policy = {label: name for label, name in policy.items() if name in POLICIES}
+    colors = {label: policy_color(name) for label, name in policy.items()}
     free = [c for c in SPARE_COLORS if c not in colors.values()]
     free += [matplotlib.colors.to_hex(c) for c in plt.get_cmap("tab20").colors]
     for label in labels:
         if label not in colors:
             colors[label] = free.pop(0) if free else "#555555"
-    return colors
-
-
-def cielab(color: str) -> np.ndarray:
-    """CIELAB (D65) of an sRGB colour: distances in it follow perceived differences."""
-    rgb = np.array(matplotlib.colors.to_rgb(color))
-    linear = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
-    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
-                    [0.0193, 0.1192, 0.9505]]) @ linear / np.array([0.95047, 1.0, 1.08883])
-    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
-    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+    colors = {label: colors[label] for label in labels}
+    return spread(colors, [label for label, name in policy.items() if not declared_color(name)])
 
 
 SHADE_APART = 20  # a variant's shade is this far (CIELAB) from every other colour drawn
@@ -240,10 +225,10 @@ def policy_colors(ctx: FigureContext) -> dict[str, str]:
     colors = color_map(labels, {k: v for k, v in kinds.items() if k not in shared})
     for label in dict.fromkeys(labels):
         kind = kinds[label]
-        if label not in shared or label in POLICY_COLORS or kind not in POLICY_COLORS:
+        if label not in shared or label in POLICIES:
             continue
         others = [cielab(c) for other, c in colors.items() if other != label]
-        for shade in _shades(POLICY_COLORS[kind]):
+        for shade in _shades(policy_color(kind)):
             if all(np.linalg.norm(cielab(shade) - o) >= SHADE_APART for o in others):
                 colors[label] = shade
                 break
@@ -268,7 +253,8 @@ def log_axis(ax) -> None:
 
 
 def policy_markers(exp: Experiment) -> dict[str, str]:
-    return {p.label: MARKERS[i % len(MARKERS)] for i, p in enumerate(exp.policies)}
+    """Each policy label's marker in ``exp``'s figures (see :func:`~kvsim.report.palette.markers`)."""
+    return markers([p.label for p in exp.policies], {p.label: p.kind for p in exp.policies})
 
 
 def layers_note(ctx: FigureContext) -> str:

@@ -15,7 +15,8 @@ import numpy as np
 from kvsim.report.figures import _loss_scale
 from matplotlib.lines import Line2D
 
-from kvsim.report.plotting import (MARKERS, FigureContext, Target, color_map, figure_title, grid,
+from kvsim.report.palette import markers
+from kvsim.report.plotting import (FigureContext, Target, color_map, figure_title, grid,
                                    head_label, log_axis, save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
@@ -93,14 +94,14 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
     heads = sorted(per_head)
     series = list(dict.fromkeys(s for h in heads for s in per_head[h]))
     colors = color_map(series)
-    markers = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(series)}
+    marks = markers(series)
     loss = _loss_scale(v for h in heads for _, y in per_head[h].values() for v in y)
     fig, axes, layout = grid(len(heads), ctx)
     for ax, h in zip(axes, heads):  # series differ in their x: drawn as they are
         for s, (x, y) in per_head[h].items():
-            ax.plot(x, 1.0 - y if loss else y, color=colors[s], marker=markers[s], ms=4.5,
+            ax.plot(x, 1.0 - y if loss else y, color=colors[s], marker=marks[s], ms=4.5,
                     lw=1.3, ls="--" if s.endswith("(threshold)") else "-")
-    handles = [Line2D([], [], color=colors[s], marker=markers[s], ms=4.5,
+    handles = [Line2D([], [], color=colors[s], marker=marks[s], ms=4.5,
                       ls="--" if s.endswith("(threshold)") else "-") for s in series]
     labels = series
     for ax, h in zip(axes, heads):

@@ -240,11 +240,11 @@ def scaling_figure(result: dict, out: Path) -> Path:
     rows = [result["scaling"][int(t)] for t in T]
     full = np.array([r["full_pass_s"] for r in rows])
     pol = np.array([r["h2o_s"] for r in rows])
-    from kvsim.report.plotting import POLICY_COLORS  # h2o in its colour of every report
+    from kvsim.report.palette import policy_color  # h2o in its colour of every report
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    ax.loglog(T, full, "o-", color=POLICY_COLORS["full"], label="full-attention pass")
-    ax.loglog(T, pol, "s-", color=POLICY_COLORS["h2o"], label="h2o decode (fixed steps x B)")
+    ax.loglog(T, full, "o-", color=policy_color("full"), label="full-attention pass")
+    ax.loglog(T, pol, "s-", color=policy_color("h2o"), label="h2o decode (fixed steps x B)")
     ax.loglog(T, full[0] * (T / T[0]) ** 2, "k--", lw=0.8, label="slope T^2/2")
     ax.loglog(T, np.full_like(T, pol[0]), "k:", lw=0.8, label="slope steps x B (flat in T)")
     s = result["config"]["scaling"]

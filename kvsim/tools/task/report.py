@@ -137,11 +137,12 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from kvsim.report.plotting import MARKERS, color_map  # the figure standard's palette
+    from kvsim.report import palette  # the figure standard's colours and markers
+    from kvsim.report.plotting import color_map
 
     labels = [p.label for p in (*cfg.policies, *cfg.presses)]
     colors = color_map([FULL, *labels])
-    markers = {lab: MARKERS[i % len(MARKERS)] for i, lab in enumerate(labels)}
+    markers = palette.markers(labels)
     names = []
     full = [r for r in rows if r["policy"] == FULL]
     for protocol in cfg.compress:
