@@ -18,6 +18,7 @@ from kvsim.numerics.field import FieldData
 from kvsim.numerics.fullpass import FullPass, full_pass
 from kvsim.params import Param
 from kvsim.policies import ring
+from kvsim.policies.layout import StateLayout
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,10 @@ class Policy:
     joins, from the decode queries ``since .. t-1`` since the last compression (or, as
     ``rkv``, from the newest queries); None where it has nothing to re-score from (the
     per-step ranking then applies). A score of ``+inf`` keeps a key.
+
+    ``layout`` declares what the protocols read of the step state and the fixed parts
+    (:class:`~kvsim.policies.layout.StateLayout`); a policy with step code and no layout
+    takes no protocol.
     """
 
     name: str
@@ -249,6 +254,7 @@ class Policy:
     prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None
     run_capped: Callable[[Group, int, int, dict], Trace] | None = None
     rescore: Callable[[Group, np.ndarray, int, int, dict], np.ndarray | None] | None = None
+    layout: StateLayout | None = None  # what protocols read (kvsim.policies.layout)
 
     def __post_init__(self):
         if not self.needs <= NEEDS:

@@ -20,6 +20,7 @@ from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.field import probs_row
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.layout import StateLayout
 
 POOL = 5  # the authors' avg_pool1d kernel, prefill and decode
 
@@ -154,4 +155,5 @@ POLICY = Policy("cake", "CAKE's indicator: prefill mean + gamma var of the windo
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
                 prefill_score=lambda group, budget, params: (
                     prefill_scores(group, params) if group.prompt_len > params["window"]
-                    else np.zeros(0)))
+                    else np.zeros(0)),
+                layout=StateLayout(frozenset({"prev", "pooled", "line", "score"})))

@@ -15,6 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.rows import head_rows
 from kvsim.policies.tova import admit  # the same step: evict the lowest score
 
@@ -92,4 +93,5 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 
 POLICY = Policy("caote", "evict the key whose removal least changes the previous output", {},
-                Steps(_start, admit, observe, decode, rank=_rank), needs=frozenset({"values"}))
+                Steps(_start, admit, observe, decode, rank=_rank), needs=frozenset({"values"}),
+                layout=StateLayout(frozenset({"score", "rows"}), slot_of=True))

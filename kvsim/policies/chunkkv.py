@@ -85,4 +85,5 @@ POLICY = Policy("chunkkv", "ChunkKV: whole prompt chunks by the layer's SnapKV s
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
                 closed_loop=lambda params: "it pins the same chunks in every KV head of a "
                                            "layer, from all of their scores, and the closed "
-                                           "loop steps each KV head on its own")
+                                           "loop steps each KV head on its own",
+                layout=snapkv.RING_LAYOUT)

@@ -91,4 +91,5 @@ POLICY = Policy("dropkv", "DropKV: pin the keys whose removal most changes the w
                 Steps(_start, snapkv.admit, snapkv.observe, snapkv.decode),
                 min_budget=lambda params: params["window"] + 1, floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                prefill_score=_prefill_score, needs=frozenset({"values"}))
+                prefill_score=_prefill_score, needs=frozenset({"values"}),
+                layout=snapkv.RING_LAYOUT)

@@ -29,6 +29,7 @@ from kvsim.numerics.jit import jit
 from kvsim.params import Param
 from kvsim.policies import scored
 from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.layout import StateLayout
 
 BUFFER = 256  # decode queries a re-score reads at most (kvpress's hidden-states buffer)
 
@@ -203,4 +204,5 @@ POLICY = Policy(
     min_budget=lambda params: params["n_sink"] + 1, check=_check,
     floor_reason="n_sink + 1: the sinks are always kept",
     needs=frozenset({"keys", "values", "rope"}),
-    fixed=lambda budget, prompt_len, params: params["n_sink"], rescore=interval_scores)
+    fixed=lambda budget, prompt_len, params: params["n_sink"], rescore=interval_scores,
+    layout=StateLayout(scored.SLOTS, slot_of=True, sinks=lambda params: params["n_sink"]))

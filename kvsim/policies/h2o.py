@@ -12,6 +12,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
 RECENT_RATIO = recent_ratio(0.5)
@@ -130,7 +131,9 @@ ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed at
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
-                fixed=_fixed, prefill_score=_online_prefill_score, run_capped=_run_capped)
+                fixed=_fixed, prefill_score=_online_prefill_score, run_capped=_run_capped,
+                layout=StateLayout(frozenset({"score", "seen", "ranking", "combined"}),
+                                   slot_of=True, recent=recent_count))
 OFFLINE = score_policy("h2o_offline", "recent newest + heavy hitters by global column sums "
                        "(clairvoyant)", lambda group, lo, hi, params: group.global_scores()[lo:hi],
                        recent=RECENT_RATIO.default,

@@ -14,6 +14,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.knorm import key_norm, key_norms
 from kvsim.policies.scored import prefill, recent_count, recent_ratio
 
@@ -106,4 +107,6 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean key direction",
                 {"recent_ratio": recent_ratio(0.0)}, Steps(_start, admit, observe_nothing, decode, rank=_rank),
-                needs=frozenset({"keys"}))
+                needs=frozenset({"keys"}),
+                layout=StateLayout(frozenset({"norm", "candidates", "score"}), slot_of=True,
+                                   recent=recent_count))

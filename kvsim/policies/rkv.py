@@ -33,6 +33,7 @@ from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.snapkv import pool
 
 PARAMS = {
@@ -248,4 +249,6 @@ POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key co
                 min_budget=lambda params: params["window"] + 1,
                 floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                needs=frozenset({"keys", "queries"}), rescore=interval_scores)
+                needs=frozenset({"keys", "queries"}), rescore=interval_scores,
+                layout=StateLayout(frozenset({"unit", "gathered", "idx", "pos", "score",
+                                              "work"})))

@@ -15,6 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count
 from kvsim.policies.rows import head_rows
 
@@ -93,4 +94,6 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 
 POLICY = Policy("scissorhands", "recent newest + the keys most often important to the last "
-                "queries", PARAMS, Steps(_start, admit, observe, decode, rank=_rank))
+                "queries", PARAMS, Steps(_start, admit, observe, decode, rank=_rank),
+                layout=StateLayout(frozenset({"flags", "count", "combined"}), slot_of=True,
+                                   recent=recent_count))

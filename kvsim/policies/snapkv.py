@@ -14,6 +14,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.layout import StateLayout
 
 POOLING = ("max", "avg", "none")
 
@@ -72,6 +73,12 @@ class State(NamedTuple):
     rows: np.ndarray      # (G, B) scratch
     votes: np.ndarray     # (B,) scratch
     now: np.ndarray       # (1,) int64: the current step's token
+
+
+RING_SLOTS = frozenset({"pinned", "rows", "votes"})
+"""The per-slot fields of :class:`State` without refresh (``seen`` too with it)."""
+RING_LAYOUT = StateLayout(RING_SLOTS, ring=True)
+"""The layout of a :class:`State` without refresh (``dropkv``, ``chunkkv``)."""
 
 
 @jit
@@ -188,4 +195,6 @@ POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt quer
                 min_budget=lambda params: params["window"] + 1 if params["protect_window"] else 1,
                 fixed=lambda budget, prompt_len, params: (
                     min(params["window"], prompt_len) if params["protect_window"] else 0),
-                prefill_score=lambda group, budget, params: _pooled_votes(group, params))
+                prefill_score=lambda group, budget, params: _pooled_votes(group, params),
+                layout=StateLayout(lambda params: RING_SLOTS | (
+                    {"seen"} if params["refresh"] else set()), ring=True))

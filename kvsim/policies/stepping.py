@@ -16,6 +16,7 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
+from kvsim.policies.layout import widen
 from kvsim.policies.run import budget_problem, get_policy, make_group, resolve_params
 from kvsim.protocols.settings import is_neutral, label, split
 
@@ -150,12 +151,13 @@ class Stepper:
     def widen(self, extra: int) -> None:
         """``extra`` more cache slots from now on, the fixed parts (recent tokens, sinks,
         windows) unchanged: the question of the ``before_question`` protocol
-        (:func:`kvsim.protocols.question.widen`)."""
-        from kvsim.protocols.question import slot_fields, widen
-
+        (:func:`kvsim.policies.layout.widen`, as the policy's layout declares)."""
+        layout = get_policy(self._policy).layout
+        if layout is None:
+            raise KvsimError(f"{self._policy}: cannot widen: it declares no state layout "
+                             f"(Policy.layout)")
         budget = self._cache.shape[0]
-        self._state = widen(self._state, slot_fields(self._policy, self._params), budget,
-                            extra, self._seed)
+        self._state = widen(self._state, layout, self._params, budget, extra, self._seed)
         self._cache = np.concatenate((self._cache, np.zeros(extra, np.int64)))
         self._obs = np.zeros((self._obs.shape[0], budget + extra))
 

@@ -1,10 +1,13 @@
 """``streaming_llm``: attention sinks plus a ring of the newest tokens (Xiao et al. 2023)."""
 
+import dataclasses
+
 import numpy as np
 
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Param, Policy, Steps
+from kvsim.policies.layout import RING
 
 PARAMS = {
     "sinks": Param(int, 4, "number of first tokens always kept", check=lambda v: v >= 0,
@@ -23,4 +26,5 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", PARAMS,
                 Steps(_start, ring.admit, observe_nothing, ring.decode),
                 min_budget=lambda params: params["sinks"] + 1,
-                fixed=lambda budget, prompt_len, params: params["sinks"])
+                fixed=lambda budget, prompt_len, params: params["sinks"],
+                layout=dataclasses.replace(RING, sinks=lambda params: params["sinks"]))

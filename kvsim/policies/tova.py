@@ -8,6 +8,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Steps, current
+from kvsim.policies.layout import StateLayout
 
 
 class State(NamedTuple):
@@ -60,4 +61,5 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
 
 POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
                 Steps(_start, admit, observe, decode, rank=_rank),
-                prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len])
+                prefill_score=lambda group, budget, params: _last_attention(group)[:group.prompt_len],
+                layout=StateLayout(frozenset({"score"}), slot_of=True))

@@ -5,6 +5,7 @@ import numpy as np
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Policy, Steps
+from kvsim.policies.layout import RING
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
@@ -14,4 +15,4 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
 
 
 POLICY = Policy("window", "last B tokens (sliding window)", {},
-                Steps(_start, ring.admit, observe_nothing, ring.decode))
+                Steps(_start, ring.admit, observe_nothing, ring.decode), layout=RING)
