@@ -24,8 +24,10 @@ this registry. A score-only rule is one function handed to
   :mod:`kvsim.protocols.batched` (pages and thresholds need it);
 - ``POLICY = Policy(name, summary, params, Steps(start, admit, observe, decode), ...)``
   with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
-  attention: checked against the source, a one-line error naming both) and
-  ``closed_loop`` (why it cannot run one step at a time, if so).
+  attention: checked against the source, a one-line error naming both),
+  ``closed_loop`` (why it cannot run one step at a time, if so) and ``layout``
+  (:class:`~kvsim.policies.layout.StateLayout`: the per-slot fields of ``State`` and its
+  fixed parts, which the protocols read; ``tests/test_layouts.py`` checks it).
 
 The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Stepper`
 runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
@@ -36,6 +38,7 @@ import pkgutil
 
 # Bound before any policy module loads, so that one may import them from here.
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace
+from kvsim.policies.layout import StateLayout
 
 POLICIES: dict[str, Policy] = {}
 
@@ -67,4 +70,5 @@ for _name in policy_modules():
     for _policy in _found:
         register(_policy)
 
-__all__ = ["ORDER", "POLICIES", "Group", "Param", "Policy", "Steps", "Trace", "register"]
+__all__ = ["ORDER", "POLICIES", "Group", "Param", "Policy", "StateLayout", "Steps", "Trace",
+           "register"]

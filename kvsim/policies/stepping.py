@@ -17,8 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
-from kvsim.policies.run import budget_problem, get_policy, make_group, resolve_params
-from kvsim.protocols.settings import is_neutral, label, split
+from kvsim.policies.run import get_policy, make_group, resolve_params, run_problems
 
 
 def _array(name: str, value, ndim: int) -> np.ndarray:
@@ -83,14 +82,10 @@ class Stepper:
                  rope: tuple | None = None, passes: dict | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
-        if not is_neutral(split(resolved)[1]):
-            raise KvsimError(f"{policy}: the Stepper runs the per-step rule; a protocol "
-                             f"({label(resolved)}) is the simulator's")
-        reason = spec.closed_loop(resolved)
-        if reason is None and spec.steps is None:
-            reason = "it has no step code"
-        if reason:
-            raise KvsimError(f"{policy}: cannot run one step at a time: {reason}")
+        for problem in run_problems(spec, resolved, stepping=True):  # the first one
+            if problem.key:
+                raise KvsimError(problem.message, f"{policy}.{problem.key}")
+            raise KvsimError(f"{policy}: cannot run one step at a time: {problem.message}")
         A = _array("prompt_attention", prompt_attention, 3)
         G, P = A.shape[0], A.shape[1]
         if G < 1 or A.shape[2] != P:
@@ -100,12 +95,9 @@ class Stepper:
             raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
             raise KvsimError(f"budget: expected an integer, got {budget!r}")
-        problem = budget_problem(spec, budget, resolved)
-        if problem:
-            raise KvsimError(f"budget: {problem}")
-        problem = spec.check(capacity_T, P, resolved)
-        if problem:
-            raise KvsimError(f"{policy}.{problem}")
+        for problem in run_problems(spec, resolved, [budget], capacity_T, P, stepping=True):
+            raise KvsimError(problem.message, "budget" if problem.kind == "budget"
+                             else f"{policy}.{problem.key}")
         if gqa not in GQA_MODES:
             raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
         self._keys = self._vectors("keys", keys, capacity_T, policy, "keys" in spec.needs)

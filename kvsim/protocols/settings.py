@@ -90,7 +90,7 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
                                 f"{proto['question_len']}")
     if is_neutral(proto):
         return None
-    named = _named(params, proto)
+    named = asked(params)
     if not policy.budgeted or policy.steps is None or policy.run_budgets is not None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it has no per-step "
                           f"eviction to batch, page or delay")
@@ -133,8 +133,9 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
     return None
 
 
-def _named(params: dict, proto: dict) -> list[str]:
+def asked(params: dict) -> list[str]:
     """The protocols ``params`` asks for (not neutral), by their first setting's name."""
+    _, proto = split(params)
     out = []
     if proto["interval"] != 1 or proto["target_ratio"] != 1.0:
         out.append("target_ratio" if proto["target_ratio"] != 1.0 else "interval")
