@@ -91,16 +91,35 @@ def test_every_way_into_a_run_calls_the_one_check(monkeypatch, tmp_path, caller)
         load(path)
 
 
-def task_file(tmp_path, policy: str):
+def task_file(tmp_path, policy: str, task: str = ""):
     """A task file on a model folder that passes the checks made before a model loads,
-    with ``[policies.window]`` continued by ``policy``."""
-    (tmp_path / "m").mkdir()
+    its ``[task]`` continued by ``task`` and ``[policies.window]`` by ``policy``."""
+    (tmp_path / "m").mkdir(exist_ok=True)
     (tmp_path / "m" / "config.json").write_text("{}")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
     path = tmp_path / "t.toml"
     path.write_text(f'name = "t"\n[task]\nmodel = "m"\nlengths = [128]\ndepths = [0.5]\n'
-                    f'budgets = [16]\ntrials = 1\n[policies.window]\n{policy}\n')
+                    f'budgets = [16]\ntrials = 1\n{task}\n[policies.window]\n{policy}\n')
     return path
+
+
+def test_a_task_that_widens_its_caches_needs_a_declared_layout(monkeypatch, tmp_path):
+    """before_question and prefill_only widen each stepped cache for the question, by the
+    policy's layout: a policy without one is refused before any model loads."""
+    import dataclasses
+
+    from kvsim.tools.task.config import load_config
+
+    monkeypatch.setitem(POLICIES, "bare", dataclasses.replace(POLICIES["tova"], name="bare",
+                                                              layout=None))
+    path = task_file(tmp_path, "[policies.bare]")
+    with pytest.raises(KvsimError) as err:
+        load_config(path)
+    assert err.value.problems == [(str(path), "policies.bare", (
+        "expected a policy that can run in a closed loop; bare cannot: it declares no state "
+        "layout (Policy.layout) to widen its cache by for the question"))]
+    path = task_file(tmp_path, "[policies.bare]", 'compress = ["after_question"]')
+    assert [p.label for p in load_config(path).policies] == ["window", "bare"]
 
 
 @pytest.mark.parametrize("kind, setting, words", [

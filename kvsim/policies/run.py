@@ -78,16 +78,17 @@ class RunProblem(NamedTuple):
 
 def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
                  T: int | None = None, prompt_len: int | None = None,
-                 stepping: bool = False) -> list[RunProblem]:
+                 stepping: bool = False, widens: bool = False) -> list[RunProblem]:
     """Every problem of running ``policy`` with its resolved ``params`` at each of
     ``budgets`` on ``T`` tokens, the first ``prompt_len`` the prompt (None: sizes not known
     yet, the checks that need them left out): the one run check of the scenario loader, the
     Python API, the :class:`~kvsim.policies.stepping.Stepper` and the study files.
 
     In order: for a policy stepped one token at a time inside a model (``stepping``), a
-    protocol it cannot take (a study steps the per-step rule) and why it cannot step; per
-    budget, its floor, then (the floor met, sizes known, not stepping) the protocol; the
-    policy's own check. What this accepts runs.
+    protocol it cannot take (a study steps the per-step rule) and why it cannot step (with
+    ``widens``, a task protocol that widens the stepped cache for its question: a layout to
+    widen by); per budget, its floor, then (the floor met, sizes known, not stepping) the
+    protocol; the policy's own check. What this accepts runs.
     """
     out = []
     if stepping:
@@ -96,7 +97,9 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
                 f"expected the per-step rule (a policy stepped one token at a time takes no "
                 f"protocol), got {settings.label(params)}: protocols are the simulator's")))
         reason = policy.closed_loop(params) or (
-            "it has no step code" if policy.steps is None else None)
+            "it has no step code" if policy.steps is None else None) or (
+            "it declares no state layout (Policy.layout) to widen its cache by for the "
+            "question" if widens and policy.layout is None else None)
         if reason:
             out.append(RunProblem("stepping", "", reason))
     sized = T is not None and prompt_len is not None

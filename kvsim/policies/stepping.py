@@ -129,7 +129,7 @@ class Stepper:
         # A decode step reads vectors, never the prompt's attention: it is not kept alive.
         prompt = dataclasses.replace(prompt, field=field._replace(probs=np.zeros((G, 0, 0))))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
-        self._name, self._needs = policy, spec.needs
+        self._name, self._needs, self._layout = policy, spec.needs, spec.layout
         self._cache = np.zeros(int(budget), np.int64)
         self._n = len(kept)
         self._cache[:self._n] = kept
@@ -144,12 +144,12 @@ class Stepper:
         """``extra`` more cache slots from now on, the fixed parts (recent tokens, sinks,
         windows) unchanged: the question of the ``before_question`` protocol
         (:func:`kvsim.policies.layout.widen`, as the policy's layout declares)."""
-        layout = get_policy(self._policy).layout
-        if layout is None:
+        if self._layout is None:
             raise KvsimError(f"{self._policy}: cannot widen: it declares no state layout "
                              f"(Policy.layout)")
         budget = self._cache.shape[0]
-        self._state = widen(self._state, layout, self._params, budget, extra, self._seed)
+        self._state = widen(self._state, self._layout, self._params, budget, extra,
+                            self._seed)
         self._cache = np.concatenate((self._cache, np.zeros(extra, np.int64)))
         self._obs = np.zeros((self._obs.shape[0], budget + extra))
 

@@ -88,16 +88,18 @@ def check_context(chk: Checker, key: str, model: Path | None, gguf: str | None,
 
 
 def read_steppable_policies(chk: Checker, doc: dict, budgets, T: int, P: int,
-                            sizes_known: bool = True) -> dict[str, PolicyConfig]:
+                            sizes_known: bool = True,
+                            widens: bool = False) -> dict[str, PolicyConfig]:
     """The ``[policies.NAME]`` tables of a file run inside a model, with every problem of
     their runs (:func:`kvsim.policies.run.run_problems`, stepping): each must be able to
-    step (no clairvoyant score, step code present, no protocol), fit every budget and pass
-    its own check for ``T`` tokens and ``P`` prompt tokens (when ``sizes_known``)."""
+    step (no clairvoyant score, step code present, no protocol, a declared layout where the
+    study ``widens`` the cache for a question), fit every budget and pass its own check for
+    ``T`` tokens and ``P`` prompt tokens (when ``sizes_known``)."""
     configs = read_policies(chk, doc)
     for label, cfg in configs.items():
         sizes = (T, P) if sizes_known else (None, None)
         for problem in run_problems(get_policy(cfg.kind), cfg.params, budgets, *sizes,
-                                    stepping=True):
+                                    stepping=True, widens=widens):
             if problem.kind == "budget":
                 chk.add(f"policies.{label}", f"budget {budgets[problem.budget]}: "
                                              f"{problem.message}")

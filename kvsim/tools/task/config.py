@@ -130,7 +130,8 @@ def load_config(path: str | Path) -> TaskConfig:
     given = len(tables) if isinstance(tables, dict) else 0
     presses = read_presses(chk, doc, compress)  # before kvsim's: it takes their tables
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
-                                      bool(lengths) and "answer_tokens" in s) \
+                                      bool(lengths) and "answer_tokens" in s,
+                                      set(compress) != {"after_question"}) \
         if not given or doc["policies"] else {}  # {}: presses only
     focus = read_focus(chk, "task.focus_budget", s.get("focus_budget", 0), budgets)
     formats, dpi = read_output(chk, doc)
