@@ -30,7 +30,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.policies.run import check_run, field_provides, make_group, resolve_params, run_policy
+from kvsim.policies.run import field_provides, make_group, resolve_params, run_policy, run_problems
 
 # ---------------------------------------------------------------------------------------
 # Helpers
@@ -227,7 +227,7 @@ def check_equivalence(field: FieldData, truth, gqa: int, prompt_lens, budgets) -
                                     if policy.needs <= field_provides(gd.field, kv)]
                 assert twins_with_needs  # the first twin keeps every vector of the field
                 for B in budgets:
-                    check_run(policy, B, T, P, params)
+                    assert not run_problems(policy, params, [B], T, P)
                     tc = run_policy(policy, gc, B, params)
                     for gd in twins_with_needs:
                         td = run_policy(policy, gd, B, params)

@@ -19,7 +19,7 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
 from kvsim.policies.run import make_group, resolve_params, run_policy
-from kvsim.protocols.settings import is_ring, label, problem
+from kvsim.protocols.settings import label, problem
 
 REFERENCE = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {},
              "window": {}, "streaming_llm": {"sinks": 2}, "knorm": {"recent_ratio": 0.25}}
@@ -309,7 +309,7 @@ def _ranks_by(policy) -> str:
         return "re-scored once (`rescore`)"
     if policy.steps.rank is not None:
         return "its scores, once (`Steps.rank`)"
-    return "age, once" if is_ring(policy) else "`admit`, key by key"
+    return "age, once" if policy.layout.position_rule else "`admit`, key by key"
 
 
 def test_the_docs_say_which_policy_takes_which_protocol():

@@ -17,9 +17,8 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.protocols.settings import PROTOCOL_PARAMS
-from kvsim.protocols.settings import problem as protocol_problem
-from kvsim.policies.run import (budget_problem, final_recall, get_policy, make_group,
-                                resolve_params, run_budgets)
+from kvsim.policies.run import (final_recall, get_policy, make_group, resolve_params,
+                                run_budgets, run_problems)
 from kvsim.resources import size_text
 from kvsim.scenario.load import PolicyConfig
 
@@ -263,20 +262,13 @@ def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int, P: int,
     out = {}
     for config in configs:
         spec = POLICIES[config.kind]
-        pairs = []
-        for i, budget in enumerate(budgets):
-            problem = budget_problem(spec, budget, config.params)
-            if problem:
-                where = name if name == "budget" else f"{name}[{i}]"
-                raise KvsimError(f"{where}: {problem}")
-            pairs.append((budget, min(budget, max(T, spec.min_budget(config.params)))))
-            problem = protocol_problem(spec, config.params, budget, P, T)
-            if problem:
-                raise KvsimError(f"{config.label}.{problem[0]}: {problem[1]}")
-        problem = spec.check(T, P, config.params)
-        if problem:
-            raise KvsimError(f"{config.label}.{problem}")
-        out[config.label] = pairs
+        for problem in run_problems(spec, config.params, budgets, T, P):  # the first one
+            if problem.kind == "budget":
+                where = name if name == "budget" else f"{name}[{problem.budget}]"
+                raise KvsimError(f"{where}: {problem.message}")
+            raise KvsimError(problem.message, f"{config.label}.{problem.key}")
+        out[config.label] = [(budget, min(budget, max(T, spec.min_budget(config.params))))
+                             for budget in budgets]
     return out
 
 

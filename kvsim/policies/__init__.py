@@ -24,9 +24,7 @@ this registry. A score-only rule is one function handed to
   :mod:`kvsim.protocols.batched` (pages and thresholds need it);
 - ``POLICY = Policy(name, summary, params, Steps(start, admit, observe, decode), ...)``
   with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
-  attention: checked against the source, a one-line error naming both) and
-  ``closed_loop`` (why it cannot run one step at a time, if so), and ``presentation``
-  (its family, policy-table row, figure colour and marker).
+XX
 
 The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Stepper`
 runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
@@ -37,6 +35,7 @@ import pkgutil
 
 # Bound before any policy module loads, so that one may import them from here.
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace
+from kvsim.policies.layout import StateLayout
 
 POLICIES: dict[str, Policy] = {}
 
@@ -68,5 +67,5 @@ for _name in policy_modules():
     for _policy in _found:
         register(_policy)
 
-__all__ = ["ORDER", "POLICIES", "Group", "Param", "Policy", "Presentation", "Steps", "Trace",
-           "register"]
+__all__ = ["ORDER", "POLICIES", "Group", "Param", "Policy", "Presentation", "StateLayout", "Steps",
+           "Trace", "register"]

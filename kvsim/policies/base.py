@@ -18,6 +18,7 @@ from kvsim.numerics.field import FieldData
 from kvsim.numerics.fullpass import FullPass, full_pass
 from kvsim.params import Param
 from kvsim.policies import ring
+from kvsim.policies.layout import StateLayout
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,9 @@ class Policy:
     per-step ranking then applies). A score of ``+inf`` keeps a key.
 
     ``presentation``: its family, table row, colour and marker (:class:`Presentation`).
+    ``layout`` declares what the protocols read of the step state and the fixed parts
+    (:class:`~kvsim.policies.layout.StateLayout`); a policy with step code and no layout
+    takes no protocol.
     """
 
     name: str
@@ -271,6 +275,7 @@ class Policy:
     run_capped: Callable[[Group, int, int, dict], Trace] | None = None
     rescore: Callable[[Group, np.ndarray, int, int, dict], np.ndarray | None] | None = None
     presentation: Presentation = Presentation()
+    layout: StateLayout | None = None  # what protocols read (kvsim.policies.layout)
 
     def __post_init__(self):
         if not self.needs <= NEEDS:

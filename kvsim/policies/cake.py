@@ -20,6 +20,7 @@ from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.field import probs_row
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
+from kvsim.policies.layout import StateLayout
 
 POOL = 5  # the authors' avg_pool1d kernel, prefill and decode
 
@@ -162,4 +163,5 @@ POLICY = Policy("cake", "CAKE's indicator: prefill mean + gamma var of the windo
                           " window + the prefix keys of highest avg-pooled (width 5) `mean + gamma * var` "
                           "of the window's attention; decode keeps the newest `window` and evicts the "
                           "lowest avg-pooled observed attention of the previous query. Its layer budgets "
-                          "are the `cake` allocation (`allocation = \"cake\"`)")))
+                          "are the `cake` allocation (`allocation = \"cake\"`)")),
+                layout=StateLayout(frozenset({"prev", "pooled", "line", "score"})))

@@ -15,6 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.rows import head_rows
 from kvsim.policies.tova import admit  # the same step: evict the lowest score
 
@@ -97,4 +98,5 @@ POLICY = Policy("caote", "evict the key whose removal least changes the previous
                     family="last query", color="#ff1aff", marker="o",
                     reads="attention, values",
                     rule=("CAOTE (Goel et al. 2025): evicts the key whose removal changes the previous "
-                          "query's output least, `p~/(1-p~) * ‖v - o~‖`")))
+                          "query's output least, `p~/(1-p~) * ‖v - o~‖`")),
+                layout=StateLayout(frozenset({"score", "rows"}), slot_of=True))

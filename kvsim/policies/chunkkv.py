@@ -91,4 +91,5 @@ POLICY = Policy("chunkkv", "ChunkKV: whole prompt chunks by the layer's SnapKV s
                     reads="attention (every KV head of the layer)",
                     rule=("ChunkKV (Liu et al. 2025, kvpress): whole chunks of `chunk` prompt positions "
                           "ranked by the layer's summed SnapKV scores, the same chunks pinned in every KV "
-                          "head of the layer; ring for the rest (not steppable one KV head at a time)")))
+                          "head of the layer; ring for the rest (not steppable one KV head at a time)")),
+                layout=snapkv.RING_LAYOUT)

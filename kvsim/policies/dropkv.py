@@ -97,4 +97,5 @@ POLICY = Policy("dropkv", "DropKV: pin the keys whose removal most changes the w
                     reads="attention, values",
                     rule=("DropKV (kvpress PR 285): pins the prompt keys whose removal most changes the "
                           "window's outputs, `sum_i (p/(1-p+1e-6))^2 ‖v - o_i‖^2`, avg-pooled; ring for the"
-                          " window and decode tokens")))
+                          " window and decode tokens")),
+                layout=snapkv.RING_LAYOUT)

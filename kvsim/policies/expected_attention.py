@@ -29,6 +29,7 @@ from kvsim.numerics.jit import jit
 from kvsim.params import Param
 from kvsim.policies import scored
 from kvsim.policies.base import Group, Policy, Presentation, Steps
+from kvsim.policies.layout import StateLayout
 
 BUFFER = 256  # decode queries a re-score reads at most (kvpress's hidden-states buffer)
 
@@ -210,4 +211,5 @@ POLICY = Policy(
         rule=("Expected Attention (kvpress `ExpectedAttentionPress` at commit `8bb29b9`; Devoto et al. "
               "2025): the softmax of a future query's expected logit, from the mean and covariance of the "
               "prompt's pre-RoPE queries under the RoPE averaged over the next `n_future` positions, times "
-              "`‖v‖`; the first `n_sink` positions always kept")))
+              "`‖v‖`; the first `n_sink` positions always kept")),
+    layout=StateLayout(scored.SLOTS, slot_of=True, sinks=lambda params: params["n_sink"]))

@@ -12,6 +12,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
 RECENT_RATIO = recent_ratio(0.5)
@@ -135,7 +136,9 @@ ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed at
                     family="heavy hitters", color="#d62728", marker="^",
                     reads="attention",
                     rule=("online Heavy-Hitter Oracle (Zhang et al. 2023): the `floor(recent_ratio * B)` "
-                          "newest + the highest accumulated attention")))
+                          "newest + the highest accumulated attention")),
+                layout=StateLayout(frozenset({"score", "seen", "ranking", "combined"}),
+                                   slot_of=True, recent=recent_count))
 OFFLINE = score_policy("h2o_offline", "recent newest + heavy hitters by global column sums "
                        "(clairvoyant)", lambda group, lo, hi, params: group.global_scores()[lo:hi],
                        recent=RECENT_RATIO.default,

@@ -14,6 +14,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.knorm import key_norm, key_norms
 from kvsim.policies.scored import prefill, recent_count, recent_ratio
 
@@ -111,4 +112,6 @@ POLICY = Policy("keydiff", "recent newest + the keys least similar to the mean k
                     family="key geometry", color="#e377c2", marker=">",
                     reads="keys",
                     rule=("KeyDiff (Park et al. 2025): evicts the key most similar (cosine) to the mean "
-                          "unit key of the cache and the incoming key")))
+                          "unit key of the cache and the incoming key")),
+                layout=StateLayout(frozenset({"norm", "candidates", "score"}), slot_of=True,
+                                   recent=recent_count))

@@ -7,6 +7,7 @@ import numpy as np
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps
+from kvsim.policies.layout import StateLayout
 
 
 class State(NamedTuple):
@@ -40,9 +41,18 @@ def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
     return np.random.default_rng((seed, t + 1)).random(n), np.zeros(n, bool)
 
 
+def _widen(state: State, budget: int, extra: int, seed: int) -> State:
+    """The evictions, drawn over the budget's slots, drawn again uniformly over the
+    ``budget + extra`` slots of a wider cache (seeded by ``seed`` and ``extra``)."""
+    slots = np.random.default_rng((seed, extra)).integers(0, budget + extra,
+                                                          size=state.slots.size)
+    return state._replace(slots=slots.astype(np.int64))
+
+
 POLICY = Policy("random", "random prompt subset, random evictions (seeded baseline)", {},
                 Steps(_start, admit, observe_nothing, decode, rank=_rank),
                 presentation=Presentation(
                     family="baseline", color="#8c8c8c", marker="X",
                     reads="nothing",
-                    rule="random prompt subset, random evictions; seeded"))
+                    rule="random prompt subset, random evictions; seeded"),
+                layout=StateLayout(widen=_widen))

@@ -33,6 +33,7 @@ from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Presentation, Steps
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.snapkv import pool
 
 PARAMS = {
@@ -255,4 +256,6 @@ POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key co
                     rule=("R-KV (Cai et al. 2025): the `window` newest + the best `lam * a - (1 - lam) * "
                           "r`, `a` the window queries' attention (group max logit, max-pooled), `r` the "
                           "key's redundancy (softmax of masked cosine column means); recomputed at every "
-                          "eviction")))
+                          "eviction")),
+                layout=StateLayout(frozenset({"unit", "gathered", "idx", "pos", "score",
+                                              "work"})))

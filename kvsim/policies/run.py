@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from typing import NamedTuple, Sequence
+
 import numpy as np
 
 from kvsim.errors import InvariantError, KvsimError
@@ -58,22 +60,61 @@ def budget_problem(policy: Policy, budget: int, params: dict) -> str | None:
     return f"expected at least {floor} for {policy.name}{fixed}, got {budget}"
 
 
-def check_run(policy: Policy, budget: int, T: int, prompt_len: int, params: dict) -> None:
-    """Budget and length checks that need the policy's resolved parameters."""
-    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-        raise KvsimError(f"expected an integer, got {budget!r}", "budget")
-    if isinstance(prompt_len, bool) or not isinstance(prompt_len, (int, np.integer)) \
-            or not 0 <= prompt_len <= T:
-        raise KvsimError(f"expected an integer in [0, {T}], got {prompt_len!r}", "prompt_len")
-    problem = budget_problem(policy, budget, params)
-    if problem:
-        raise KvsimError(problem, "budget")
-    problem = policy.check(T, prompt_len, params)
-    if problem:
-        raise KvsimError(problem.message, f"{policy.name}.{problem.key}")
-    problem = settings.problem(policy, params, budget, prompt_len, T)
-    if problem:
-        raise KvsimError(problem[1], f"{policy.name}.{problem[0]}")
+class RunProblem(NamedTuple):
+    """One problem of a run, found by :func:`run_problems`.
+
+    ``kind``: whose check found it: ``"stepping"`` (why the policy cannot step one token at
+    a time), ``"budget"`` (the policy's floor), ``"protocol"`` (the protocol settings at
+    that budget) or ``"policy"`` (its own cross-parameter check, ``Policy.check``);
+    ``key``: the parameter or setting at fault ("" for the policy as a whole); ``budget``:
+    the index of the budget concerned, or None.
+    """
+
+    kind: str
+    key: str
+    message: str
+    budget: int | None = None
+
+
+def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
+                 T: int | None = None, prompt_len: int | None = None,
+                 stepping: bool = False, widens: bool = False) -> list[RunProblem]:
+    """Every problem of running ``policy`` with its resolved ``params`` at each of
+    ``budgets`` on ``T`` tokens, the first ``prompt_len`` the prompt (None: sizes not known
+    yet, the checks that need them left out): the one run check of the scenario loader, the
+    Python API, the :class:`~kvsim.policies.stepping.Stepper` and the study files.
+
+    In order: for a policy stepped one token at a time inside a model (``stepping``), a
+    protocol it cannot take (a study steps the per-step rule) and why it cannot step (with
+    ``widens``, a task protocol that widens the stepped cache for its question: a layout to
+    widen by); per budget, its floor, then (the floor met, sizes known, not stepping) the
+    protocol; the policy's own check. What this accepts runs.
+    """
+    out = []
+    if stepping:
+        if not settings.is_neutral(settings.split(params)[1]):
+            out.append(RunProblem("stepping", settings.asked(params)[0], (
+                f"expected the per-step rule (a policy stepped one token at a time takes no "
+                f"protocol), got {settings.label(params)}: protocols are the simulator's")))
+        reason = policy.closed_loop(params) or (
+            "it has no step code" if policy.steps is None else None) or (
+            "it declares no state layout (Policy.layout) to widen its cache by for the "
+            "question" if widens and policy.layout is None else None)
+        if reason:
+            out.append(RunProblem("stepping", "", reason))
+    sized = T is not None and prompt_len is not None
+    for i, budget in enumerate(budgets):
+        problem = budget_problem(policy, budget, params)
+        if problem:
+            out.append(RunProblem("budget", "", problem, i))
+        elif sized and not stepping:
+            found = settings.problem(policy, params, budget, prompt_len, T)
+            if found:
+                out.append(RunProblem("protocol", *found, i))
+    found = policy.check(T, prompt_len, params) if sized else None
+    if found:
+        out.append(RunProblem("policy", found.key, found.message))
+    return out
 
 
 def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace,
@@ -128,10 +169,8 @@ def run_budgets(policy: Policy, group: Group, budgets: list[int], params: dict,
     describes the attention source in the error if the policy needs what it lacks. A budget
     below the policy's minimum is a one-line :class:`KvsimError` (its kernel would write
     out of bounds)."""
-    for budget in budgets:
-        problem = budget_problem(policy, budget, params)
-        if problem:
-            raise KvsimError(problem, "budget")
+    for problem in run_problems(policy, params, budgets):
+        raise KvsimError(problem.message, "budget")
     check_source(policy, group, source)
     if settings.is_neutral(settings.split(params)[1]):
         traces = policy.run_all(group, [int(b) for b in budgets], params)

@@ -15,6 +15,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, current
+from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count
 from kvsim.policies.rows import head_rows
 
@@ -98,4 +99,6 @@ POLICY = Policy("scissorhands", "recent newest + the keys most often important t
                     family="heavy hitters", color="#0000ff", marker="p",
                     reads="attention",
                     rule=("Scissorhands (Liu et al. 2023): the newest + the keys most often important "
-                          "(attention `>= 1/n`) to the last `history` queries")))
+                          "(attention `>= 1/n`) to the last `history` queries")),
+                layout=StateLayout(frozenset({"flags", "count", "combined"}), slot_of=True,
+                                   recent=recent_count))

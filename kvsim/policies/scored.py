@@ -26,6 +26,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
+from kvsim.policies.layout import StateLayout
 
 Score = Callable[[Group, int, int, dict], np.ndarray]
 
@@ -48,6 +49,10 @@ def prefill(P: int, budget: int, recent: int, ranking: np.ndarray) -> np.ndarray
         return np.arange(P)
     heavy = kernels.top_ranked(ranking, 0, P - recent, budget - recent)
     return np.concatenate((heavy, np.arange(P - recent, P)))
+
+
+SLOTS = frozenset({"score"})
+"""The per-slot fields of :class:`State` (:class:`~kvsim.policies.layout.StateLayout`)."""
 
 
 class State(NamedTuple):
@@ -131,4 +136,5 @@ def score_policy(name: str, summary: str, score: Score, *, recent: float = 0.0,
                   needs=frozenset(needs), closed_loop=closed_loop, presentation=presentation,
                   fixed=lambda budget, prompt_len, params: recent_count(budget, params),
                   prefill_score=functools.partial(_prefill_score, score),
-                  run_capped=functools.partial(_run_capped, score))
+                  run_capped=functools.partial(_run_capped, score),
+                  layout=StateLayout(SLOTS, slot_of=True, recent=recent_count))

@@ -14,6 +14,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
+from kvsim.policies.layout import StateLayout
 
 POOLING = ("max", "avg", "none")
 
@@ -72,6 +73,12 @@ class State(NamedTuple):
     rows: np.ndarray      # (G, B) scratch
     votes: np.ndarray     # (B,) scratch
     now: np.ndarray       # (1,) int64: the current step's token
+
+
+RING_SLOTS = frozenset({"pinned", "rows", "votes"})
+"""The per-slot fields of :class:`State` without refresh (``seen`` too with it)."""
+RING_LAYOUT = StateLayout(RING_SLOTS, ring=True)
+"""The layout of a :class:`State` without refresh (``dropkv``, ``chunkkv``)."""
 
 
 @jit
@@ -196,4 +203,6 @@ POLICY = Policy("snapkv", "pinned prompt selection voted by the last prompt quer
                           "the selection stays pinned, a ring holds the newest tokens. `refresh = N > 0`: "
                           "every N decode steps the pinned set is re-chosen over the cache from the "
                           "observed attention of the last `window` decode queries (kvpress's decode-time "
-                          "compression, hard budget)")))
+                          "compression, hard budget)")),
+                layout=StateLayout(lambda params: RING_SLOTS | (
+                    {"seen"} if params["refresh"] else set()), ring=True))

@@ -16,8 +16,8 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
-from kvsim.policies.run import budget_problem, get_policy, make_group, resolve_params
-from kvsim.protocols.settings import is_neutral, label, split
+from kvsim.policies.layout import widen
+from kvsim.policies.run import get_policy, make_group, resolve_params, run_problems
 
 
 def _array(name: str, value, ndim: int) -> np.ndarray:
@@ -82,14 +82,10 @@ class Stepper:
                  rope: tuple | None = None, passes: dict | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
-        if not is_neutral(split(resolved)[1]):
-            raise KvsimError(f"{policy}: the Stepper runs the per-step rule; a protocol "
-                             f"({label(resolved)}) is the simulator's")
-        reason = spec.closed_loop(resolved)
-        if reason is None and spec.steps is None:
-            reason = "it has no step code"
-        if reason:
-            raise KvsimError(f"{policy}: cannot run one step at a time: {reason}")
+        for problem in run_problems(spec, resolved, stepping=True):  # the first one
+            if problem.key:
+                raise KvsimError(problem.message, f"{policy}.{problem.key}")
+            raise KvsimError(f"{policy}: cannot run one step at a time: {problem.message}")
         A = _array("prompt_attention", prompt_attention, 3)
         G, P = A.shape[0], A.shape[1]
         if G < 1 or A.shape[2] != P:
@@ -99,12 +95,9 @@ class Stepper:
             raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
             raise KvsimError(f"budget: expected an integer, got {budget!r}")
-        problem = budget_problem(spec, budget, resolved)
-        if problem:
-            raise KvsimError(f"budget: {problem}")
-        problem = spec.check(capacity_T, P, resolved)
-        if problem:
-            raise KvsimError(f"{policy}.{problem}")
+        for problem in run_problems(spec, resolved, [budget], capacity_T, P, stepping=True):
+            raise KvsimError(problem.message, "budget" if problem.kind == "budget"
+                             else f"{policy}.{problem.key}")
         if gqa not in GQA_MODES:
             raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
         self._keys = self._vectors("keys", keys, capacity_T, policy, "keys" in spec.needs)
@@ -136,7 +129,7 @@ class Stepper:
         # A decode step reads vectors, never the prompt's attention: it is not kept alive.
         prompt = dataclasses.replace(prompt, field=field._replace(probs=np.zeros((G, 0, 0))))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
-        self._name, self._needs = policy, spec.needs
+        self._name, self._needs, self._layout = policy, spec.needs, spec.layout
         self._cache = np.zeros(int(budget), np.int64)
         self._n = len(kept)
         self._cache[:self._n] = kept
@@ -150,12 +143,13 @@ class Stepper:
     def widen(self, extra: int) -> None:
         """``extra`` more cache slots from now on, the fixed parts (recent tokens, sinks,
         windows) unchanged: the question of the ``before_question`` protocol
-        (:func:`kvsim.protocols.question.widen`)."""
-        from kvsim.protocols.question import slot_fields, widen
-
+        (:func:`kvsim.policies.layout.widen`, as the policy's layout declares)."""
+        if self._layout is None:
+            raise KvsimError(f"{self._policy}: cannot widen: it declares no state layout "
+                             f"(Policy.layout)")
         budget = self._cache.shape[0]
-        self._state = widen(self._state, slot_fields(self._policy, self._params), budget,
-                            extra, self._seed)
+        self._state = widen(self._state, self._layout, self._params, budget, extra,
+                            self._seed)
         self._cache = np.concatenate((self._cache, np.zeros(extra, np.int64)))
         self._obs = np.zeros((self._obs.shape[0], budget + extra))
 

@@ -1,10 +1,13 @@
 """``streaming_llm``: attention sinks plus a ring of the newest tokens (Xiao et al. 2023)."""
 
+import dataclasses
+
 import numpy as np
 
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
+from kvsim.policies.layout import RING
 
 PARAMS = {
     "sinks": Param(int, 4, "number of first tokens always kept", check=lambda v: v >= 0,
@@ -27,4 +30,5 @@ POLICY = Policy("streaming_llm", "sinks first tokens + last B - sinks tokens", P
                 presentation=Presentation(
                     family="recency", color="#17becf", marker="D",
                     reads="nothing",
-                    rule="the first `sinks` tokens + the last `B - sinks` (Xiao et al. 2023)"))
+                    rule="the first `sinks` tokens + the last `B - sinks` (Xiao et al. 2023)"),
+                layout=dataclasses.replace(RING, sinks=lambda params: params["sinks"]))

@@ -8,6 +8,7 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
+from kvsim.policies.layout import StateLayout
 
 
 class State(NamedTuple):
@@ -64,4 +65,5 @@ POLICY = Policy("tova", "evict the lowest attention of the previous query", {},
                 presentation=Presentation(
                     family="last query", color="#6a3d9a", marker="*",
                     reads="attention",
-                    rule="evicts the key the previous query attended to least (Oren et al. 2024)"))
+                    rule="evicts the key the previous query attended to least (Oren et al. 2024)"),
+                layout=StateLayout(frozenset({"score"}), slot_of=True))

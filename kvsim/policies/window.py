@@ -5,6 +5,7 @@ import numpy as np
 from kvsim.numerics.decode import observe_nothing
 from kvsim.policies import ring
 from kvsim.policies.base import Group, Policy, Presentation, Steps
+from kvsim.policies.layout import RING
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):
@@ -18,4 +19,5 @@ POLICY = Policy("window", "last B tokens (sliding window)", {},
                 presentation=Presentation(
                     family="recency", color="#1f77b4", marker="s",
                     reads="nothing",
-                    rule="the last `B` tokens (ring buffer)"))
+                    rule="the last `B` tokens (ring buffer)"),
+                layout=RING)

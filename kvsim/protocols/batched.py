@@ -13,19 +13,18 @@ per-step rule would use at ``t``, once:
   lowest-ranked key, which is removed, until ``m`` remain: the once-ranked top ``m`` for
   every rule whose scores of the cached keys do not depend on which other keys are cached.
 
-Removal compacts the cache in slot order; the policy's per-slot state follows (the fields
-whose last axis is the budget, found by starting the policy at two budgets; a field
-``slot_of`` maps positions to slots; a ring ``base``/``start``/``width`` is re-aimed at
-its oldest key before ``admit`` names it). Pages and thresholds start the policy with the
-whole prompt, so that every prompt key has its prefill score, and keep the recent part of
-``B``.
+Removal compacts the cache in slot order; the policy's per-slot state follows as its
+declared layout says (``Policy.layout``, :class:`kvsim.policies.layout.StateLayout`: the
+per-slot fields, a ``slot_of`` map of positions to slots, a ring ``base``/``start``/
+``width`` re-aimed at its oldest key before ``admit`` names it). Pages and thresholds
+start the policy with the whole prompt, so that every prompt key has its prefill score,
+and keep the recent part of ``B``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 
 import numpy as np
 
@@ -33,8 +32,8 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.decode import Context, Outputs
 from kvsim.numerics.jit import jit
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace, snapshot_steps
+from kvsim.policies.layout import widen
 from kvsim.protocols import question
-from kvsim.protocols.question import widen
 from kvsim.protocols.settings import before_question, split
 
 
@@ -46,23 +45,12 @@ def peak_limit(budget: int, params: dict, T: int) -> int:
     return budget + before_question(proto) + proto["interval"] - 1
 
 
-def _slot_fields(policy: Policy, start, group: Group, budget: int, params: dict, T: int):
-    """Names of the state fields holding one entry per slot (last axis grows with B)."""
-    _, small = start(group, budget, params, T)
-    _, large = start(group, budget + 1, params, T)
-    return frozenset(name for name, value in small._asdict().items()
-                     if isinstance(value, np.ndarray) and value.ndim
-                     and getattr(large, name).shape[-1] == value.shape[-1] + 1)
-
-
 class _Run:
     """The cache, the policy state and what compaction needs to move."""
 
     def __init__(self, policy: Policy, state, cache: np.ndarray, n: int, slots: frozenset):
         self.policy, self.state, self.cache, self.n, self.slots = policy, state, cache, n, slots
-        fields = state._fields
-        self.ring = {"base", "start", "width"} <= set(fields)
-        self.slot_of = "slot_of" in fields
+        self.ring, self.slot_of = policy.layout.ring, policy.layout.slot_of
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the keys in slots ``drop``; the others keep their slot order."""
@@ -166,25 +154,24 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     P, T = group.prompt_len, group.T
     plan = question.plan(proto["compress"], P, proto["question_len"], cap)  # shared with tasks
     Q = plan.free
-    start = policy.steps.start
-    if cap != budget and policy.run_capped is not None \
-            and "recent" in inspect.signature(start).parameters:
-        start = functools.partial(start, recent=policy.fixed(budget, P, own))
+    start, layout = policy.steps.start, policy.layout
+    if cap != budget and policy.run_capped is not None and layout.recent is not None:
+        start = functools.partial(start, recent=layout.recent(budget, own))  # the mean's
     prompt = dataclasses.replace(group, prompt_len=plan.compress_at) if Q else group
     append_only = proto["page"] != 1 or proto["threshold"] is not None
     # Pages and thresholds judge every prompt key: the policy starts with all of them.
     first = max(P, 1) if append_only else cap
     kept, state = start(prompt, first, own, T)
-    if append_only and "recent" in state._fields and "recent_ratio" in own:
-        state = state._replace(recent=int(own["recent_ratio"] * budget))
-    slots = _slot_fields(policy, start, prompt, first, own, T)
+    if append_only and layout.recent is not None:
+        state = state._replace(recent=layout.recent(budget, own))
+    slots = layout.slot_fields(own)
     if append_only:
         capacity = first + T - P
     elif proto["target_ratio"] != 1.0:
         capacity = max(plan.budget, len(kept) + Q + T - P)  # never full: compressions make room
     else:
         capacity = plan.budget + proto["interval"] - 1
-    state = widen(state, slots, first, capacity - first, group.seed)
+    state = widen(state, layout, own, first, capacity - first, group.seed)
     cache = np.zeros(capacity, np.int64)
     cache[:len(kept)] = kept
     run = _Run(policy, state, cache, len(kept), slots)
@@ -243,7 +230,7 @@ def _paged(run: _Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -
     lowest-ranked complete unprotected page first."""
     P, T, cap, seed = group.prompt_len, group.T, B // S, group.seed
     pages, score, guard = run.page_scores(S, reduce, -1, seed)
-    recent = run.state.recent if "recent" in run.state._fields else 0
+    recent = run.state.recent if run.policy.layout.recent is not None else 0
     guard |= np.isin(pages, np.unique(np.arange(max(P - recent, 0), P) // S))
     if P % S:
         guard |= pages == (P - 1) // S  # the receiving page

@@ -90,22 +90,27 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
                                 f"{proto['question_len']}")
     if is_neutral(proto):
         return None
-    named = _named(params, proto)
+    named = asked(params)
     if not policy.budgeted or policy.steps is None or policy.run_budgets is not None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it has no per-step "
                           f"eviction to batch, page or delay")
+    layout = policy.layout
+    if layout is None:
+        return named[0], (f"{policy.name} takes no protocol ({named[0]}): it declares no state "
+                          f"layout (Policy.layout) for the protocol to move")
     if len(named) > 1 and named != ["interval", "question_len"]:
         return named[1], (f"expected one protocol (only question_len combines with interval), "
                           f"got {' and '.join(named)}")
     if params.get("refresh"):
         return "refresh", (f"expected refresh = 0 with a protocol ({named[0]}): refresh is "
                            f"itself a decode-time compression protocol")
-    position_rule = is_ring(policy)
+    position_rule = layout.position_rule
     if "page" in named:
         if policy.steps.rank is None and not position_rule:
             return "page", (f"{policy.name} takes no page: it gives no per-key scores to reduce "
                             f"per page (Steps.rank)")
-        reason = _page_problem({**params, **proto}, budget, prompt_len)
+        reason = _page_problem(proto["page"], layout.recent_count(budget, params),
+                               layout.sinks(params), budget, prompt_len)
         if reason:
             return "page", reason
     if "threshold" in named and (policy.steps.rank is None or position_rule):
@@ -116,8 +121,8 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
         first = prompt_len + proto["interval"] - 1  # the first compression step
         if first < T:
             target = max(1, int(proto["target_ratio"] * (first + 1)))
-            fixed = max(policy.fixed(budget, prompt_len, params), params.get("sinks", 0),
-                        int(params.get("recent_ratio", 0.0) * budget))
+            fixed = max(policy.fixed(budget, prompt_len, params), layout.sinks(params),
+                        layout.recent_count(budget, params))
             if policy.steps.rank is None and not position_rule:
                 fixed = budget - 1  # keys pinned at the prefill may all be protected
             if fixed >= target:
@@ -128,15 +133,9 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
     return None
 
 
-def is_ring(policy) -> bool:
-    """True for a position rule: its step code is the ring's (oldest key first)."""
-    from kvsim.policies import ring
-
-    return policy.steps is not None and policy.steps.decode is ring.decode
-
-
-def _named(params: dict, proto: dict) -> list[str]:
+def asked(params: dict) -> list[str]:
     """The protocols ``params`` asks for (not neutral), by their first setting's name."""
+    _, proto = split(params)
     out = []
     if proto["interval"] != 1 or proto["target_ratio"] != 1.0:
         out.append("target_ratio" if proto["target_ratio"] != 1.0 else "interval")
@@ -153,15 +152,14 @@ def _pages(positions, S: int) -> set:
     return {k // S for k in positions}
 
 
-def _page_problem(params: dict, budget: int, prompt_len: int) -> str | None:
+def _page_problem(S: int, recent: int, n_sinks: int, budget: int,
+                  prompt_len: int) -> str | None:
     """Why pages of ``S`` cannot work at ``budget``: fewer than 2 pages, or the protected
-    positions (the recent newest, sinks) spanning every page that may be held."""
-    S = params["page"]
+    positions (the ``recent`` newest, ``n_sinks`` sinks) spanning every page that may be
+    held."""
     cap = budget // S
     if budget < 2 * S:
         return f"expected a budget of at least 2 pages (2 * page = {2 * S}), got B = {budget}"
-    recent = int(params.get("recent_ratio", 0.0) * budget)
-    n_sinks = params.get("sinks", 0)
     sinks = _pages(range(n_sinks), S)
     P = prompt_len
     at_prefill = _pages(range(max(P - recent, 0), P), S) | _pages(range(min(P, n_sinks)), S)
@@ -169,6 +167,6 @@ def _page_problem(params: dict, budget: int, prompt_len: int) -> str | None:
         at_prefill.add((P - 1) // S)
     at_decode = len(sinks) + -(-max(recent - 1, 0) // S)
     if len(at_prefill) > cap or at_decode >= cap:
-        return (f"expected protected pages (recent {recent}, sinks {params.get('sinks', 0)}) "
+        return (f"expected protected pages (recent {recent}, sinks {n_sinks}) "
                 f"below the {cap} pages of B = {budget} with page = {S}")
     return None

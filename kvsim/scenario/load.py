@@ -6,29 +6,23 @@ Validation is complete before any work starts; every problem becomes one line
 
 from __future__ import annotations
 
-import errno
 import glob
-import os
-import sys
 import re
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvsim.attention.components import BOOST, COMPONENTS
 from kvsim.attention.sources import FIELD_PARAMS, SOURCES, Field
 from kvsim.errors import KvsimError, ScenarioError
-from kvsim.paths import read_text
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.quantize import Quantize
-from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.params import INT64_MAX, Param
-from kvsim.protocols.settings import PROTOCOL_PARAMS
-from kvsim.protocols.settings import problem as protocol_problem
 from kvsim.policies import POLICIES
-from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, resolve_params
-
-FORMATS = ("png", "svg", "pdf")
+from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, run_problems
+from kvsim.scenario.overrides import Overrides, apply, expand_sweep
+from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_budgets,
+                                   read_document, read_name, read_policies, read_quantize)
 
 TOP_KEYS = ("name", "description", "seeds", "attention", "policies", "experiment", "output",
             "sweep")
@@ -48,23 +42,7 @@ ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.
                   "variance^(1/tau2)", low=0.01, high=100.0),
     "tau2": Param(float, 1.0, "cake: see tau1", low=0.01, high=100.0),
 }
-QUANTIZE_PARAMS = {  # [experiment.quantize]: KIVI storage (kvsim.numerics.quantize)
-    "bits": Param(int, 2, "bits per quantised key or value", low=1, high=8),
-    "group": Param(int, 32, "elements per quantisation group (slots for keys, channels for "
-                   "values)", low=1, high=65536),
-    "residual": Param(int, 32, "newest tokens kept in full precision (a multiple of group)",
-                      low=1, high=INT64_MAX),
-}
 OUTPUT_KEYS = ("formats", "dpi")
-
-
-@dataclass(frozen=True)
-class PolicyConfig:
-    """A policy as configured: its label in the scenario, registered kind, full params."""
-
-    label: str
-    kind: str
-    params: dict
 
 
 @dataclass(frozen=True)
@@ -125,113 +103,7 @@ class Scenario:
         return SOURCES[self.source].build(params, seed, self.path.parent)
 
 
-class _Checker:
-    """Collects problems as (file, key path, message) while reading a TOML document."""
-
-    def __init__(self, path: Path):
-        self.file = str(path)
-        self.problems: list[tuple[str, str, str]] = []
-
-    def add(self, key: str, message: str) -> None:
-        if (self.file, key, message) not in self.problems:  # e.g. a shared table, per head
-            self.problems.append((self.file, key, message))
-
-    def unknown_keys(self, table: dict, allowed, prefix: str) -> None:
-        for key in table:
-            if key not in allowed:
-                expected = f"expected one of {', '.join(allowed)}" if allowed \
-                    else "expected no keys here"
-                self.add(f"{prefix}{key}", f"unknown key{did_you_mean(key, allowed)}; {expected}")
-
-    def table(self, doc: dict, key: str, path: str) -> dict | None:
-        """``doc[key]`` ({} if absent), or None (a problem added) if it is not a table."""
-        value = doc.get(key, {})
-        if not isinstance(value, dict):
-            self.add(path, f"expected a table, got {type(value).__name__}")
-            return None
-        return value
-
-    def params(self, table: dict, spec: dict[str, Param], prefix: str,
-               skip=()) -> dict:
-        """Checked values for ``spec`` from ``table`` (defaults filled in)."""
-        self.unknown_keys({k: v for k, v in table.items() if k not in skip},
-                          list(spec), prefix)
-        out = {}
-        for key, param in spec.items():
-            value = table.get(key, param.default)
-            problem = param.problem(value)
-            if problem:
-                self.add(prefix + key, problem)
-            else:
-                out[key] = float(value) if param.type is float else value
-        return out
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _read_policies(chk: _Checker, doc: dict) -> dict[str, PolicyConfig]:
-    tables = chk.table(doc, "policies", "policies")
-    if tables is None:
-        return {}
-    if not tables:
-        chk.add("policies", "expected at least one [policies.NAME] table")
-    configs = {}
-    for label, table in tables.items():
-        where = f"policies.{label}"
-        if not isinstance(table, dict):
-            chk.add(where, f"expected a table, got {type(table).__name__}")
-            continue
-        kind = table.get("kind", label)
-        if not isinstance(kind, str) or kind not in POLICIES:
-            key = f"{where}.kind" if "kind" in table else where
-            chk.add(key, f"expected a policy name{did_you_mean(str(kind), POLICIES)} "
-                         f"({', '.join(POLICIES)}), got {kind!r}")
-            continue
-        policy = get_policy(kind)
-        given = {k: v for k, v in table.items() if k in PROTOCOL_PARAMS}
-        params = chk.params(table, policy.params, where + ".", skip=("kind", *given))
-        protocol = chk.params(given, {k: PROTOCOL_PARAMS[k] for k in given}, where + ".")
-        if len(params) == len(policy.params) and len(protocol) == len(given):
-            configs[label] = PolicyConfig(label, kind, resolve_params(policy,
-                                                                      {**params, **protocol}))
-    return configs
-
-
-def _read_budgets(chk: _Checker, raw, where: str, prompt_len: int, T: int) -> tuple[list, list]:
-    if not isinstance(raw, list) or not raw:
-        chk.add(where, f"expected a non-empty list of token counts (integers) or prompt "
-                       f"fractions (numbers in (0, 1]), got {raw!r}")
-        return [], []
-    budgets, specs = [], []
-    for i, b in enumerate(raw):
-        key = f"{where}[{i}]"
-        if _is_int(b):
-            resolved = b
-        elif isinstance(b, float) and 0.0 < b <= 1.0:
-            resolved = int(b * prompt_len + 0.5)
-        else:
-            chk.add(key, f"expected a token count (integer >= 1) or a prompt fraction "
-                         f"(number in (0, 1]), got {b!r}")
-            continue
-        if resolved < 1:
-            chk.add(key, f"expected a budget of at least 1 token, got {b!r} "
-                         f"(resolves to {resolved} with prompt_len {prompt_len})")
-            continue
-        if resolved > T:
-            chk.add(key, f"expected a budget of at most T = {T} tokens (a larger cache never "
-                         f"evicts), got {b!r}")
-            continue
-        if resolved in budgets:
-            chk.add(key, f"expected distinct budgets, got {b!r} again (= {resolved} tokens)")
-            continue
-        budgets.append(resolved)
-        specs.append(b)
-    return budgets, specs
-
-
-def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt_len: int,
+def _read_allocation(chk: Checker, table: dict, where: str, layers: int, prompt_len: int,
                      budgets: list[int], chosen: list[PolicyConfig]) -> dict:
     """Checked ``allocation``, ``floor_share``, ``beta``, ``tau1`` and ``tau2`` of an
     experiment."""
@@ -265,27 +137,7 @@ def _read_allocation(chk: _Checker, table: dict, where: str, layers: int, prompt
     return values
 
 
-def _read_quantize(chk: _Checker, table: dict, where: str,
-                   source: tuple[str, frozenset]) -> Quantize | None:
-    """The checked ``[experiment.quantize]`` table, or None."""
-    if "quantize" not in table:
-        return None
-    raw = table["quantize"]
-    if not isinstance(raw, dict):
-        chk.add(f"{where}.quantize", f"expected a table (bits, group, residual), got {raw!r}")
-        return None
-    before = len(chk.problems)
-    values = chk.params(raw, QUANTIZE_PARAMS, f"{where}.quantize.")
-    if len(chk.problems) == before and values["residual"] % values["group"]:
-        chk.add(f"{where}.quantize.residual", f"expected a multiple of group "
-                f"({values['group']}), got {values['residual']}")
-    if not {"keys", "values"} <= source[1]:
-        chk.add(f"{where}.quantize", f"expected a source with key and value vectors, "
-                                     f"which the {source[0]!r} attention source does not have")
-    return Quantize(**values) if len(chk.problems) == before else None
-
-
-def _check_head_dims(chk: _Checker, scenario: "Scenario") -> None:
+def _check_head_dims(chk: Checker, scenario: "Scenario") -> None:
     """Every quantising experiment's group divides the head dimensions (first layer)."""
     quantised = [(i, e) for i, e in enumerate(scenario.experiments) if e.quantize]
     if not quantised:
@@ -299,7 +151,7 @@ def _check_head_dims(chk: _Checker, scenario: "Scenario") -> None:
                         f"{what} dimension {d}, got {exp.quantize.group}")
 
 
-def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
+def _read_experiment(chk: Checker, table: dict, index: int, T: int,
                      configs: dict[str, PolicyConfig], defined: list, names: set,
                      source: tuple[str, frozenset], layers: int = 1) -> Experiment | None:
     where = f"experiment[{index}]"
@@ -313,10 +165,10 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
     else:
         names.add(name)
     prompt_len = table.get("prompt_len", T)
-    if not _is_int(prompt_len) or not 0 <= prompt_len <= T:
+    if not is_int(prompt_len) or not 0 <= prompt_len <= T:
         chk.add(f"{where}.prompt_len", f"expected an integer in [0, {T}], got {prompt_len!r}")
         prompt_len = T
-    budgets, specs = _read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len, T)
+    budgets, specs = read_budgets(chk, table.get("budgets"), f"{where}.budgets", prompt_len, T)
     labels = table.get("policies", list(defined))
     if "policies" not in table and not defined:
         labels = []  # no policy tables: already reported
@@ -336,18 +188,17 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
             continue
         config = configs[label]
         policy = get_policy(config.kind)
-        for j, budget in enumerate(budgets):
-            problem = budget_problem(policy, budget, config.params)
-            if problem:
-                chk.add(f"{where}.budgets[{j}]", f"policy {label!r}: {problem}")
-            problem = protocol_problem(policy, config.params, budget, prompt_len, T) \
-                if problem is None else None
-            if problem:
-                chk.add(f"policies.{label}.{problem[0]}", f"{problem[1]} (experiment {name!r}, "
-                                                          f"budget {budget})")
-        problem = policy.check(T, prompt_len, config.params)
-        if problem:
-            chk.add(f"policies.{label}.{problem.key}", f"{problem.message} in experiment {name!r}")
+        for problem in run_problems(policy, config.params, budgets, T, prompt_len):
+            if problem.kind == "budget":
+                chk.add(f"{where}.budgets[{problem.budget}]",
+                        f"policy {label!r}: {problem.message}")
+            elif problem.kind == "protocol":
+                chk.add(f"policies.{label}.{problem.key}", f"{problem.message} (experiment "
+                                                           f"{name!r}, budget "
+                                                           f"{budgets[problem.budget]})")
+            else:
+                chk.add(f"policies.{label}.{problem.key}",
+                        f"{problem.message} in experiment {name!r}")
         missing = missing_needs(policy, source[1])
         if missing:
             note = source[2] if "rope" in policy.needs - source[1] else ""
@@ -356,7 +207,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
                                               f"have{note}")
         chosen.append(config)
     allocation = _read_allocation(chk, table, where, layers, prompt_len, budgets, chosen)
-    quantize = _read_quantize(chk, table, where, source)
+    quantize = read_quantize(chk, table, where, source)
     # Figure names and what each needs are the report's to check (kvsim.report.plotting).
     figures = table.get("figures")
     if figures is not None and (not isinstance(figures, list)
@@ -380,7 +231,7 @@ def _read_experiment(chk: _Checker, table: dict, index: int, T: int,
                       tuple(sorted(set(over_time))), **allocation, quantize=quantize)
 
 
-def _read_field(chk: _Checker, table: dict) -> dict:
+def _read_field(chk: Checker, table: dict) -> dict:
     """Checked parameters of a composed field, with each head's components resolved."""
     chk.unknown_keys(table, ("source", *FIELD_PARAMS, *COMPONENTS, "boost", "head"), "attention.")
     params = chk.params({k: v for k, v in table.items() if k in FIELD_PARAMS}, FIELD_PARAMS,
@@ -480,23 +331,6 @@ def _read_field(chk: _Checker, table: dict) -> dict:
     return params
 
 
-def read_document(path: str | Path) -> dict:
-    """Parse a scenario file's TOML; unreadable or invalid files raise :class:`ScenarioError`."""
-    path = Path(path)
-    try:
-        text = read_text(path)
-    except ValueError as exc:
-        if str(exc) == os.strerror(errno.ENOENT):
-            raise ScenarioError([(str(path), "", "expected an existing scenario file")]) \
-                from None
-        raise ScenarioError([(str(path), "", f"expected a readable UTF-8 text file "
-                                             f"({exc})")]) from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError([(str(path), "", f"expected valid TOML ({exc})")]) from None
-
-
 def load_sweep(path: str | Path, overrides: Overrides | None = None) -> list[Scenario]:
     """Read a scenario file, apply command-line ``overrides`` and expand its ``[sweep]``.
 
@@ -549,25 +383,14 @@ def load_scenario(path: str | Path, overrides: Overrides | None = None) -> Scena
     return variants[0]
 
 
-def read_name(chk: _Checker, doc: dict, path: Path) -> tuple:
-    """The document's ``name`` (a folder name; default the file's stem) and ``description``."""
-    name = doc.get("name", path.stem)
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        chk.add("name", f"expected a non-empty string usable as a folder name, got {name!r}")
-    description = doc.get("description", "")
-    if not isinstance(description, str):
-        chk.add("description", f"expected a string, got {description!r}")
-    return name, description
-
-
 def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenario:
     """Validate a parsed scenario document (paths resolve relative to ``path``)."""
     path = Path(path)
-    chk = _Checker(path)
+    chk = Checker(path)
     chk.unknown_keys(doc, TOP_KEYS, "")
     name, description = read_name(chk, doc, path)
     seeds = doc.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(_is_int(s) and s >= 0 for s in seeds) \
+    if not isinstance(seeds, list) or not seeds or not all(is_int(s) and s >= 0 for s in seeds) \
             or len(set(seeds)) != len(seeds):
         chk.add("seeds", f"expected a non-empty list of distinct integers >= 0, got {seeds!r}")
         seeds = [0]
@@ -601,7 +424,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
             except KvsimError as exc:
                 chk.add(f"attention.{exc.key}" if exc.key else "attention", exc.message)
 
-    configs = _read_policies(chk, doc)
+    configs = read_policies(chk, doc)
     defined = list(doc["policies"]) if isinstance(doc.get("policies"), dict) else []
     output = chk.table(doc, "output", "output") or {}
     chk.unknown_keys(output, OUTPUT_KEYS, "output.")
@@ -609,7 +432,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
         chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
     dpi = output.get("dpi", 120)
-    if not _is_int(dpi) or not 30 <= dpi <= 600:
+    if not is_int(dpi) or not 30 <= dpi <= 600:
         chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
 
     experiments = []

@@ -1,6 +1,6 @@
 """Checks of a model run's inputs that need no model: run before torch is imported.
 
-Each check adds one line per problem to a scenario :class:`~kvsim.scenario.load._Checker`
+Each check adds one line per problem to a scenario :class:`~kvsim.scenario.reader.Checker`
 (``chk.add(key, message)``); closed-loop and task files share them.
 """
 

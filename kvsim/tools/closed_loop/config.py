@@ -17,7 +17,7 @@ from kvsim.params import Param
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import preflight
 from kvsim.numerics.quantize import Quantize
-from kvsim.scenario.load import PolicyConfig, _read_budgets, _read_quantize
+from kvsim.scenario.reader import PolicyConfig, read_budgets, read_quantize
 from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
                                read_model, read_output, read_steppable_policies,
                                read_study_file)
@@ -78,7 +78,7 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     """Read and validate a closed-loop file; problems raise :class:`ScenarioError`."""
     path, doc, chk, name, description, table = read_study_file(path, "closed_loop", TOP_KEYS)
     s = chk.params(table, SETTINGS, "closed_loop.", skip=("budgets", "quantize"))
-    quantize = _read_quantize(chk, table, "closed_loop", ("model", frozenset({"keys", "values"})))
+    quantize = read_quantize(chk, table, "closed_loop", ("model", frozenset({"keys", "values"})))
     model, gguf, text = None, None, None
     if len(s) == len(SETTINGS):
         model, gguf = read_model(chk, "closed_loop", s, path.parent)
@@ -94,8 +94,8 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
         if s["prompt_len"] >= s["tokens"]:
             chk.add("closed_loop.prompt_len", f"expected an integer below tokens "
                                               f"({s['tokens']}), got {s['prompt_len']}")
-    budgets, _ = _read_budgets(chk, table.get("budgets"), "closed_loop.budgets",
-                               s.get("prompt_len", 1), s.get("tokens", 1))
+    budgets, _ = read_budgets(chk, table.get("budgets"), "closed_loop.budgets",
+                              s.get("prompt_len", 1), s.get("tokens", 1))
     configs = read_steppable_policies(chk, doc, budgets, s.get("tokens", 1),
                                       s.get("prompt_len", 0), len(s) == len(SETTINGS))
     focus = read_focus(chk, "closed_loop.focus_budget", s.get("focus_budget", 0), budgets)

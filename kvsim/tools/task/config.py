@@ -13,7 +13,7 @@ from pathlib import Path
 from kvsim.errors import ScenarioError
 from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
-from kvsim.scenario.load import PolicyConfig, _Checker, _is_int
+from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools.task.inputs import PROMPTS
 from kvsim.tools.task.presses import read_presses
@@ -80,15 +80,15 @@ class TaskConfig:
         return shipped_text(self.filler)
 
 
-def _int_list(chk: _Checker, raw, where: str, low: int) -> list[int]:
-    if not isinstance(raw, list) or not raw or any(not _is_int(v) or v < low for v in raw) \
+def _int_list(chk: Checker, raw, where: str, low: int) -> list[int]:
+    if not isinstance(raw, list) or not raw or any(not is_int(v) or v < low for v in raw) \
             or len(set(raw)) != len(raw):
         chk.add(where, f"expected a non-empty list of distinct integers >= {low}, got {raw!r}")
         return []
     return sorted(raw)
 
 
-def _depths(chk: _Checker, raw) -> list[float]:
+def _depths(chk: Checker, raw) -> list[float]:
     if not isinstance(raw, list) or not raw or any(
             isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1
             for v in raw) or len(set(raw)) != len(raw):
@@ -98,7 +98,7 @@ def _depths(chk: _Checker, raw) -> list[float]:
     return sorted(float(v) for v in raw)
 
 
-def _compress(chk: _Checker, raw) -> list[str]:
+def _compress(chk: Checker, raw) -> list[str]:
     if not isinstance(raw, list) or not raw or any(v not in TASK_COMPRESS for v in raw) \
             or len(set(raw)) != len(raw):
         chk.add("task.compress", f"expected a non-empty list of distinct protocols among "
@@ -130,7 +130,8 @@ def load_config(path: str | Path) -> TaskConfig:
     given = len(tables) if isinstance(tables, dict) else 0
     presses = read_presses(chk, doc, compress)  # before kvsim's: it takes their tables
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
-                                      bool(lengths) and "answer_tokens" in s) \
+                                      bool(lengths) and "answer_tokens" in s,
+                                      set(compress) != {"after_question"}) \
         if not given or doc["policies"] else {}  # {}: presses only
     focus = read_focus(chk, "task.focus_budget", s.get("focus_budget", 0), budgets)
     formats, dpi = read_output(chk, doc)
