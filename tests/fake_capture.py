@@ -26,3 +26,10 @@ def use_fake_capture(monkeypatch, calls: list) -> None:
 
     monkeypatch.setattr(capture, "capture", fake_capture(calls))
     monkeypatch.setattr(preflight, "missing_extra", lambda gguf: [])
+
+
+def fake_model(folder) -> None:
+    """An empty model folder of a family kvsim supports (its config.json names a Llama):
+    what on-demand traces and study files check before a capture or a model load."""
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')

@@ -244,7 +244,7 @@ def task_folder(tmp_path_factory):
     """A folder with a model folder that passes the checks made before a model loads."""
     path = tmp_path_factory.mktemp("task")
     (path / "m").mkdir()
-    (path / "m" / "config.json").write_text("{}")
+    (path / "m" / "config.json").write_text('{"model_type": "llama"}')
     (path / "m" / "model.safetensors").write_bytes(b"")
     return path
 
@@ -274,7 +274,7 @@ def test_every_task_key_gets_wrong_types(task_folder, key):
 
 def test_runs_beyond_the_models_context_are_refused_by_validate(tmp_path):
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 256}')
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 256}')
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
     (tmp_path / "text.txt").write_text("word " * 200)
     task = tmp_path / "t.toml"
