@@ -111,14 +111,11 @@ def read_presses(chk, doc: dict, compress: list[str], family: str | None = None,
             chk.add(f"{where}.{KEY}", f"expected task.compress to include '{PROTOCOL}': a "
                                       f"press runs under kvpress's protocol only")
         try:
-            problem = _check(table) or (
-                ("", rehearsal_problem(PolicyConfig(label, table[KEY], _params(table)), family,
-                                       shortest - QUESTION_ROOM, budgets))
-                if family and shortest > QUESTION_ROOM and budgets else None)
+            problem = _check(table, family, shortest - QUESTION_ROOM, budgets)
         except KvsimError as exc:
             chk.add(f"{where}.{KEY}", str(exc))
             continue
-        if problem and problem[1]:
+        if problem:
             chk.add(f"{where}.{problem[0]}" if problem[0] else where, problem[1])
             continue
         out[label] = PolicyConfig(label, table[KEY], _params(table))
@@ -129,8 +126,9 @@ def _params(table: dict) -> dict:
     return {k: v for k, v in table.items() if k != KEY}
 
 
-def _check(table: dict) -> tuple[str, str] | None:
-    """(key, message) of the first problem of a press table, or None."""
+def _check(table: dict, family: str | None, context: int, budgets) -> tuple[str, str] | None:
+    """(key, message) of the first problem of a press table, or None; its rehearsal
+    (:func:`rehearsal_problem`) where the ``family`` and a ``context`` are known."""
     name = table[KEY]
     cls = press_class(name) if isinstance(name, str) else None
     if cls is None:
@@ -152,11 +150,14 @@ def _check(table: dict) -> tuple[str, str] | None:
         if key != KEY and not _like(value, defaults[key]):
             return key, (f"expected a {type(defaults[key]).__name__} like {name}'s default "
                          f"{defaults[key]!r}, got {value!r}")
+    pc = PolicyConfig("", name, _params(table))
     try:
-        make(PolicyConfig("", name, _params(table)), 0.5)
+        make(pc, 0.5)
     except Exception as exc:  # the press's own check of its arguments
         return "", f"expected arguments {name} accepts: {type(exc).__name__}: {exc}".rstrip(": ")
-    return None
+    problem = rehearsal_problem(pc, family, context, budgets) \
+        if family and context > 0 and budgets else None
+    return ("", problem) if problem else None
 
 
 def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> str | None:
