@@ -89,11 +89,10 @@ def _validate_with(tmp_path, family: str, tables: str, lengths: str = "[128]"):
     ("gemma3_text", 'press = "ExpectedAttentionPress"', "policies.p",  # kvpress 0.5.5 reads
      "on a gemma3_text model"),  # one RoPE, Gemma-3 has one per layer type
     ("gemma3_text", 'press = "CapPress"', "policies.p", "on a gemma3_text model"),
-    ("llama", 'press = "KVComposePress"', "policies.p",
-     "expected a press that keeps exactly the budget in every layer (kvsim's budget is per "
-     "layer and KV head); KVComposePress keeps"),
-    ("llama", 'press = "PyramidKVPress"', "policies.p",  # 17 keys at budget 16 (context 480)
-     "PyramidKVPress keeps [17] keys at budget 16 on a llama model"),
+    ("llama", 'press = "KVComposePress"', "policies.p.press",
+     "expected a press that keeps the budget in every layer (kvsim's budget is per layer and "
+     "KV head); KVComposePress keeps composite tokens"),
+    ("llama", 'press = "PyramidKVPress"', "policies.p.press", "PyramidKVPress keeps a pyramid"),
     ("llama", 'press = "QFilterPress"', "policies.p.press",
      "expected a press that needs nothing from the Hugging Face Hub (kvsim never downloads); "
      "QFilterPress fetches the model's Q-filters"),
@@ -101,8 +100,7 @@ def _validate_with(tmp_path, family: str, tables: str, lengths: str = "[128]"):
 ])
 def test_presses_that_would_fail_in_the_model_are_refused_by_validate(
         tmp_path, capsys, family, table, key, message):
-    path, status = _validate_with(tmp_path, family, f"[policies.p]\n{table}\n",
-                                  "[512]" if "Pyramid" in table else "[128]")
+    path, status = _validate_with(tmp_path, family, f"[policies.p]\n{table}\n")
     captured = capsys.readouterr()
     assert (status, captured.out) == (2, "")
     (line,) = captured.err.splitlines()
@@ -117,6 +115,18 @@ def test_presses_that_run_pass_their_rehearsal_on_both_families(tmp_path, capsys
     tables += "" if family != "llama" else '[policies.ea]\npress = "ExpectedAttentionPress"\n'
     path, status = _validate_with(tmp_path, family, tables, "[512]")
     assert status == 0, capsys.readouterr().err
+
+
+def test_a_press_that_keeps_other_than_the_budget_in_a_layer_fails_its_rehearsal(monkeypatch):
+    """The rehearsal's own check of the kept counts (PyramidKVPress keeps 17 keys at budget
+    16 on 480 tokens: kvpress rounds 16.500000000000004 up), beside its table."""
+    from kvsim.tools.task import presses
+
+    problem = presses.rehearsal_problem(PolicyConfig("p", "PyramidKVPress", {}), "llama", 480,
+                                        (16,))
+    assert problem.startswith("expected a press that keeps exactly the budget in every layer "
+                              "(kvsim's budget is per layer and KV head); PyramidKVPress keeps "
+                              "[17] keys at budget 16 on a llama model"), problem
 
 
 def test_the_presses_refused_for_the_hub_fetch_from_it():

@@ -12,8 +12,8 @@ kvpress's pipeline does. A press therefore runs under kvpress's own protocol,
 sliding-window layers keep the model's window, as for kvsim's own policies).
 
 Before any model loads, a press table is checked (:func:`read_presses`): its class and
-keywords, the extra and its transformers, no press that fetches from the Hub (:data:`HUB`),
-and a rehearsal (:func:`rehearsal_problem`) of the press at every budget on a tiny random
+keywords, the extra and its transformers, no press that fetches from the Hub (:data:`HUB`)
+or shares the budget across layers (:data:`ACROSS_LAYERS`), and a rehearsal (:func:`rehearsal_problem`) of the press at every budget on a tiny random
 model of the file's family, which must run and keep exactly the budget.
 """
 
@@ -46,6 +46,11 @@ HUB = {  # kvpress 0.5.5's presses that fetch what they need for the model by it
     "LUKVPress": "a budget curve published for the model",
     "QFilterPress": "the model's Q-filters",
     "RestoreKVPress": "embeddings trained for the model",
+}
+ACROSS_LAYERS = {  # kvpress 0.5.5's presses that share the budget unevenly across layers
+    "KVComposePress": "composite tokens whose number varies by layer",
+    "PyramidKVPress": "a pyramid (more keys in the lower layers) once the budget exceeds 20 "
+                      "windows, and round() instead of the ratio's count below it",
 }
 QUESTION_ROOM = 32
 """Tokens left for the question when a press is rehearsed (:func:`rehearsal_problem`) on
@@ -136,6 +141,9 @@ def _check(table: dict, family: str | None, context: int, budgets) -> tuple[str,
     if name in HUB:
         return KEY, (f"expected a press that needs nothing from the Hugging Face Hub (kvsim "
                      f"never downloads); {name} fetches {HUB[name]}")
+    if name in ACROSS_LAYERS:
+        return KEY, (f"expected a press that keeps the budget in every layer (kvsim's budget "
+                     f"is per layer and KV head); {name} keeps {ACROSS_LAYERS[name]}")
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     if "compression_ratio" not in fields:
         return KEY, (f"expected a press with a compression_ratio (kvsim sets it from each "
