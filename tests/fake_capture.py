@@ -26,3 +26,29 @@ def use_fake_capture(monkeypatch, calls: list) -> None:
 
     monkeypatch.setattr(capture, "capture", fake_capture(calls))
     monkeypatch.setattr(preflight, "missing_extra", lambda gguf: [])
+
+
+def fake_model(folder) -> None:
+    """An empty model folder of a family kvsim supports (its config.json names a Llama):
+    what on-demand traces and study files check before a capture or a model load."""
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+
+
+def fake_gguf(path, architecture: str, chat_template: str | None = None) -> None:
+    """A GGUF file without tensors (written by the gguf package) whose header names its
+    ``architecture``, with a token list and arrays before its optional chat template."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_token_list(["<s>", "a", "bb", "ccc"])
+    writer.add_array("test.ints", [1, 2, 3])
+    writer.add_uint32("test.count", 7)
+    writer.add_float32("test.scale", 0.5)
+    writer.add_bool("test.flag", True)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()

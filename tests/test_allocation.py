@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from allocation_checks import (ada_reference, dense_scenario, pyramid_reference,
                                random_attention, selectable_scores)
-from fake_capture import use_fake_capture
+from fake_capture import fake_model, use_fake_capture
 
 import reference as ref
 from kvsim.engine import allocation
@@ -184,7 +184,7 @@ def test_on_demand_trace_is_captured_once_and_cached(tmp_path, monkeypatch):
     calls: list = []
     use_fake_capture(monkeypatch, calls)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "model").mkdir()
+    fake_model(tmp_path / "model")
     (tmp_path / "text.txt").write_text("some text")
 
     def scenario(tokens: int, text: str = "text.txt"):
@@ -210,7 +210,7 @@ def test_on_demand_trace_is_captured_once_and_cached(tmp_path, monkeypatch):
 
 def test_on_demand_trace_without_the_extra_names_it(tmp_path, monkeypatch, without_torch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    (tmp_path / "model").mkdir()
+    fake_model(tmp_path / "model")
     (tmp_path / "text.txt").write_text("some text")
     (tmp_path / "s.toml").write_text(
         '[attention]\nsource = "trace"\nmodel = "model"\ntext = "text.txt"\ntokens = 8\n'

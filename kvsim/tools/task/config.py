@@ -15,6 +15,7 @@ from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
 from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
+from kvsim.tools import models
 from kvsim.tools.task.inputs import PROMPTS
 from kvsim.tools.task.presses import read_presses
 from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
@@ -23,7 +24,8 @@ from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_fo
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
 FILLERS = ("seeded", *SHIPPED)
-MIN_LENGTH = 64  # room for the needle, the question and some filler
+MIN_LENGTH = 128  # room for the frame (description and question: 40 tokens raw, 70 chat on
+# SmolLM2), the needle and 40 tokens of filler, which the run checks with the tokenizer
 
 SETTINGS = {
     **MODEL_SETTINGS,
@@ -107,6 +109,19 @@ def _compress(chk: Checker, raw) -> list[str]:
     return list(raw)
 
 
+def _check_filler(chk: _Checker, filler: str, model: Path | None, gguf: str | None,
+                  longest: int) -> None:
+    """The shipped text ``filler`` holds ``longest`` tokens: its count under a named model's
+    tokenizer where known (:func:`kvsim.tools.models.text_tokens`), else at most its bytes
+    (a token covers at least one byte)."""
+    known = models.text_tokens(gguf, filler) if model is not None else None
+    have = known if known is not None else len(shipped_text(filler).read_bytes())
+    if have < longest:
+        chk.add("task.filler", f"expected a text of at least {longest} tokens (the longest "
+                               f"length), got {have} {'tokens' if known else 'bytes'} in "
+                               f"{filler!r}")
+
+
 def load_config(path: str | Path) -> TaskConfig:
     """Read and validate a task file; problems raise :class:`ScenarioError`."""
     path, doc, chk, name, description, table = read_study_file(path, "task", TOP_KEYS)
@@ -121,6 +136,12 @@ def load_config(path: str | Path) -> TaskConfig:
     model, gguf = None, None
     if "model" in s and "gguf_file" in s:
         model, gguf = read_model(chk, "task", s, path.parent)
+    if s.get("prompt") == "chat" and model is not None and \
+            models.chat_template(model, gguf) is False:  # read from the tokenizer's files
+        chk.add("task.prompt", "expected 'raw' for a model whose tokenizer has no chat "
+                               "template, got 'chat'")
+    if lengths and s.get("filler", "seeded") != "seeded":
+        _check_filler(chk, s["filler"], model, gguf, max(lengths))
     answer = s.get("answer_tokens", 1)
     if lengths:
         check_context(chk, "task.lengths", model, gguf, max(lengths) + answer,
@@ -128,7 +149,10 @@ def load_config(path: str | Path) -> TaskConfig:
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
     tables = doc.get("policies")
     given = len(tables) if isinstance(tables, dict) else 0
-    presses = read_presses(chk, doc, compress)  # before kvsim's: it takes their tables
+    family = models.family(model, gguf) if model is not None else None  # refused if not
+    # one of models.FAMILIES (read_model); kvpress's before kvsim's: it takes their tables
+    presses = read_presses(chk, doc, compress, family if family in models.FAMILIES else None,
+                           shortest, budgets)
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
                                       bool(lengths) and "answer_tokens" in s,
                                       set(compress) != {"after_question"}) \

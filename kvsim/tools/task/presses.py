@@ -10,13 +10,21 @@ and the question and the greedy answer join them with no eviction, in kvsim's de
 kvpress's pipeline does. A press therefore runs under kvpress's own protocol,
 ``prefill_only``, only. On Gemma-3 kvsim reads the global layers' kept positions (the
 sliding-window layers keep the model's window, as for kvsim's own policies).
+
+Before any model loads, a press table is checked (:func:`read_presses`): its class and
+keywords, the extra and its transformers, no press that fetches from the Hub (:data:`HUB`)
+or shares the budget across layers (:data:`ACROSS_LAYERS`), and a rehearsal (:func:`rehearsal_problem`) of the press at every budget on a tiny random
+model of the file's family, which must run and keep exactly the budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
+import warnings
 from dataclasses import dataclass
+from importlib import metadata
 
 import numpy as np
 
@@ -25,21 +33,60 @@ from kvsim.scenario.load import PolicyConfig
 
 KEY = "press"
 PROTOCOL = "prefill_only"
-INSTALL = ('pip install -e ".[capture,kvpress]" (kvpress pins transformers<5.3: '
-           'install it in its own environment)')
+INSTALL = ('pip install -e ".[capture,kvpress]" in a venv of its own (kvpress 0.5.5 pins '
+           'transformers<5.3; see docs/tasks.md)')
+TRANSFORMERS = ">=5.2,<5.3"  # the kvpress extra's pin (pyproject.toml): kvpress's, 5.2 tested
 MATCH = 1e-3  # a kept key read back from the cache is its context key to this relative error
+HUB = {  # kvpress 0.5.5's presses that fetch what they need for the model by its hub name
+    "ExpectedAttentionStatsPress": "the model's query statistics",
+    "FastKVzipPress": "gates trained for the model",
+    "KVgradPress": "the model's tokenizer",
+    "KVzapPress": "a scorer trained for the model",
+    "KVzipPress": "the model's tokenizer",
+    "LUKVPress": "a budget curve published for the model",
+    "QFilterPress": "the model's Q-filters",
+    "RestoreKVPress": "embeddings trained for the model",
+}
+ACROSS_LAYERS = {  # kvpress 0.5.5's presses that share the budget unevenly across layers
+    "KVComposePress": "composite tokens whose number varies by layer",
+    "PyramidKVPress": "a pyramid (more keys in the lower layers) once the budget exceeds 20 "
+                      "windows, and round() instead of the ratio's count below it",
+}
+QUESTION_ROOM = 32
+"""Tokens left for the question when a press is rehearsed (:func:`rehearsal_problem`) on
+the shortest length: more than any question of kvsim's prompts takes (11 raw, 17 chat on
+SmolLM2), so the rehearsed context is never longer than a trial's."""
 
 
 def presses_module():
-    """``kvpress`` imported, or a one-line :class:`KvsimError` saying how to install it."""
+    """``kvpress`` imported, or a one-line :class:`KvsimError` saying how to install it
+    (the extra missing, a transformers outside :data:`TRANSFORMERS`, a failed import)."""
     if importlib.util.find_spec("kvpress") is None:
         raise KvsimError(f"expected the kvpress extra: {INSTALL}")
+    problem = transformers_problem()
+    if problem:
+        raise KvsimError(problem)
     try:
         import kvpress
     except Exception as exc:  # kvpress 0.5.5 does not import on transformers >= 5.3
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise KvsimError(f"expected kvpress to import ({first}): {INSTALL}") from None
     return kvpress
+
+
+def transformers_problem() -> str | None:
+    """Why the installed transformers cannot serve kvpress (none, or a version outside
+    :data:`TRANSFORMERS`), read from its metadata without importing it; None if it can."""
+    try:
+        version = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        version = None
+    if version is not None:
+        from packaging.specifiers import SpecifierSet  # a dependency of transformers
+
+        if SpecifierSet(TRANSFORMERS).contains(version, prereleases=True):
+            return None
+    return f"expected transformers{TRANSFORMERS} for kvpress, got {version or 'none'}: {INSTALL}"
 
 
 def press_class(name: str):
@@ -49,10 +96,13 @@ def press_class(name: str):
     return cls if isinstance(cls, type) and issubclass(cls, kvpress.BasePress) else None
 
 
-def read_presses(chk, doc: dict, compress: list[str]) -> dict[str, PolicyConfig]:
+def read_presses(chk, doc: dict, compress: list[str], family: str | None = None,
+                 shortest: int = 0, budgets=()) -> dict[str, PolicyConfig]:
     """The ``[policies.NAME]`` tables with a ``press`` key, removed from ``doc`` (the rest
     are kvsim's policies), each a :class:`PolicyConfig` whose kind is the press's class
-    name and whose params are its keyword arguments; every problem one line on ``chk``."""
+    name and whose params are its keyword arguments; every problem one line on ``chk``.
+    With the model's ``family`` and the ``shortest`` length known, each press is rehearsed
+    at every one of ``budgets`` (:func:`rehearsal_problem`)."""
     tables = doc.get("policies")
     if not isinstance(tables, dict):
         return {}
@@ -66,24 +116,34 @@ def read_presses(chk, doc: dict, compress: list[str]) -> dict[str, PolicyConfig]
             chk.add(f"{where}.{KEY}", f"expected task.compress to include '{PROTOCOL}': a "
                                       f"press runs under kvpress's protocol only")
         try:
-            problem = _check(table)
+            problem = _check(table, family, shortest - QUESTION_ROOM, budgets)
         except KvsimError as exc:
             chk.add(f"{where}.{KEY}", str(exc))
             continue
         if problem:
             chk.add(f"{where}.{problem[0]}" if problem[0] else where, problem[1])
             continue
-        out[label] = PolicyConfig(label, table[KEY],
-                                  {k: v for k, v in table.items() if k != KEY})
+        out[label] = PolicyConfig(label, table[KEY], _params(table))
     return out
 
 
-def _check(table: dict) -> tuple[str, str] | None:
-    """(key, message) of the first problem of a press table, or None."""
+def _params(table: dict) -> dict:
+    return {k: v for k, v in table.items() if k != KEY}
+
+
+def _check(table: dict, family: str | None, context: int, budgets) -> tuple[str, str] | None:
+    """(key, message) of the first problem of a press table, or None; its rehearsal
+    (:func:`rehearsal_problem`) where the ``family`` and a ``context`` are known."""
     name = table[KEY]
     cls = press_class(name) if isinstance(name, str) else None
     if cls is None:
         return KEY, f"expected the name of a kvpress press (e.g. SnapKVPress), got {name!r}"
+    if name in HUB:
+        return KEY, (f"expected a press that needs nothing from the Hugging Face Hub (kvsim "
+                     f"never downloads); {name} fetches {HUB[name]}")
+    if name in ACROSS_LAYERS:
+        return KEY, (f"expected a press that keeps the budget in every layer (kvsim's budget "
+                     f"is per layer and KV head); {name} keeps {ACROSS_LAYERS[name]}")
     fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
     if "compression_ratio" not in fields:
         return KEY, (f"expected a press with a compression_ratio (kvsim sets it from each "
@@ -98,10 +158,54 @@ def _check(table: dict) -> tuple[str, str] | None:
         if key != KEY and not _like(value, defaults[key]):
             return key, (f"expected a {type(defaults[key]).__name__} like {name}'s default "
                          f"{defaults[key]!r}, got {value!r}")
+    pc = PolicyConfig("", name, _params(table))
     try:
-        make(PolicyConfig("", name, {k: v for k, v in table.items() if k != KEY}), 0.5)
+        make(pc, 0.5)
     except Exception as exc:  # the press's own check of its arguments
         return "", f"expected arguments {name} accepts: {type(exc).__name__}: {exc}".rstrip(": ")
+    problem = rehearsal_problem(pc, family, context, budgets) \
+        if family and context > 0 and budgets else None
+    return ("", problem) if problem else None
+
+
+def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> str | None:
+    """Why the press of ``pc`` cannot run in a task on a model of ``family`` (one line),
+    found by running it as :func:`kept` does at every one of ``budgets`` on ``context``
+    tokens of a tiny random model of the family (its architecture, no weights): it must
+    run and keep exactly ``min(B, context)`` keys in every global layer. None if it can."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvsim.tools.models import TINY, tiny_model
+
+    net = tiny_model(family, context)
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], context)[None])
+    types = getattr(net.config, "layer_types", None) or ["full_attention"] * len(net.model.layers)
+    where = (f"rehearsed on a tiny random one at a context of {context} tokens, the "
+             f"shortest length less {QUESTION_ROOM}")
+    quiet = logging.getLogger("kvpress")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # its notices ("not tested" on Gemma3ForCausalLM)
+    try:
+        for b in sorted(budgets):
+            cache = DynamicCache()
+            try:
+                with warnings.catch_warnings(), torch.no_grad():
+                    warnings.simplefilter("ignore")
+                    with make(pc, ratio(context, b))(net):
+                        net.model(input_ids=ids, past_key_values=cache)
+            except Exception as exc:  # the press's own refusal, at run time
+                first = (str(exc).strip().splitlines() or [""])[0]
+                return (f"expected a press and arguments that run on a {family} model "
+                        f"({where}): {type(exc).__name__}: {first}").rstrip(": ")
+            held = sorted({cache.layers[i].keys.shape[2] for i, t in enumerate(types)
+                           if t == "full_attention"})
+            if held != [min(b, context)]:
+                return (f"expected a press that keeps exactly the budget in every layer "
+                        f"(kvsim's budget is per layer and KV head); {pc.kind} keeps {held} "
+                        f"keys at budget {b} on a {family} model ({where})")
+    finally:
+        quiet.setLevel(level)
     return None
 
 
