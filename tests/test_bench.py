@@ -100,3 +100,5 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
                         lambda quick: {**config, "api": {**small, "T": 512}})
     with pytest.raises(KvsimError, match="same sizes"):
         bench.run_api_only(True, tmp_path)
+    bench.run_api_only(True, tmp_path / "new")  # no bench.json yet: one with the API rows
+    assert set(json.loads((tmp_path / "new" / "bench.json").read_text())) >= {"config", "api"}

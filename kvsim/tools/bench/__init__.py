@@ -318,11 +318,11 @@ def _write(result: dict, out: Path) -> Path:
 def run_api_only(quick: bool, out: Path) -> dict:
     """Only the Python API rows: printed, and written into ``out/bench.json`` in place of
     its ``api`` rows (every other row of an existing file kept as it was)."""
-    config = bench_config(quick)
+    config = json.loads(json.dumps(bench_config(quick)))  # as a written file holds it
     path = out / "bench.json"
     result = json.loads(path.read_text()) if path.is_file() else \
         {"machine": _machine(), "config": config}
-    if result["config"].get("api") != json.loads(json.dumps(config["api"])):
+    if result["config"].get("api") != config["api"]:
         raise KvsimError(f"bench --only api: expected {path} written with the same sizes "
                          f"({'--quick' if quick else 'no --quick'}), got other API sizes")
     load = os.getloadavg()
