@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_loop, decode_plain, is_plain
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
@@ -55,24 +55,52 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit_inline
-def observe(state, cache, n, obs, mass, outputs):
-    """Add the step's attention (observed, or full) to every cached key's score; count the
-    queries that saw each key when ranking by their mean."""
+@jit
+def accumulate(state, obs, mass, n):
+    """Add the group's combined attention (observed, or full) to every cached key's score."""
     if state.full:
         kernels.combine_rows(obs, n, state.gqa, state.combined)
     else:
         kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
     for j in range(n):
         state.score[j] += state.combined[j]
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Add the step's attention (observed, or full) to every cached key's score; count the
+    queries that saw each key when ranking by their mean.
+
+    One head's observed attention is added in one loop, the numbers ``combine_observed``
+    gives; other cases are one call, not inlined (their loops in the decode loop, even
+    untaken, slow every step)."""
+    if obs.shape[0] == 1 and not state.full:
+        m = mass[0]
+        for j in range(n):
+            state.score[j] += obs[0, j] / m if m > 0.0 else 0.0
+    else:
+        accumulate(state, obs, mass, n)
     if state.normalize:
         for j in range(n):
             state.seen[j] += 1.0
 
 
+@jit_inline
+def observe_head(state, cache, n, obs, mass, outputs):
+    """:func:`observe` of one query head adding its observed attention to unnormalised
+    scores: the same numbers, without the branches of the other cases (which slow every
+    step of the loop)."""
+    m = mass[0]
+    for j in range(n):
+        state.score[j] += obs[0, j] / m if m > 0.0 else 0.0
+
+
 @jit
 def decode(ctx, out, cache, n, state):
-    """The decode loop of ``h2o``."""
+    """The decode loop of ``h2o``; a plain run adding observed attention has a loop of its
+    own."""
+    if is_plain(ctx, out) and not (state.full or state.normalize):
+        return decode_plain(ctx, out, cache, n, state, admit, observe_head)
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
