@@ -14,6 +14,9 @@ from reference import reference_simulate
 import kvsim
 from kvsim.numerics.field import dense_field
 from kvsim.numerics.fullpass import BLOCKS, full_pass
+from kvsim.policies import POLICIES
+from kvsim.policies.base import run_decode
+from kvsim.policies.run import make_group, resolve_params
 
 api_simulate = importlib.import_module("kvsim.api.simulate")  # the module, not the function
 T, P = 192, 96
@@ -71,3 +74,14 @@ def test_a_call_builds_its_rows_only_when_they_are_asked_for(monkeypatch):
     assert res.series("mass", "h2o", 16).shape == (1, T - P)
     assert len(res) == 4 and len(built) == 4
     assert [r["unit"] for r in res.rows] == [0, 1, 2, 3] and len(built) == 4
+
+
+def test_the_plain_loop_refuses_a_run_that_is_not_plain():
+    A = make_attention(T, "softmax", 2)
+    field = dense_field(np.stack([A, A]), kv_heads=1)  # two query heads share the cache
+    group = make_group(field, 0, P, np.zeros((2, T), bool), {})
+    spec = POLICIES["h2o"]
+    kept, state = spec.steps.start(group, 16, resolve_params(spec, {}), T)
+    with pytest.raises(ValueError, match="decode_plain: expected one dense head"):
+        run_decode(group, 16, kept, spec.steps.plain(state), state)
+    assert run_decode(group, 16, kept, spec.steps.decode, state).mass.shape == (2, T - P)

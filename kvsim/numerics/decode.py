@@ -195,9 +195,12 @@ def is_plain(ctx, out):
 
 @jit_inline
 def decode_plain(ctx, out, cache, n, state, admit, observe):
-    """:func:`decode_loop` of a plain run (:func:`is_plain`): the same steps and numbers,
-    compiled without the code of the other cases (component fields, several heads, output
-    error, snapshots), which slows each of its short steps by about half."""
+    """:func:`decode_loop` of a plain run (:func:`is_plain`; any other run raises): the
+    same steps and numbers, compiled without the code of the other cases (component
+    fields, several heads, output error, snapshots), which slows each of its short steps
+    by about half."""
+    if not is_plain(ctx, out):
+        raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
     return _decode_span(ctx, out, cache, n, state, admit, observe, True)
 
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop, decode_plain, is_plain
+from kvsim.numerics.decode import decode_loop, decode_plain
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Steps, Trace, current, run_decode
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
@@ -97,11 +97,19 @@ def observe_head(state, cache, n, obs, mass, outputs):
 
 @jit
 def decode(ctx, out, cache, n, state):
-    """The decode loop of ``h2o``; a plain run adding observed attention has a loop of its
-    own."""
-    if is_plain(ctx, out) and not (state.full or state.normalize):
-        return decode_plain(ctx, out, cache, n, state, admit, observe_head)
+    """The decode loop of ``h2o``."""
     return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+@jit
+def decode_observed(ctx, out, cache, n, state):
+    """The loop of a plain run (``Steps.plain``) adding one head's observed attention."""
+    return decode_plain(ctx, out, cache, n, state, admit, observe_head)
+
+
+def _plain(state: State):
+    """The loop of a plain run with ``state``, or None (:func:`decode` then)."""
+    return None if state.full or state.normalize else decode_observed
 
 
 def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
@@ -154,7 +162,8 @@ def _run_capped(group: Group, cap: int, budget: int, params: dict) -> Trace:
 
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
-                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank),
+                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank,
+                      plain=_plain),
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
