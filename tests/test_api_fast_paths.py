@@ -5,6 +5,7 @@ one kernel, and rows built only when asked for."""
 from __future__ import annotations
 
 import importlib
+import pickle
 
 import numpy as np
 import pytest
@@ -71,6 +72,11 @@ def test_a_call_builds_its_rows_only_when_they_are_asked_for(monkeypatch):
     res = kvsim.simulate(A, policies=["h2o", "window"], budgets=[16, 32], prompt_len=P,
                          check=False)
     assert built == []
+    copy = pickle.loads(pickle.dumps(res))  # before its rows are built
+    assert built == [] and copy.to_csv() == res.to_csv() and len(built) == 8
+    built.clear()
+    res = kvsim.simulate(A, policies=["h2o", "window"], budgets=[16, 32], prompt_len=P,
+                         check=False)
     assert res.series("mass", "h2o", 16).shape == (1, T - P)
     assert len(res) == 4 and len(built) == 4
     assert [r["unit"] for r in res.rows] == [0, 1, 2, 3] and len(built) == 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -348,7 +349,8 @@ class _Run:
         arrays = series.series(att.T - P)
         key = ("", "simulate")
         truths = {seed: self.truth(seed) for seed in self.seeds}
-        return Results("simulate", lambda: _rows(units, att.T, P, att.has_truth, truths),
+        return Results("simulate", functools.partial(_rows, units, att.T, P, att.has_truth,
+                                                     truths),  # picklable, unlike a lambda
                        {key: arrays}, {key: (self.steps, kept)} if kept else {})
 
 
