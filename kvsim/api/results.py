@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -41,14 +42,21 @@ class Results:
     :meth:`series`; :meth:`kept` gives the cache at every step where it was recorded.
     """
 
-    def __init__(self, name: str, rows: list[dict], arrays: dict, kept: dict | None = None,
-                 focus: dict | None = None):
+    def __init__(self, name: str, rows: list[dict] | Callable[[], list[dict]], arrays: dict,
+                 kept: dict | None = None, focus: dict | None = None):
         self.name = name
-        self.rows = rows
+        self._rows = rows  # or what builds them, on first access (their summaries cost)
         self._arrays = arrays  # (variant, experiment) -> {metric: (units, steps), ...}
         # (variant, experiment) -> (recorded steps, {(label, budget, seed, kv): caches})
         self._kept = kept or {}
         self._focus = focus or {}  # (variant, experiment) -> the budget figures show caches of
+
+    @property
+    def rows(self) -> list[dict]:
+        """The tidy rows (see the class's attributes), built on first access."""
+        if callable(self._rows):
+            self._rows = self._rows()
+        return self._rows
 
     def __repr__(self) -> str:
         return (f"Results({self.name!r}: {len(self.rows)} rows, policies {self.policies}, "

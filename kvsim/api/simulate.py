@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -324,26 +325,36 @@ class _Run:
         return self._collect(tasks, done)
 
     def _collect(self, tasks, done) -> Results:
+        """The results: step series now, rows (their summaries) when first asked for."""
         att, P = self.att, self.P
-        rows: list[dict] = []
+        units: list[tuple] = []  # per row: (seed, head, kv head, config, budget, trace, g)
         series = ExperimentSteps()
         kept: dict = {}
         group = att.heads // att.kv_heads
         for (seed, kv, config), traces in zip(tasks, done):
-            truth = self.truth(seed)
-            has_truth = att.has_truth
             for (budget, _), trace in zip(self.caps[config.label], traces):
                 if "kept" in self.record:
                     kept[config.label, budget, seed, kv] = trace.snapshots
                 for g, h in enumerate(range(kv * group, (kv + 1) * group)):
-                    ident = {"variant": "", "experiment": "simulate", "unit": len(rows),
-                             "policy": config.label, "kind": config.kind, "budget": budget,
-                             "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
-                             "T": att.T, "prompt_len": P, "steps": att.T - P}
-                    rows.append(result_row(ident, config.kind, config.params, trace, g,
-                                           truth[h], has_truth, att.T))
-                    series.add(trace, g, has_truth)
+                    units.append((seed, h, kv, config, budget, trace, g))
+                    series.add(trace, g, att.has_truth)
         arrays = series.series(att.T - P)
         key = ("", "simulate")
-        return Results("simulate", rows, {key: arrays}, {key: (self.steps, kept)} if kept else {})
+        truths = {seed: self.truth(seed) for seed in self.seeds}
+        return Results("simulate", functools.partial(_rows, units, att.T, P, att.has_truth,
+                                                     truths),  # picklable, unlike a lambda
+                       {key: arrays}, {key: (self.steps, kept)} if kept else {})
 
+
+def _rows(units: list[tuple], T: int, P: int, has_truth: bool, truths: dict) -> list[dict]:
+    """The results rows of a call's runs (``units`` as :meth:`_Run._collect` lists them;
+    ``truths``: the (H, T) ground-truth mask of each seed)."""
+    rows = []
+    for seed, h, kv, config, budget, trace, g in units:
+        ident = {"variant": "", "experiment": "simulate", "unit": len(rows),
+                 "policy": config.label, "kind": config.kind, "budget": budget,
+                 "budget_spec": budget, "seed": seed, "head": h, "kv_head": kv,
+                 "T": T, "prompt_len": P, "steps": T - P}
+        rows.append(result_row(ident, config.kind, config.params, trace, g, truths[seed][h],
+                               has_truth, T))
+    return rows

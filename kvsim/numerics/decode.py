@@ -83,28 +83,41 @@ def observed_outputs(values, cache, n, obs, mass, outputs):
                 outputs[g, i] += w * value[i]
 
 
+@jit
+def output_error(values, full_output, cache, n, step, obs, mass, outputs, out_error):
+    """The relative output error of step ``step`` for each head, with values (T, dv):
+    ``outputs`` gets ``o~``, compared with ``full_output``."""
+    observed_outputs(values, cache, n, obs, mass, outputs)
+    for g in range(obs.shape[0]):
+        diff = 0.0
+        norm = 0.0
+        for i in range(outputs.shape[1]):
+            diff += (outputs[g, i] - full_output[g, step, i]) ** 2
+            norm += full_output[g, step, i] ** 2
+        out_error[g, step] = np.sqrt(diff / norm) if norm > 0.0 else 0.0
+
+
+@jit_inline
+def record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall):
+    """Mass and recall of step ``step``, as :func:`record` (without the output error)."""
+    for g in range(obs.shape[0]):
+        m = lane_sum(obs[g], n)
+        mass[g] = m
+        out_mass[g, step] = m
+        out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
+
+
 @jit_inline
 def record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs, out_mass,
            out_recall, out_error):
     """Metrics of step ``step`` from the full attention ``obs[g, :n]`` of each head over the
     cache: mass (into ``mass`` too), recall (``hits[g]`` of the ``n_important[g]`` important
     keys are cached) and, with values (T, dv), the output error against ``full_output``
-    (``outputs`` gets ``o~``)."""
-    dv = outputs.shape[1]
-    for g in range(obs.shape[0]):
-        m = lane_sum(obs[g], n)
-        mass[g] = m
-        out_mass[g, step] = m
-        out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
-    if dv > 0:
-        observed_outputs(values, cache, n, obs, mass, outputs)
-        for g in range(obs.shape[0]):
-            diff = 0.0
-            norm = 0.0
-            for i in range(dv):
-                diff += (outputs[g, i] - full_output[g, step, i]) ** 2
-                norm += full_output[g, step, i] ** 2
-            out_error[g, step] = np.sqrt(diff / norm) if norm > 0.0 else 0.0
+    (``outputs`` gets ``o~``). The error is one call, not inlined: its loops inside the
+    decode loop, even untaken, slow every step of a run without values."""
+    record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
+    if outputs.shape[1] > 0:
+        output_error(values, full_output, cache, n, step, obs, mass, outputs, out_error)
 
 
 @jit
@@ -115,12 +128,20 @@ def copy_kept(cache, n, out):
         out[j] = cache[j]
 
 
+@jit
+def copy_snapshot(cache, n, snapshots, index):
+    """``snapshots[index]``: ``cache[:n]``, -1 padded (loops, not slice copies: see
+    copy_kept)."""
+    for j in range(snapshots.shape[1]):
+        snapshots[index, j] = cache[j] if j < n else -1
+
+
 @jit_inline
 def snapshot(cache, n, step, snap_steps, snapshots, index):
-    """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step."""
+    """Copy the cache into ``snapshots[index]`` if ``step`` is the next snapshot step (one
+    call, not inlined: the copy's loop inside the decode loop slows every step)."""
     if index < snap_steps.shape[0] and snap_steps[index] == step:
-        for j in range(snapshots.shape[1]):  # loops, not slice copies: see copy_kept
-            snapshots[index, j] = cache[j] if j < n else -1
+        copy_snapshot(cache, n, snapshots, index)
         return index + 1
     return index
 
@@ -162,6 +183,30 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     the full attention of each query head over the cache, record the metrics and the
     snapshot, ``observe``. Returns the final number of cached keys.
     """
+    return _decode_span(ctx, out, cache, n, state, admit, observe, False)
+
+
+@jit_inline
+def is_plain(ctx, out):
+    """Whether a run is plain: one query head of a dense matrix, no values, no snapshots."""
+    return (ctx.field.probs.shape[1] > 0 and ctx.heads.shape[0] == 1
+            and ctx.full_output.shape[2] == 0 and out.snap_steps.shape[0] == 0)
+
+
+@jit_inline
+def decode_plain(ctx, out, cache, n, state, admit, observe):
+    """:func:`decode_loop` of a plain run (:func:`is_plain`; any other run raises): the
+    same steps and numbers, compiled without the code of the other cases (component
+    fields, several heads, output error, snapshots), which slows each of its short steps
+    by about half."""
+    if not is_plain(ctx, out):
+        raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
+    return _decode_span(ctx, out, cache, n, state, admit, observe, True)
+
+
+@jit_inline
+def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
+    """:func:`decode_loop`; ``plain`` (a constant) when :func:`is_plain` holds."""
     # Every array out of the bundles once, before the loop (not once per step).
     f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
                                               ctx.prompt_len)
@@ -170,8 +215,8 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     snap_steps, snapshots = out.snap_steps, out.snapshots
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
-    G = heads.shape[0]
-    dense = f.probs.shape[1] > 0
+    G = 1 if plain else heads.shape[0]
+    dense = plain or f.probs.shape[1] > 0
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
@@ -182,7 +227,7 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
     work = np.empty(budget)
     kv = heads[0] // f.group
     values = f.values[kv]
-    d = f.keys.shape[1]
+    d = 0 if dense else f.keys.shape[1]  # a dense matrix reads no key vectors
     cached = np.empty((d, budget))  # the cached keys' vectors, by dimension (q.k fields)
     for j in range(n):
         for i in range(d):
@@ -215,8 +260,11 @@ def decode_loop(ctx, out, cache, n, state, admit, observe):
                         prefetch(f.probs, h, t + 1, cache[j])
             else:
                 probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
-        record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
-               out_mass, out_recall, out_error)
-        snap = snapshot(cache, n, step, snap_steps, snapshots, snap)
+        if plain:
+            record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
+        else:
+            record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+                   out_mass, out_recall, out_error)
+            snap = snapshot(cache, n, step, snap_steps, snapshots, snap)
         observe(state, cache, n, obs, mass, outputs)
     return n

@@ -127,6 +127,27 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
                     output[i] += buf[k] * value[i]
 
 
+@jit
+def dense_prompt_colsum(probs, h, rows):
+    """Column sums of rows ``0 .. rows-1`` of head ``h`` of a dense matrix, summed as the
+    blocks of :func:`_full_pass_block` sum them (rows dealt round-robin to ``BLOCKS``
+    blocks, each summed in row order, the blocks added in block order): the same numbers,
+    in one call."""
+    T = probs.shape[2]
+    out = np.zeros(T)
+    block = np.empty(T)
+    for b in range(BLOCKS):
+        for k in range(rows):
+            block[k] = 0.0
+        for q in range(b, rows, BLOCKS):
+            row = probs[h, q]
+            for k in range(q + 1):
+                block[k] += row[k]
+        for k in range(rows):
+            out[k] += block[k]
+    return out
+
+
 def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = None,
               progress: bool = False) -> FullPass:
     """Run the full pass of query head ``head`` with prompt length ``prompt_len``.
@@ -144,10 +165,15 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     dv = field.values.shape[2] if field.has_values(head // field.group) else 0
     row_max = np.zeros(T)
     row_sum = np.ones(T)
-    prompt_blocks = np.zeros((BLOCKS, T))
-    decode_blocks = np.zeros((BLOCKS, T))
     full_output = np.zeros((T - prompt_len, dv))
     decode_mass = np.zeros(T - prompt_len)
+    threads = min(numba.get_num_threads(), BLOCKS)
+    serial = threads == 1 or rows * (rows + 1) // 2 < SERIAL_ENTRIES
+    if field.is_dense and rows <= prompt_len and serial:  # the prompt's column sums alone
+        return FullPass(row_max, row_sum, dense_prompt_colsum(field.probs, head, rows),
+                        np.zeros(T), full_output, decode_mass)
+    prompt_blocks = np.zeros((BLOCKS, T))
+    decode_blocks = np.zeros((BLOCKS, T))
 
     long = rows * (rows + 1) / 2 > LONG_PASS
     span = max(BLOCKS, rows // 200 // BLOCKS * BLOCKS) if long else max(rows, 1)
@@ -166,9 +192,8 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
             done = range(lo + b + 1, end + 1, BLOCKS)  # the lengths of the rows just done
             bar.update(len(done) * (done.start + done[-1]) // 2 if done else 0)
 
-    threads = min(numba.get_num_threads(), BLOCKS)
     with bar:
-        if threads == 1 or rows * (rows + 1) // 2 < SERIAL_ENTRIES:
+        if serial:
             for b in range(BLOCKS):  # the same blocks in the same order: identical sums
                 block(b)
         else:

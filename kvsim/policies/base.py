@@ -195,6 +195,10 @@ class Steps:
     scores the cached keys as a compression before token ``t`` joins ranks them once
     (``t < 0``: the prefill's judgement of the prompt keys, nothing incoming;
     :mod:`kvsim.protocols.batched`); pages and thresholds need it.
+    ``plain(state)``, where given, returns the loop of a plain run (one query head of a
+    dense matrix, no values, no snapshots) with that state, or None: the same numbers as
+    ``decode``, from :func:`kvsim.numerics.decode.decode_plain`, a kernel of its own so that
+    only plain runs compile it.
     """
 
     start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]
@@ -203,6 +207,7 @@ class Steps:
     decode: Callable
     prepare: Callable[[NamedTuple, Group, dict, int], None] | None = None
     rank: Callable | None = None
+    plain: Callable[[NamedTuple], Callable | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -356,6 +361,18 @@ def run_decode(group: Group, capacity: int, kept: np.ndarray, decode: Callable |
 
 
 def run_steps(steps: Steps, group: Group, budget: int, params: dict) -> Trace:
-    """A policy's trace from its step code: prefill selection, then the decode loop."""
+    """A policy's trace from its step code: prefill selection, then the decode loop (that
+    of a plain run where the policy has one)."""
     kept, state = steps.start(group, budget, params, group.T)
-    return run_decode(group, budget, kept, steps.decode, state)
+    decode = steps.decode
+    if steps.plain is not None and is_plain(group, budget):
+        decode = steps.plain(state) or decode
+    return run_decode(group, budget, kept, decode, state)
+
+
+def is_plain(group: Group, capacity: int) -> bool:
+    """Whether a run at ``capacity`` is plain: one query head of a dense matrix, no
+    values, no snapshots (:func:`kvsim.numerics.decode.is_plain`)."""
+    return (group.field.is_dense and len(group.heads) == 1
+            and not group.field.has_values(group.kv_head)
+            and snapshot_steps(group, capacity).shape[0] == 0)

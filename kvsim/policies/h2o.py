@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_loop, decode_plain
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
 from kvsim.policies.layout import StateLayout
@@ -56,25 +56,61 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit_inline
-def observe(state, cache, n, obs, mass, outputs):
-    """Add the step's attention (observed, or full) to every cached key's score; count the
-    queries that saw each key when ranking by their mean."""
+@jit
+def accumulate(state, obs, mass, n):
+    """Add the group's combined attention (observed, or full) to every cached key's score."""
     if state.full:
         kernels.combine_rows(obs, n, state.gqa, state.combined)
     else:
         kernels.combine_observed(obs, mass, n, state.gqa, state.combined)
     for j in range(n):
         state.score[j] += state.combined[j]
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Add the step's attention (observed, or full) to every cached key's score; count the
+    queries that saw each key when ranking by their mean.
+
+    One head's observed attention is added in one loop, the numbers ``combine_observed``
+    gives; other cases are one call, not inlined (their loops in the decode loop, even
+    untaken, slow every step)."""
+    if obs.shape[0] == 1 and not state.full:
+        m = mass[0]
+        for j in range(n):
+            state.score[j] += obs[0, j] / m if m > 0.0 else 0.0
+    else:
+        accumulate(state, obs, mass, n)
     if state.normalize:
         for j in range(n):
             state.seen[j] += 1.0
+
+
+@jit_inline
+def observe_head(state, cache, n, obs, mass, outputs):
+    """:func:`observe` of one query head adding its observed attention to unnormalised
+    scores: the same numbers, without the branches of the other cases (which slow every
+    step of the loop)."""
+    m = mass[0]
+    for j in range(n):
+        state.score[j] += obs[0, j] / m if m > 0.0 else 0.0
 
 
 @jit
 def decode(ctx, out, cache, n, state):
     """The decode loop of ``h2o``."""
     return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+@jit
+def decode_observed(ctx, out, cache, n, state):
+    """The loop of a plain run (``Steps.plain``) adding one head's observed attention."""
+    return decode_plain(ctx, out, cache, n, state, admit, observe_head)
+
+
+def _plain(state: State):
+    """The loop of a plain run with ``state``, or None (:func:`decode` then)."""
+    return None if state.full or state.normalize else decode_observed
 
 
 def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
@@ -127,7 +163,8 @@ def _run_capped(group: Group, cap: int, budget: int, params: dict) -> Trace:
 
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
-                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank),
+                ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank,
+                      plain=_plain),
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
