@@ -89,5 +89,5 @@ def test_the_plain_loop_refuses_a_run_that_is_not_plain():
     spec = POLICIES["h2o"]
     kept, state = spec.steps.start(group, 16, resolve_params(spec, {}), T)
     with pytest.raises(ValueError, match="decode_plain: expected one dense head"):
-        run_decode(group, 16, kept, spec.steps.plain(state), state)
+        run_decode(group, 16, kept, spec.steps.plain.loop, state)
     assert run_decode(group, 16, kept, spec.steps.decode, state).mass.shape == (2, T - P)

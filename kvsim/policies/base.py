@@ -179,6 +179,14 @@ the queries before RoPE and the RoPE settings (``FieldData.pre_rope_queries``,
 ``rope_freq``, ``rope_scale``)."""
 
 
+class Plain(NamedTuple):
+    """A policy's loop of a plain run (:attr:`Steps.plain`): ``loop``, taking the states
+    for which ``takes(state)`` holds."""
+
+    loop: Callable
+    takes: Callable[[NamedTuple], bool]
+
+
 @dataclass(frozen=True)
 class Steps:
     """A policy's step code (:mod:`kvsim.numerics.decode` defines the protocol).
@@ -195,8 +203,8 @@ class Steps:
     scores the cached keys as a compression before token ``t`` joins ranks them once
     (``t < 0``: the prefill's judgement of the prompt keys, nothing incoming;
     :mod:`kvsim.protocols.batched`); pages and thresholds need it.
-    ``plain(state)``, where given, returns the loop of a plain run (one query head of a
-    dense matrix, no values, no snapshots) with that state, or None: the same numbers as
+    ``plain``, where given, is the loop of a plain run (one query head of a dense matrix,
+    no values, no snapshots) and the states it takes (:class:`Plain`): the same numbers as
     ``decode``, from :func:`kvsim.numerics.decode.decode_plain`, a kernel of its own so that
     only plain runs compile it.
     """
@@ -207,7 +215,7 @@ class Steps:
     decode: Callable
     prepare: Callable[[NamedTuple, Group, dict, int], None] | None = None
     rank: Callable | None = None
-    plain: Callable[[NamedTuple], Callable | None] | None = None
+    plain: Plain | None = None
 
 
 @dataclass(frozen=True)
@@ -365,8 +373,8 @@ def run_steps(steps: Steps, group: Group, budget: int, params: dict) -> Trace:
     of a plain run where the policy has one)."""
     kept, state = steps.start(group, budget, params, group.T)
     decode = steps.decode
-    if steps.plain is not None and is_plain(group, budget):
-        decode = steps.plain(state) or decode
+    if steps.plain is not None and steps.plain.takes(state) and is_plain(group, budget):
+        decode = steps.plain.loop
     return run_decode(group, budget, kept, decode, state)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import decode_loop, decode_plain
 from kvsim.numerics.jit import jit, jit_inline
-from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
+from kvsim.policies.base import (Group, Param, Plain, Policy, Presentation, Steps, Trace, current,
+                                 run_decode)
 from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count, recent_ratio, score_policy, selectable
 
@@ -108,9 +109,7 @@ def decode_observed(ctx, out, cache, n, state):
     return decode_plain(ctx, out, cache, n, state, admit, observe_head)
 
 
-def _plain(state: State):
-    """The loop of a plain run with ``state``, or None (:func:`decode` then)."""
-    return None if state.full or state.normalize else decode_observed
+PLAIN = Plain(decode_observed, lambda state: not (state.full or state.normalize))
 
 
 def _rank(state: State, cache: np.ndarray, n: int, t: int, seed: int):
@@ -164,7 +163,7 @@ def _run_capped(group: Group, cap: int, budget: int, params: dict) -> Trace:
 
 ONLINE = Policy("h2o", "recent newest + heavy hitters by accumulated observed attention",
                 ONLINE_PARAMS, Steps(_start_online, admit, observe, decode, rank=_rank,
-                      plain=_plain),
+                      plain=PLAIN),
                 closed_loop=lambda params: (
                     'accumulate = "full" adds the full attention p(t, k), which a closed loop '
                     'does not have' if params["accumulate"] == "full" else None),
