@@ -75,8 +75,8 @@ def _run_parser() -> argparse.ArgumentParser:
                         "the same file is replaced anyway; other folders never are)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--workers", type=_positive, metavar="N",
-                   help="threads for the policy runs, then processes drawing the figures "
-                        "(default: every core; results do not depend on it)")
+                   help="threads for the policy runs (default: every core; results do not "
+                        "depend on it; figures are drawn in the run's process)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the units an interrupted run of this report finished, and "
                         "keep this run's finished units if it is interrupted (without "

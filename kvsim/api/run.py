@@ -33,8 +33,8 @@ def run(scenario: Scenario | list[Scenario] | str | Path, out: str | Path | None
     force : replace a report kvsim wrote for another scenario file (a report of the same
         file is replaced anyway, a folder kvsim did not write never is).
     progress : show a progress bar on stderr.
-    workers : threads running policies, then processes drawing figures, in parallel
-        (default: every core).
+    workers : threads running policies, in parallel (default: every core); figures are
+        drawn in this process.
     resume : reuse the units an interrupted run of the same report already finished.
     overrides : command-line changes applied to a scenario file before validation.
     dask : run the units on a Dask cluster: a scheduler address (``tcp://HOST:PORT``) or

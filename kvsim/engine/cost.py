@@ -13,16 +13,36 @@ import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from kvsim.attention import files, trace
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.engine.experiments import SNAPSHOTS
-from kvsim.numerics.fullpass import BLOCKS
+from kvsim.numerics.fullpass import BLOCKS, _full_pass_block
+from kvsim.policies import POLICIES
 from kvsim.resources import check_memory, size_text
 from kvsim.scenario.load import Scenario
 
+DENSE = ("matrix", "seed_notebook")  # sources read as a (heads, T, T) matrix
 ROW_BYTES = 3000  # one results row: a dict of about 40 entries
-BASE_BYTES = 256 * 2**20  # the interpreter, compiled kernels, matplotlib drawing a figure
+# Fitted to the measured peaks of the shipped scenarios (reports/bench/memory.csv):
+BASE_BYTES = 226 * 2**20  # one process: interpreter, NumPy, Numba, kvsim, matplotlib, kernels
+COMPILER_BYTES = 19 * 2**20  # what LLVM keeps once it has compiled anything,
+KERNEL_BYTES = 41 * 2**20  # and what Numba and LLVM keep of each of a run's loops compiled
+FIGURE_BYTES = 40 * 2**20  # drawing one figure (in the run's process, one at a time),
+FIGURE_HEAD_BYTES = 12 * 2**20  # and per query head of the largest variant (a panel each)
+KEPT = 1.1  # the results, times this for the Python objects around their arrays
+STACKED = 1.5  # the report's stacked arrays, times this for the copies drawing takes
+
+
+class _Exp(NamedTuple):
+    """The numbers of one experiment the cost depends on."""
+
+    share: float           # prompt share P / T
+    budgets: tuple         # token budgets
+    policies: int
+    snap: int              # the focus budget, whose caches are recorded (SNAPSHOTS of them)
+    whole: bool            # a policy keeps every key whatever the budget (``full``)
 
 
 @dataclass(frozen=True)
@@ -39,7 +59,7 @@ class _Size:
     boosts: int = 0
     dense: bool = False   # a (heads, T, T) matrix
     file_bytes: int = 0   # a trace's arrays as loaded
-    experiments: tuple = ()  # (prompt share P / T, budgets, policies) per experiment
+    experiments: tuple = ()  # an _Exp per experiment
     layers: int = 1       # layers run jointly (one after another: they add runs, not memory)
 
 
@@ -47,9 +67,12 @@ TYPICAL = {"T": 8192, "heads": 32, "dim": 128, "focus": 4, "seeds": 8}
 
 
 def _size(s: Scenario) -> _Size:
-    exps = tuple((e.prompt_len / s.T, e.budgets, len(e.policies)) for e in s.experiments)
-    size = _Size(s.T, s.heads, s.kv_heads, len(s.seeds), experiments=exps, layers=len(s.layers))
-    if s.source in ("matrix", "seed_notebook"):
+    exps = tuple(_Exp(e.prompt_len / s.T, tuple(e.budgets), len(e.policies), e.focus_budget,
+                      any(not POLICIES[p.kind].budgeted for p in e.policies))
+                 for e in s.experiments)
+    size = _Size(s.T, s.heads, s.kv_heads, len(s.seeds), experiments=exps,
+                 layers=len(s.layers))
+    if s.source in DENSE:
         return replace(size, dense=True)
     if s.source == "trace":
         found = files.headers(trace.trace_path(s.attention, Path(s.path).parent))
@@ -71,36 +94,80 @@ def _transient(z: _Size, workers: int) -> float:
     else:
         field = H * T * 16.0 + z.boosts * T + (H + 2 * z.kv_heads) * T * z.dim * 4.0 \
             + T * z.dim * 8.0 * (4 + z.focus) + z.file_bytes
-    prompts = {round(share * T) for share, _, _ in z.experiments} or {T}
+    prompts = {round(e.share * T) for e in z.experiments} or {T}
     steps = max((T - P for P in prompts), default=0)
-    passes = H * len(prompts) * (4 * T + steps * z.dv) * 8.0 + 2 * BLOCKS * T * 8.0
-    budget = max((max(b) for _, b, _ in z.experiments), default=0)
+    # kept passes; while one runs, its blocks' column sums and each thread's row buffers
+    passes = H * len(prompts) * (4 * T + steps * z.dv) * 8.0 + 2 * BLOCKS * T * 8.0 \
+        + workers * 3 * T * 8.0
+    budget = max((max(e.budgets) for e in z.experiments), default=0)
     decode = workers * (budget * (z.dim + 80) * 8.0 + T * 8.0 * 4)
     return field + passes + decode
 
 
 def _kept(z: _Size) -> float:
-    """Bytes of the results kept until the report is written (and stacked once for it)."""
+    """Bytes of the results kept until the report is written: per-step series, final
+    caches (``T`` keys for a policy that keeps every key), rows, cache snapshots."""
     total = 0.0
-    for share, budgets, policies in z.experiments:
-        steps = z.T - round(share * z.T)
-        total += z.seeds * z.layers * z.heads * policies * sum(
-            2 * (steps * 32.0 + min(b, z.T) * 8.0) + ROW_BYTES for b in budgets)
-        if steps:  # cache snapshots at the focus budget (at most the largest)
-            total += z.seeds * z.kv_heads * policies * SNAPSHOTS * max(budgets) * 8.0  # layer 0
+    for e in z.experiments:
+        steps = z.T - round(e.share * z.T)
+        caches = sum(min(b, z.T) for b in e.budgets) * (e.policies - e.whole) \
+            + z.T * len(e.budgets) * e.whole
+        total += z.seeds * z.layers * z.heads * (
+            e.policies * len(e.budgets) * (steps * 32.0 + ROW_BYTES) + caches * 8.0)
+        if steps:  # cache snapshots at the focus budget, of the first layer
+            total += z.seeds * z.kv_heads * e.policies * min(SNAPSHOTS, steps) \
+                * min(e.snap, z.T) * 8.0
     return total
 
 
-def _peak(sizes: list[_Size], workers: int) -> float:
-    return max(_transient(z, workers) for z in sizes) + sum(_kept(z) for z in sizes) + BASE_BYTES
+def _stacked(z: _Size) -> float:
+    """Bytes of the arrays the report stacks from the results (``steps.npz``, figures):
+    the series, (rows, steps) each, and the final caches padded to the widest."""
+    total = 0.0
+    for e in z.experiments:
+        steps = z.T - round(e.share * z.T)
+        width = z.T if e.whole else min(max(e.budgets), z.T)
+        total += z.seeds * z.layers * z.heads * e.policies * len(e.budgets) \
+            * (steps * 32.0 + width * 8.0)
+    return total
+
+
+def _peak(sizes: list[_Size], workers: int, compiled: int) -> float:
+    """The base of one process, what compiling the kernels keeps, the largest sequence's
+    transient arrays (their pages stay with the process), every result, the arrays the
+    report stacks from them, and the figure being drawn (the run is one process)."""
+    figure = FIGURE_BYTES + FIGURE_HEAD_BYTES * max(z.heads for z in sizes)
+    return BASE_BYTES + (COMPILER_BYTES if compiled else 0) + KERNEL_BYTES * compiled \
+        + max(_transient(z, workers) for z in sizes) + KEPT * sum(_kept(z) for z in sizes) \
+        + STACKED * sum(_stacked(z) for z in sizes) + figure
 
 
 def _logits(z: _Size) -> float:
-    prompts = {round(share * z.T) for share, _, _ in z.experiments} or {z.T}
+    prompts = {round(e.share * z.T) for e in z.experiments} or {z.T}
     full = z.heads * len(prompts) * z.T * (z.T + 1) / 2
-    decode = sum(policies * (z.T - round(share * z.T)) * min(b, z.T) * z.heads
-                 for share, budgets, policies in z.experiments for b in budgets)
+    decode = sum(e.policies * (z.T - round(e.share * z.T)) * min(b, z.T) * z.heads
+                 for e in z.experiments for b in e.budgets)
     return z.seeds * z.layers * (full + decode)
+
+
+def kernels(variants: list[Scenario]) -> list:
+    """The compiled loops a run of ``variants`` calls: the full pass's and each policy's
+    decode loop (each once)."""
+    found = {id(_full_pass_block): _full_pass_block}
+    for p in (p for v in variants for e in v.experiments for p in e.policies):
+        if POLICIES[p.kind].steps is not None:
+            found.setdefault(id(POLICIES[p.kind].steps.decode), POLICIES[p.kind].steps.decode)
+    return list(found.values())
+
+
+def uncompiled(variants: list[Scenario]) -> int:
+    """How many of the run's :func:`kernels` have no code on disk for the current source
+    (none yet, or stale): a run compiles them."""
+    def on_disk(kernel) -> bool:
+        index = getattr(getattr(kernel, "_cache", None), "_cache_file", None)
+        return index is not None and bool(index._load_index())
+
+    return sum(not on_disk(k) for k in kernels(variants))
 
 
 @dataclass(frozen=True)
@@ -122,35 +189,43 @@ class Cost:
 
 def _driver(variants: list[Scenario], sizes: list[_Size], workers: int) -> str:
     """The key whose reduction to a typical value lowers the peak the most."""
-    peak = _peak(sizes, workers)
+    def peak(sizes):
+        return _peak(sizes, workers, compiled=0)
+
+    full = peak(sizes)
     t_key = "attention.path" if variants[0].source in ("matrix", "trace") else "attention.T"
     keys = {"T": t_key, "heads": "attention.heads", "dim": "attention.qk.dim",
             "focus": "attention.qk.focus", "seeds": "seeds"}
     best, key = 0.0, t_key
     for name, typical in TYPICAL.items():
         smaller = [replace(z, **{name: min(getattr(z, name), typical)}) for z in sizes]
-        gain = peak - _peak(smaller, workers)
+        gain = full - peak(smaller)
         if gain > best * 1.01:
             best, key = gain, keys[name]
-    budgets = [replace(z, experiments=tuple((s, tuple(min(b, 1024) for b in bs), p)
-                                            for s, bs, p in z.experiments)) for z in sizes]
-    if peak - _peak(budgets, workers) > best * 1.01:
-        best, key = peak - _peak(budgets, workers), "experiment.budgets"
-    if len(sizes) > 1 and peak - _peak(sizes[:1], workers) > best * 1.01:
+    budgets = [replace(z, experiments=tuple(
+        e._replace(budgets=tuple(min(b, 1024) for b in e.budgets), snap=min(e.snap, 1024))
+        for e in z.experiments)) for z in sizes]
+    if full - peak(budgets) > best * 1.01:
+        best, key = full - peak(budgets), "experiment.budgets"
+    if len(sizes) > 1 and full - peak(sizes[:1]) > best * 1.01:
         key = "sweep"
     return key
 
 
-def estimate(variants: list[Scenario], workers: int | None = None) -> Cost:
-    """The :class:`Cost` of running every variant of a sweep on ``workers`` threads."""
+def estimate(variants: list[Scenario], workers: int | None = None,
+             compiled: int | None = None) -> Cost:
+    """The :class:`Cost` of running every variant of a sweep on ``workers`` threads,
+    compiling ``compiled`` of its :func:`kernels` (default: those the kernel cache lacks,
+    :func:`uncompiled`)."""
     workers = workers or os.cpu_count() or 1
+    compiled = uncompiled(variants) if compiled is None else compiled
     sizes = [_size(v) for v in variants]
-    runs = sum(sum(p * len(b) for _, b, p in z.experiments) * z.seeds * z.layers * z.heads
-               for z in sizes)
-    units = sum(sum(p for _, _, p in z.experiments) * z.seeds * z.layers * z.kv_heads
+    runs = sum(sum(e.policies * len(e.budgets) for e in z.experiments)
+               * z.seeds * z.layers * z.heads for z in sizes)
+    units = sum(sum(e.policies for e in z.experiments) * z.seeds * z.layers * z.kv_heads
                 for z in sizes)
-    return Cost(units, runs, sum(_logits(z) for z in sizes), _peak(sizes, workers),
-                _driver(variants, sizes, workers))
+    return Cost(units, runs, sum(_logits(z) for z in sizes),
+                _peak(sizes, workers, compiled), _driver(variants, sizes, workers))
 
 
 def check(variants: list[Scenario], workers: int | None = None) -> Cost:

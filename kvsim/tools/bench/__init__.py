@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -159,9 +158,11 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
     """``kvsim.simulate`` through the public API against the NumPy online H2O peer.
 
     On one dense float64 (T, T) matrix: the input check a call pays (the matrix is read
-    in place, not copied) against a plain ``A.sum()``; per (P, B) setting one call with
-    trusted input (``check=False``), with checks, and on an :class:`Attention` built once;
-    and several budgets in one checked call against one peer run per budget.
+    in place, not copied) against a plain ``A.sum()``; per (P, B) setting one call
+    ``simulate(A, "h2o", B, P)`` with trusted input (``check=False``; also in the
+    ``policies=[...]`` form, whose :class:`Results` add the summary rows), with checks,
+    and on an :class:`Attention` built once; and several budgets in one checked call
+    against one peer run per budget.
     """
     A = dense_matrix(T)
     out = {"T": T, "check": _paired({"sum": A.sum,
@@ -178,13 +179,13 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
             raise AssertionError(f"NumPy h2o and kvsim.simulate disagree on {name}")
         t = _paired({
             "numpy": lambda: numpy_h2o(A, P, B),
-            "trusted": lambda: simulate(A, policies=["h2o"], budgets=[B], prompt_len=P,
-                                        check=False),
+            "trusted": lambda: simulate(A, "h2o", B, P, check=False),
+            "trusted_results": lambda: simulate(A, policies=["h2o"], budgets=[B],
+                                                prompt_len=P, check=False),
             "checked": lambda: simulate(A, "h2o", B, P),
             "reused": lambda: simulate(att, "h2o", B, P)}, repeats)
         out[name] = {"prompt_len": P, "budget": B, **{f"{k}_s": v for k, v in t.items()},
-                     **{f"{k}_speedup": t["numpy"] / t[k] for k in ("trusted", "checked",
-                                                                    "reused")}}
+                     **{f"{k}_speedup": t["numpy"] / t[k] for k in t if k != "numpy"}}
     P = settings["prefill_heavy"][0]
     t = _paired({"numpy": lambda: [numpy_h2o(A, P, b) for b in budgets],
                  "one_call": lambda: simulate(A, policies=["h2o"], budgets=budgets,
@@ -195,20 +196,17 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
 
 
 def end_to_end(scenario: Path) -> dict:
-    """Wall time and peak memory of a scenario run with an empty, then a warm, Numba cache."""
+    """Wall time and peak memory (:func:`kvsim.tools.bench.memory.peak_of`: the run's
+    process's largest resident set) of a scenario run with an empty, then a warm, Numba cache."""
+    from kvsim.tools.bench.memory import peak_of  # here: runnable as python -m
+
     out = {}
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as reports:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
         for label in ("cold", "warm"):
-            start = time.perf_counter()
-            proc = subprocess.Popen([sys.executable, "-m", "kvsim", str(scenario), "--out",
-                                     f"{reports}/{label}", "--quiet"], env=env,
-                                    stdout=subprocess.DEVNULL)
-            _, status, usage = os.wait4(proc.pid, 0)
-            if status:
-                raise RuntimeError(f"{scenario} failed with status {status}")
-            out[label] = {"seconds": time.perf_counter() - start,
-                          "peak_mb": usage.ru_maxrss / 1024}
+            run = peak_of([sys.executable, "-m", "kvsim", str(scenario), "--out",
+                           f"{reports}/{label}", "--quiet"], env)
+            out[label] = {"seconds": run["seconds"], "peak_mb": run["peak_bytes"] / 2**20}
     return out
 
 
@@ -269,7 +267,8 @@ def api_rows(a: dict, quick: bool) -> dict:
         r = api[name]
         print(f"API vs NumPy h2o {name} (P = {r['prompt_len']}, B = {r['budget']}): numpy "
               f"{r['numpy_s'] * 1e3:.1f} ms; simulate check=False {r['trusted_s'] * 1e3:.1f} ms "
-              f"x{r['trusted_speedup']:.1f}, checked {r['checked_s'] * 1e3:.1f} ms "
+              f"x{r['trusted_speedup']:.1f} (Results with rows {r['trusted_results_s'] * 1e3:.1f}"
+              f" ms x{r['trusted_results_speedup']:.1f}), checked {r['checked_s'] * 1e3:.1f} ms "
               f"x{r['checked_speedup']:.1f}, reused Attention {r['reused_s'] * 1e3:.1f} ms "
               f"x{r['reused_speedup']:.1f}")
     r = api["budgets"]
