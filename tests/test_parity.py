@@ -1,0 +1,81 @@
+"""``python -m kvsim.tools.task.parity`` (kvsim's policies against their kvpress twins) on a
+tiny random Llama: every exact twin keeps the same positions in every layer and KV head and
+answers the same tokens; TOVA and knorm, whose rules differ on purpose, agree once switched
+to kvpress's; the report has a row per policy and results.csv one per run; a policy without
+a twin is one line, exit 2, before any model loads. Skips without the kvpress extra."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("kvpress")
+pytest.importorskip("torch")
+
+from kvsim.policies import POLICIES  # noqa: E402
+from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.scenario.load import PolicyConfig  # noqa: E402
+from kvsim.tools.task.parity import TWINS, check, parity_rows, write_report  # noqa: E402
+from test_task import CharTokenizer, task_config, tiny_net  # noqa: E402
+
+PARAMS = {"streaming_llm": {}, "snapkv": {"window": 8, "kernel": 5, "pooling": "avg"},
+          "knorm": {}, "keydiff": {}, "expected_attention": {},
+          "h2o": {"normalize": True, "recent_ratio": 0.0}, "tova": {}, "random": {}}
+LENGTH = 300  # the raw prompt's task description takes 150 characters
+
+
+@pytest.fixture(scope="module")
+def parity():
+    cfg = dataclasses.replace(
+        task_config([PolicyConfig(k, k, resolve_params(POLICIES[k], p)) for k, p in
+                     PARAMS.items()], budgets=(16, 40), compress=("prefill_only",)),
+        lengths=(LENGTH,))
+    check(cfg)
+    rows, timing = parity_rows(cfg, tiny_net(positions=512), CharTokenizer(), progress=False)
+    return cfg, rows, timing
+
+
+def test_every_twin_keeps_and_answers_alike(parity):
+    cfg, rows, _ = parity
+    assert len(rows) == len(PARAMS) * 2 and set(TWINS) == set(PARAMS)
+    for r in rows:
+        if r["kind"] in ("streaming_llm", "snapkv", "keydiff", "expected_attention", "h2o"):
+            assert (r["equal_kept"], r["identical_answer"]) == (1, 1), r
+            assert r["kvsim_success"] == r["kvpress_success"]
+        if r["kind"] in ("tova", "knorm"):  # equal once kvsim's rule is kvpress's
+            assert (r["compatible_equal_kept"], r["compatible_identical_answer"]) == (1, 1), r
+        else:
+            assert r["compatible_equal_kept"] == ""
+    assert not any(r["equal_kept"] for r in rows if r["kind"] == "tova")
+
+
+def test_report_has_a_row_per_policy_and_results_a_row_per_run(parity, tmp_path):
+    cfg, rows, timing = parity
+    facts = {"command": "python -m kvsim.tools.task.parity t.toml --out r", "kvsim": "0",
+             "commit": "c", "kvpress": "0.5.5", "transformers": "5.2", "torch": "2",
+             "date": "d", "wall_seconds": 60.0, "load_average": (1.0, 1.0, 1.0)}
+    assert set(timing["seconds"]) == set(PARAMS)
+    write_report(cfg, rows, timing, facts, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "`python -m kvsim.tools.task.parity t.toml --out r`" in text.splitlines()[2]
+    for kind in PARAMS:
+        assert sum(line.startswith(f"| {kind} (`{kind}`) | {TWINS[kind].press}(")
+                   for line in text.splitlines()) == 1
+    with open(tmp_path / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+
+
+def test_a_policy_without_a_twin_is_one_line(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('name = "t"\n[task]\nlengths = [512]\ndepths = [0.5]\nbudgets = [64]\n'
+                    'compress = ["prefill_only"]\n[policies.window]\n')
+    done = subprocess.run([sys.executable, "-m", "kvsim.tools.task.parity", str(path), "--out",
+                           str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"{path}: policies.window: expected a policy with a kvpress twin")
+    assert not (tmp_path / "r").exists()
