@@ -123,7 +123,13 @@ def first_difference(ours: list, theirs: list, layers: list[int], H_kv: int) -> 
     i = differ[0]
     a, b = set(ours[i]), set(theirs[i])
     return len(differ), (f"layer {layers[i // H_kv]} head {i % H_kv}: kvsim only "
-                         f"{sorted(a - b)}, kvpress only {sorted(b - a)}")
+                         f"{_few(sorted(a - b))}, kvpress only {_few(sorted(b - a))}")
+
+
+def _few(positions: list[int], shown: int = 8) -> str:
+    """The first ``shown`` of ``positions``, then how many more."""
+    more = f" and {len(positions) - shown} more" if len(positions) > shown else ""
+    return f"{positions[:shown]}{more}"
 
 
 def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = None,
@@ -176,8 +182,11 @@ def kvsim_seconds(net, cfg, prompt, pc: PolicyConfig, budget: int) -> float:
     return time.perf_counter() - start
 
 
-def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form) -> list[dict]:
-    """Every policy x budget of ``cfg`` on one trial: kvsim's run, its twin's, compared."""
+def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = False
+               ) -> list[dict]:
+    """Every policy x budget of ``cfg`` on one trial: kvsim's run, its twin's, compared;
+    ``timed``: at the largest budget, one compressed run of kvsim alone timed too
+    (:func:`kvsim_seconds`), the load average beside it."""
     from kvsim.policies.run import get_policy
     from kvsim.tools.task import inputs, run
     from kvsim.tools.task.presses import held_caches, make, ratio
@@ -221,46 +230,58 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form) -> list[dict]:
                "kvpress_success": int(inputs.first_number(answers[1]) == key),
                "full_success": int(inputs.first_number(full_answer) == key),
                "kvsim_answer": answers[0], "kvpress_answer": answers[1],
-               "kvpress_seconds": round(seconds, 3),
+               "kvpress_seconds": round(seconds, 3), "kvsim_seconds": "", "load_1min": "",
                "compatible_equal_kept": "", "compatible_identical_answer": ""}
         if twin.compatible:
             k = compatible.index(pc) * len(cfg.budgets) + cfg.budgets.index(b)
             row["compatible_equal_kept"] = int(switched_sets[k] == theirs)
             row["compatible_identical_answer"] = int(np.array_equal(switched_tokens[k], tokens))
+        if timed and b == max(cfg.budgets):
+            row["kvsim_seconds"] = round(kvsim_seconds(net, cfg, prompt, pc, b), 3)
+            row["load_1min"] = round(os.getloadavg()[0], 2)
         rows.append(row)
     return rows
 
 
-def parity_rows(cfg, net, tokenizer, progress: bool = True) -> tuple[list[dict], dict]:
-    """Every run of ``cfg``'s grid (:func:`trial_rows`) and, per policy, (kvsim's, kvpress's)
-    seconds of one compressed run on the grid's last prompt at its largest budget."""
+_FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
+
+
+def _trial(index: int) -> list[dict]:
+    from kvsim.tools.task.run import cells
+
+    net, tokenizer, cfg, text_ids, form = _FORKED["job"]
+    grid = cells(cfg)
+    return trial_rows(net, tokenizer, cfg, grid[index], text_ids, form,
+                      timed=index == len(grid) - 1)
+
+
+def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) -> list[dict]:
+    """Every run of ``cfg``'s grid (:func:`trial_rows`), in grid order, the trials on
+    ``workers`` forked processes (the longest first); the grid's last trial times one run
+    of each side at the largest budget."""
     from kvsim.tools.closed_loop.model import attach
-    from kvsim.tools.task import inputs
+    from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.command import prompt_frame
     from kvsim.tools.task.run import cells
 
     attach(net)
-    form = prompt_frame(cfg, tokenizer)
     text_ids = None
     if cfg.filler_path is not None:
         raw = cfg.filler_path.read_text(encoding="utf-8")
         text_ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"], np.int64)
-    rows = []
-    grid = cells(cfg)
-    for i, cell in enumerate(grid):
-        rows += trial_rows(net, tokenizer, cfg, cell, text_ids, form)
-        if progress:
-            print(f"{cfg.name}: trial {i + 1} of {len(grid)}", file=sys.stderr)
-    last, b = grid[-1], max(cfg.budgets)
-    prompt = inputs.build(tokenizer, last[0], last[1],
-                          inputs.trial_rng(cfg.seed, *last), text_ids, form)
-    timings = {}
-    for pc in cfg.policies:
-        theirs = next(r["kvpress_seconds"] for r in rows if r["policy"] == pc.label
-                      and (r["length"], r["depth"], r["trial"]) == last and r["budget"] == b)
-        timings[pc.label] = (kvsim_seconds(net, cfg, prompt, pc, b), theirs,
-                             os.getloadavg()[0])
-    return rows, {"cell": last, "budget": b, "seconds": timings}
+    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer))
+    order = list(range(len(cells(cfg))))[::-1]
+    try:
+        if workers <= 1:
+            done = [_trial(i) for i in order]
+        else:
+            with forked_pool(min(workers, len(order))) as pool:
+                done = pool.map(_trial, order)
+    finally:
+        _FORKED.clear()
+    if progress:
+        print(f"{cfg.name}: {len(order)} trials", file=sys.stderr)
+    return [r for rows in done[::-1] for r in rows]
 
 
 def check(cfg) -> None:
@@ -281,10 +302,11 @@ def _share(rows: list[dict], column: str) -> str:
     return f"{sum(int(r[column]) for r in rows)} / {len(rows)}"
 
 
-def report_lines(cfg, rows: list[dict], timing: dict, facts: dict) -> list[str]:
+def report_lines(cfg, rows: list[dict], facts: dict) -> list[str]:
     """The Markdown of the parity report."""
     load = ", ".join(f"{x:.2f}" for x in facts["load_average"])
-    n, d, t = timing["cell"]
+    timed = {r["policy"]: r for r in rows if r["kvsim_seconds"] != ""}
+    n, d, t = next((r["length"], r["depth"], r["trial"]) for r in timed.values())
     out = [f"# kvsim against kvpress: {cfg.name}", "",
            f"Produced by `{facts['command']}` (kvsim {facts['kvsim']}, commit "
            f"`{facts['commit']}`, kvpress {facts['kvpress']}, transformers "
@@ -306,14 +328,17 @@ def report_lines(cfg, rows: list[dict], timing: dict, facts: dict) -> list[str]:
         mine = [r for r in rows if r["policy"] == pc.label]
         press = twin_press(pc, cfg.seed)
         args = ", ".join(f"{k}={v!r}" for k, v in press.params.items())
-        ours, theirs, at_load = timing["seconds"][pc.label]
+        clock = timed[pc.label]
         equal = _share(mine, "equal_kept") if TWINS[pc.kind].exact else "(not compared)"
         out.append(f"| {pc.label} (`{pc.kind}`) | {press.kind}({args}) | {len(mine)} | "
                    f"{equal} | {_share(mine, 'identical_answer')} | "
                    f"{_share(mine, 'kvsim_success')} | {_share(mine, 'kvpress_success')} | "
-                   f"{ours:.1f} | {theirs:.1f} | {at_load:.2f} |")
-    out += ["", f"Seconds of one compressed run each, on the last prompt ({n} tokens, depth "
-                f"{d}, trial {t}) at budget {timing['budget']}: kvsim's full prefill, selection "
+                   f"{clock['kvsim_seconds']:.1f} | {clock['kvpress_seconds']:.1f} | "
+                   f"{clock['load_1min']:.2f} |")
+    prompts = {(r["length"], r["depth"], r["trial"]): r["full_success"] for r in rows}
+    out += ["", f"The full cache answers {sum(prompts.values())} of the {len(prompts)} "
+                "prompts.", "", f"Seconds of one compressed run each, on the last prompt ({n} tokens, depth "
+                f"{d}, trial {t}) at budget {max(cfg.budgets)}: kvsim's full prefill, selection "
                 "and answer decode; kvpress's prefill under the press, question and answer. "
                 "One run each, on a machine shared with other work: compare them within a "
                 "row, with the load beside them."]
@@ -345,17 +370,17 @@ def report_lines(cfg, rows: list[dict], timing: dict, facts: dict) -> list[str]:
     return out
 
 
-def write_report(cfg, rows: list[dict], timing: dict, facts: dict, folder: Path) -> None:
+def write_report(cfg, rows: list[dict], facts: dict, folder: Path) -> None:
     """``report.md`` and ``results.csv`` into ``folder``."""
     with open(folder / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (folder / "report.md").write_text("\n".join(report_lines(cfg, rows, timing, facts)) + "\n")
+    (folder / "report.md").write_text("\n".join(report_lines(cfg, rows, facts)) + "\n")
 
 
-def parity_report(path: str | Path, out: Path, *, command: str | None = None,
-                  progress: bool = True) -> Path:
+def parity_report(path: str | Path, out: Path, *, workers: int = 1,
+                  command: str | None = None, progress: bool = True) -> Path:
     """Run the parity of a task file (see the module's docstring) and write ``out``."""
     import torch
     import transformers
@@ -374,13 +399,15 @@ def parity_report(path: str | Path, out: Path, *, command: str | None = None,
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rows, timing = parity_rows(cfg, net, tokenizer, progress)
+        rows = parity_rows(cfg, net, tokenizer, workers, progress)
     finally:
         torch.set_num_threads(threads)
-    command = command or f"python -m kvsim.tools.task.parity {path} --out {out}"
-    facts = {**provenance(command, 1, start, started), "kvpress": kvpress.__version__,
+    command = command or " ".join(["python -m kvsim.tools.task.parity", str(path), "--out",
+                                   str(out), *(["--workers", str(workers)] if workers > 1
+                                               else [])])
+    facts = {**provenance(command, workers, start, started), "kvpress": kvpress.__version__,
              "transformers": transformers.__version__, "torch": torch.__version__}
-    replace_folder(Path(out), lambda tmp: write_report(cfg, rows, timing, facts, tmp))
+    replace_folder(Path(out), lambda tmp: write_report(cfg, rows, facts, tmp))
     return Path(out)
 
 
@@ -391,10 +418,13 @@ def main(argv: list[str] | None = None) -> int:
                                                  "twins on a task file's prompts")
     parser.add_argument("file")
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="forked processes for the trials (torch on one thread each)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
-        out = parity_report(args.file, args.out, progress=not args.quiet)
+        out = parity_report(args.file, args.out, workers=args.workers,
+                            progress=not args.quiet)
     except KvsimError as exc:
         print(str(exc), file=sys.stderr)
         return 2
