@@ -10,7 +10,7 @@ global layer and KV head are equal (:func:`kept_sets`; where not, the first laye
 positions that differ) and whether the answers are the same tokens. Where kvsim's rule
 differs from kvpress's on purpose (:attr:`Twin.rule`), kvsim's selection with the difference
 switched to kvpress's behaviour (:attr:`Twin.compatible`) is compared too, its answer decoded
-by kvsim's decoder. One run of each side is timed on the last prompt of the grid. The folder
+by kvsim's decoder. One run of each side is timed on the first prompt of the grid. The folder
 gets ``report.md`` and ``results.csv`` (one row per run).
 """
 
@@ -252,12 +252,12 @@ def _trial(index: int) -> list[dict]:
     net, tokenizer, cfg, text_ids, form = _FORKED["job"]
     grid = cells(cfg)
     return trial_rows(net, tokenizer, cfg, grid[index], text_ids, form,
-                      timed=index == len(grid) - 1)
+                      timed=index == 0)
 
 
 def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) -> list[dict]:
     """Every run of ``cfg``'s grid (:func:`trial_rows`), in grid order, the trials on
-    ``workers`` forked processes (the longest first); the grid's last trial times one run
+    ``workers`` forked processes (the longest first); the grid's first trial times one run
     of each side at the largest budget."""
     from kvsim.tools.closed_loop.model import attach
     from kvsim.tools.closed_loop.run import forked_pool
@@ -276,7 +276,7 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
             done = [_trial(i) for i in order]
         else:
             with forked_pool(min(workers, len(order))) as pool:
-                done = pool.map(_trial, order)
+                done = list(pool.map(_trial, order))
     finally:
         _FORKED.clear()
     if progress:
@@ -337,7 +337,7 @@ def report_lines(cfg, rows: list[dict], facts: dict) -> list[str]:
                    f"{clock['load_1min']:.2f} |")
     prompts = {(r["length"], r["depth"], r["trial"]): r["full_success"] for r in rows}
     out += ["", f"The full cache answers {sum(prompts.values())} of the {len(prompts)} "
-                "prompts.", "", f"Seconds of one compressed run each, on the last prompt ({n} tokens, depth "
+                "prompts.", "", f"Seconds of one compressed run each, on one prompt ({n} tokens, depth "
                 f"{d}, trial {t}) at budget {max(cfg.budgets)}: kvsim's full prefill, selection "
                 "and answer decode; kvpress's prefill under the press, question and answer. "
                 "One run each, on a machine shared with other work: compare them within a "
