@@ -382,6 +382,8 @@ def write_report(cfg, rows: list[dict], facts: dict, folder: Path) -> None:
 def parity_report(path: str | Path, out: Path, *, workers: int = 1,
                   command: str | None = None, progress: bool = True) -> Path:
     """Run the parity of a task file (see the module's docstring) and write ``out``."""
+    from importlib.metadata import version
+
     import torch
     import transformers
 
@@ -394,7 +396,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)
     check(cfg)
-    kvpress = presses_module()
+    presses_module()
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -405,7 +407,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
     command = command or " ".join(["python -m kvsim.tools.task.parity", str(path), "--out",
                                    str(out), *(["--workers", str(workers)] if workers > 1
                                                else [])])
-    facts = {**provenance(command, workers, start, started), "kvpress": kvpress.__version__,
+    facts = {**provenance(command, workers, start, started), "kvpress": version("kvpress"),
              "transformers": transformers.__version__, "torch": torch.__version__}
     replace_folder(Path(out), lambda tmp: write_report(cfg, rows, facts, tmp))
     return Path(out)
