@@ -164,18 +164,19 @@ from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
 from kvsim.tools.task.presses import make, press_caches  # noqa: E402
 from test_task import BARE, N, CharTokenizer, task_config, tiny_net  # noqa: E402
 
+from kvsim.tools.task.parity import (kept_sets, kvpress_answer, tova_all_heads,  # noqa: E402
+                                     twin_press)
+
 BUDGETS = (16, 40)
 ANSWER = 8
-TWINS = {  # kvsim policy and params -> the kvpress press and its keyword arguments
-    "streaming_llm": ({"sinks": 4}, "StreamingLLMPress", {"n_sink": 4}),
-    "knorm": ({"recent_ratio": 0.0}, "KnormPress", {}),
-    "snapkv": ({"window": 8, "kernel": 5, "pooling": "avg", "protect_window": True},
-               "SnapKVPress", {"window_size": 8, "kernel_size": 5}),
-    "keydiff": ({"recent_ratio": 0.0}, "KeyDiffPress", {}),
-    "expected_attention": ({"n_sink": 4, "n_future": 512}, "ExpectedAttentionPress",
-                           {"n_sink": 4, "n_future_positions": 512}),
-    "h2o": ({"normalize": True, "recent_ratio": 0.0}, "ObservedAttentionPress", {}),
-    "tova": ({}, "TOVAPress", {}),
+TWINS = {  # kvsim policy -> its parameters here (kvsim.tools.task.parity.TWINS: its press)
+    "streaming_llm": {"sinks": 4},
+    "knorm": {"recent_ratio": 0.0},
+    "snapkv": {"window": 8, "kernel": 5, "pooling": "avg", "protect_window": True},
+    "keydiff": {"recent_ratio": 0.0},
+    "expected_attention": {"n_sink": 4, "n_future": 512},
+    "h2o": {"normalize": True, "recent_ratio": 0.0},
+    "tova": {},
 }
 EXACT = ["expected_attention", "h2o", "keydiff", "snapkv", "streaming_llm"]
 
@@ -189,47 +190,15 @@ def tiny():
     return net, prompt, full
 
 
-def kvpress_generation(net, press, prompt, steps: int) -> np.ndarray:
-    """kvpress's pipeline on one question: the context prefilled under ``press`` into a
-    ``DynamicCache``, then the question (positions from the context's length) and a greedy
-    answer of ``steps`` tokens (no stop at EOS), on the eager model."""
-    from transformers import DynamicCache
-
-    at = prompt.ids.size - prompt.question_len
-    net.set_attn_implementation("eager")
-    try:
-        cache = DynamicCache()
-        with torch.no_grad():
-            with press(net):
-                net.model(input_ids=torch.as_tensor(prompt.ids[None, :at]), past_key_values=cache)
-            pos = torch.arange(at, prompt.ids.size)[None]
-            out = net(input_ids=torch.as_tensor(prompt.ids[None, at:]), past_key_values=cache,
-                      position_ids=pos, logits_to_keep=1)
-            tokens = [int(out.logits[0, -1].argmax())]
-            for i in range(steps - 1):
-                out = net(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache,
-                          position_ids=pos[:, -1:] + 1 + i)
-                tokens.append(int(out.logits[0, -1].argmax()))
-    finally:
-        attach(net)
-    return np.array(tokens)
-
-
 def both(tiny, kind: str):
     """(kvsim's caches, the press's caches) of one twin under prefill_only at BUDGETS."""
     net, prompt, full = tiny
-    params, press, kwargs = TWINS[kind]
+    policy = PolicyConfig(kind, kind, resolve_params(POLICIES[kind], TWINS[kind]))
     cfg = dataclasses.replace(
-        task_config([PolicyConfig(kind, kind, resolve_params(POLICIES[kind], params))],
-                    budgets=BUDGETS, compress=("prefill_only",)),
-        presses=(PolicyConfig(press, press, kwargs),))
+        task_config([policy], budgets=BUDGETS, compress=("prefill_only",)),
+        presses=(twin_press(policy, 0),))
     protocols, rows_of = task_run.compress(full, prompt, cfg)
     return cfg, protocols["prefill_only"], press_caches(net, full, prompt, cfg, rows_of)
-
-
-def kept_sets(caches, layers):
-    return [[sorted(caches.steppers[c][layer][j].cache.tolist()) for layer in layers
-             for j in range(len(caches.steppers[c][layer]))] for c in range(len(caches.runs))]
 
 
 @pytest.mark.parametrize("kind", ["streaming_llm", "knorm", "snapkv"])
@@ -244,7 +213,7 @@ def test_a_press_in_kvsim_answers_as_kvpress_itself(tiny, kind):
     tokens, peak = task_run.answer(net, full, caches, ANSWER)
     assert (peak == np.array(BUDGETS) + prompt.question_len + ANSWER - 1).all()
     for c, (pc, b) in enumerate(caches.runs):
-        reference = kvpress_generation(net, make(pc, ratio(at, b)), prompt, ANSWER)
+        reference, _, _ = kvpress_answer(net, make(pc, ratio(at, b)), prompt, ANSWER)
         assert np.array_equal(tokens[c], reference), (kind, b)
 
 
@@ -282,14 +251,11 @@ def test_tovapress_is_the_last_query_averaged_over_every_head_of_the_layer(tiny)
     net, prompt, full = tiny
     _, ours, theirs = both(tiny, "tova")
     at = prompt.ids.size - prompt.question_len
-    H_kv = full.keys.shape[1]
     for c, (_, b) in enumerate(theirs.runs):
         for layer in full.global_layers:
-            last = np.concatenate([full.prompt_attention(layer, j, at)[:, -1, :at - 1]
-                                   for j in range(H_kv)]).mean(axis=0)
-            expected = sorted([*np.argsort(-last, kind="stable")[:b - 1].tolist(), at - 1])
-            for j in range(H_kv):
-                assert sorted(theirs.steppers[c][layer][j].cache.tolist()) == expected
+            expected = tova_all_heads(full, at, b, layer)
+            for j in range(full.keys.shape[1]):
+                assert theirs.steppers[c][layer][j].cache.tolist() == expected[j].tolist()
     assert kept_sets(ours, full.global_layers) != kept_sets(theirs, full.global_layers)
 
 

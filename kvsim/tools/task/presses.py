@@ -245,12 +245,9 @@ def ratio(k_len: int, budget: int) -> float:
     return r
 
 
-def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
-         layers: list[int]) -> dict[int, np.ndarray]:
-    """Run kvpress's prefill of ``context_ids`` under ``press`` (its hooks, an eager
-    forward into a ``DynamicCache``, as its pipeline does) and return, per layer of
-    ``layers``, the (H_kv, n) sorted context positions its cache kept: each kept key is
-    matched to the nearest of ``context_keys`` (L, H_kv, at, d), kvsim's prefill keys."""
+def press_prefill(net, press, context_ids: np.ndarray):
+    """kvpress's prefill of ``context_ids`` under ``press`` (its hooks, an eager forward into
+    a ``DynamicCache``, as its pipeline does); returns the compressed cache."""
     import torch
     from transformers import DynamicCache
 
@@ -264,10 +261,19 @@ def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
                       past_key_values=cache)
     finally:
         attach(net)
+    return cache
+
+
+def positions(cache, context_keys: np.ndarray, layers: list[int], name: str
+              ) -> dict[int, np.ndarray]:
+    """Per layer of ``layers``, the (H_kv, n) sorted context positions a press's ``cache``
+    (of press ``name``) holds: each held key is matched to the nearest of ``context_keys``
+    (L, H_kv, at, d), kvsim's prefill keys; the cache's first keys only are read (the
+    question and answer may follow)."""
     out = {}
     for layer in layers:
-        held = cache.layers[layer].keys[0].double().numpy()  # (H_kv, n, d)
         ref = context_keys[layer].astype(np.float64)
+        held = cache.layers[layer].keys[0].double().numpy()  # (H_kv, n, d)
         positions = np.empty(held.shape[:2], np.int64)
         for j in range(held.shape[0]):
             d2 = ((held[j][:, None, :] - ref[j][None]) ** 2).sum(-1)
@@ -275,11 +281,20 @@ def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
             err = np.sqrt(d2[np.arange(len(positions[j])), positions[j]])
             scale = np.linalg.norm(ref[j][positions[j]], axis=1) + 1e-6
             if (err > MATCH * scale).any() or np.unique(positions[j]).size != positions.shape[1]:
-                raise KvsimError(f"press {type(press).__name__}: layer {layer}, KV head {j} "
-                                 f"holds keys that are not the context's own (kvsim runs "
-                                 f"presses that keep a subset of the context)")
+                raise KvsimError(f"press {name}: layer {layer}, KV head {j} holds keys that "
+                                 f"are not the context's own (kvsim runs presses that keep a "
+                                 f"subset of the context)")
         out[layer] = np.sort(positions, axis=1)
     return out
+
+
+def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
+         layers: list[int]) -> dict[int, np.ndarray]:
+    """Run kvpress's prefill of ``context_ids`` under ``press`` (:func:`press_prefill`) and
+    return, per layer of ``layers``, the (H_kv, n) sorted context positions its cache kept
+    (:func:`positions`)."""
+    return positions(press_prefill(net, press, context_ids), context_keys, layers,
+                     type(press).__name__)
 
 
 @dataclass
@@ -316,17 +331,26 @@ def press_caches(net, full, prompt, cfg, rows_of: dict):
     ``prefill_only``: the positions kvpress's prefill of the context kept (a :class:`Kept`
     per global layer and KV head) and what they predict; ``rows_of``: the question's
     full-cache attention per (global layer, KV head)."""
+    at = prompt.ids.size - prompt.question_len
+    return held_caches(full, prompt, cfg, rows_of, cfg.presses, lambda pc, b: kept(
+        net, make(pc, ratio(at, b)), prompt.ids[:at], full.keys[:, :, :at], full.global_layers))
+
+
+def held_caches(full, prompt, cfg, rows_of: dict, configs, held_of):
+    """The :class:`~kvsim.tools.task.run.Caches` under ``prefill_only`` of every config of
+    ``configs`` x budget of ``cfg`` whose kept context positions ``held_of(config, budget)``
+    gives (per global layer, (H_kv, n) positions): a :class:`Kept` per global layer and KV
+    head, and what the positions predict."""
     from kvsim.tools.task.run import empty_caches, predict
 
-    caches = empty_caches(full, prompt, cfg, PROTOCOL, cfg.presses)
-    at, H_kv = caches.at, full.keys.shape[1]
-    digits = np.concatenate(prompt.digits)
+    caches = empty_caches(full, prompt, cfg, PROTOCOL, configs)
+    H_kv = full.keys.shape[1]
     for c, (pc, b) in enumerate(caches.runs):
-        held = kept(net, make(pc, ratio(at, b)), prompt.ids[:at], full.keys[:, :, :at],
-                    full.global_layers)
+        held = held_of(pc, b)
         for i, layer in enumerate(full.global_layers):
             for j in range(H_kv):
                 positions = held[layer][j]
-                predict(caches, (c, i, j), positions, prompt.digits, rows_of[layer, j][digits])
+                predict(caches, (c, i, j), positions, prompt.digits, rows_of[layer, j][
+                    np.concatenate(prompt.digits)])
                 caches.steppers[c][layer][j] = Kept(positions.tolist())
     return caches
