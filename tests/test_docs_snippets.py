@@ -10,7 +10,9 @@
   ``[[experiment]]``) are validated as a scenario file in that directory.
 - A block preceded by a line ``<!-- no-test ... -->`` is not run (the text says why).
 
-The site itself must build with ``mkdocs build --strict`` (skipped without mkdocs).
+The site itself must build with ``mkdocs build --strict`` (skipped without mkdocs), and
+every figure it shows, the committed report figures among them (``mkdocs_hooks.py``), is
+in it.
 """
 
 from __future__ import annotations
@@ -147,4 +149,10 @@ def test_site_builds_strict(tmp_path: Path):
                           cwd=ROOT, env=dict(_env(), NO_MKDOCS_2_WARNING="1"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert (tmp_path / "site" / "reference" / "index.html").exists()
+    site = tmp_path / "site"
+    assert (site / "reference" / "index.html").exists()
+    shown = {(html.parent / src).resolve() for html in site.rglob("*.html")
+             for src in re.findall(r'<img[^>]* src="([^"]+\.png)"', html.read_text())}
+    figures = {f for f in shown if "reports" in f.parts}
+    assert len(figures) >= 8, "the site embeds the key report figures"
+    assert all(f.is_file() for f in shown), sorted(str(f) for f in shown if not f.is_file())
