@@ -8,6 +8,9 @@
   Other lines (``pip install``, ``mkdocs serve``) are not run.
 - ```toml blocks that are whole scenarios (an ``[attention]`` table and an
   ``[[experiment]]``) are validated as a scenario file in that directory.
+- A ```toml block preceded by a line ``<!-- file: NAME -->`` is also written to NAME in
+  that directory, where the shell blocks after it find it (a page that walks through
+  writing a file, then running it).
 - A block preceded by a line ``<!-- no-test ... -->`` is not run (the text says why).
 
 The site itself must build with ``mkdocs build --strict`` (skipped without mkdocs), and
@@ -31,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 NO_TEST = re.compile(r"^\s*<!--\s*no-test\b")
+SAVE_AS = re.compile(r"^\s*<!--\s*file:\s*([\w.-]+)\s*-->")
 
 
-def blocks(page: Path) -> list[tuple[str, str, bool, int]]:
-    """``(language, code, runnable, line)`` for each fenced block of ``page``."""
+def blocks(page: Path) -> list[tuple[str, str, bool, int, str | None]]:
+    """``(language, code, runnable, line, file name)`` for each fenced block of ``page``."""
     out, lines, i = [], page.read_text().splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -48,7 +52,9 @@ def blocks(page: Path) -> list[tuple[str, str, bool, int]]:
         while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
             body.append(lines[i][indent:])
             i += 1
-        out.append((lang, "\n".join(body) + "\n", not NO_TEST.match(prev), start + 1))
+        save = SAVE_AS.match(prev)
+        out.append((lang, "\n".join(body) + "\n", not NO_TEST.match(prev), start + 1,
+                    save.group(1) if save else None))
         i += 1
     return out
 
@@ -87,7 +93,7 @@ def _env() -> dict:
 def _runnable(page: Path) -> bool:
     return any(run and (lang == "python" or (lang in ("bash", "console") and commands(code))
                         or (lang == "toml" and is_scenario(code)))
-               for lang, code, run, _ in blocks(page))
+               for lang, code, run, *_ in blocks(page))
 
 
 def _id(page: Path) -> str:
@@ -98,16 +104,18 @@ def _id(page: Path) -> str:
 def test_page_blocks_run(page: Path, tmp_path: Path):
     work = _workdir(tmp_path)
     found = blocks(page)
-    script = "".join(f"# {_id(page)}:{line}\n{code}" for lang, code, run, line in found
+    script = "".join(f"# {_id(page)}:{line}\n{code}" for lang, code, run, line, _ in found
                      if run and lang == "python")
     if script:
         (work / "page_snippets.py").write_text(script)
         done = subprocess.run([sys.executable, "page_snippets.py"], cwd=work, env=_env(),
                               capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{_id(page)}: python blocks failed:\n{done.stderr[-3000:]}"
-    for lang, code, run, line in found:
+    for lang, code, run, line, save_as in found:
         if not run:
             continue
+        if save_as:
+            (work / save_as).write_text(code)
         if lang in ("bash", "console"):
             for command in commands(code):
                 done = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=work,
@@ -124,13 +132,14 @@ def test_page_blocks_run(page: Path, tmp_path: Path):
 
 
 def test_no_test_marks_precede_blocks():
-    """A ``no-test`` mark is read only before a block: anywhere else it is a mistake."""
+    """``no-test`` and ``file:`` marks are read only before a block: anywhere else they are
+    a mistake."""
     for page in PAGES:
         lines = page.read_text().splitlines()
         for i, line in enumerate(lines):
-            if NO_TEST.match(line):
+            if NO_TEST.match(line) or SAVE_AS.match(line):
                 nxt = next((x for x in lines[i + 1:] if x.strip()), "")
-                assert FENCE.match(nxt), f"{_id(page)}:{i + 1}: no-test mark before no block"
+                assert FENCE.match(nxt), f"{_id(page)}:{i + 1}: a block mark before no block"
 
 
 def test_readme_is_short_and_self_contained():
@@ -152,7 +161,7 @@ def test_site_builds_strict(tmp_path: Path):
     site = tmp_path / "site"
     assert (site / "reference" / "index.html").exists()
     shown = {(html.parent / src).resolve() for html in site.rglob("*.html")
-             for src in re.findall(r'<img[^>]* src="([^"]+\.png)"', html.read_text())}
+             for src in re.findall(r'(?:src|href)="([^"]+\.png)"', html.read_text())}
     figures = {f for f in shown if "reports" in f.parts}
     assert len(figures) >= 8, "the site embeds the key report figures"
     assert all(f.is_file() for f in shown), sorted(str(f) for f in shown if not f.is_file())
