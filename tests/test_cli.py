@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvsim.cli import main
+from kvsim.cli import _run_parser, main
 from kvsim.policies import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,3 +129,13 @@ def test_help_teaches():
                           text=True)
     assert proc.returncode == 0
     assert "validate" in proc.stdout and "examples" in proc.stdout
+
+
+def test_cli_page_tables_every_run_option():
+    """docs/cli.md's options table lists every option of a run, as the parser has them."""
+    page = (ROOT / "docs" / "cli.md").read_text()
+    table = page.split("## Options of a run", 1)[1].split("\n## ", 1)[0]
+    rows = {row.split("|")[1].strip().strip("`").split()[0] for row in table.splitlines()
+            if row.startswith("| `--")}
+    options = {o for a in _run_parser()._actions for o in a.option_strings if o.startswith("--")}
+    assert rows == options - {"--help"}, f"docs/cli.md: table {sorted(rows)}, parser {sorted(options)}"
