@@ -5,15 +5,16 @@ on the same line, by an HTML comment naming the committed file it comes from, wh
 site and GitHub do not show::
 
     took 845 s<!-- reports/closed_loop_smollm2/report.md "Wall time" -->
-    mass 0.567<!-- reports/h2o_online_vs_offline/results.csv policy=h2o_offline budget=128 mass_mean -->
+    KL 0.368<!-- reports/closed_loop_smollm2/results.csv policy=tova budget=64 kl -->
 
 The comment cites the number just before it (its sign and thousands separators aside):
 
 - a text file (``report.md``): the number must be printed as the page prints it (to the
-  same decimals) on a line of that file; a quoted phrase narrows the lines to those that contain it;
+  same decimals) on a line of that file; a quoted phrase narrows the lines to those that
+  contain it;
 - a CSV file: ``column`` and any ``key=value`` (or ``key!=value``) filters; the mean of
-  that column over the matching rows (``distinct(column)``: the number of its values; ``rows``: the number of rows),
-  rounded half up to the page's decimals;
+  that column over the matching rows (``distinct(column)``: the number of its values;
+  ``rows``: the number of rows), rounded half up to the page's decimals;
 - a JSON file: a dotted key path (list items by index), rounded likewise.
 
 ``/N`` and ``*N`` words scale a CSV or JSON value (``/1048576``: bytes to MiB); a ``%``
@@ -198,7 +199,8 @@ def test_cited_numbers_are_the_reports():
      "experiment=decode mass_mean -->", "expected 0.567"),
 ])
 def test_checker_reports_the_disagreement(tmp_path: Path, line: str, source: str | None):
-    """The checker accepts the report's number and names the report's where it differs."""
+    """The checker accepts the report's number and, where the page differs, names the page's
+    line and what the report has."""
     page = tmp_path / "page.md"
     page.write_text(f"text\n{line}\n")
     (found,), _ = cites(page)
