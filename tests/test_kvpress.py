@@ -158,7 +158,8 @@ torch = pytest.importorskip("torch")
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.closed_loop.model import attach, prefill  # noqa: E402
+from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.tools.closed_loop.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
 from kvsim.tools.task.presses import make, press_caches  # noqa: E402

@@ -188,8 +188,8 @@ transformers = pytest.importorskip("transformers")
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, prefill,  # noqa: E402
-                                           stores)
+from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
 from tiny_models import Watched, tiny_llama_net  # noqa: E402
