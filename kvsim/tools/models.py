@@ -130,10 +130,19 @@ FAMILIES = {
                            ("layer_types", ["sliding_attention", "full_attention"] * 2),
                            ("sliding_window", 8), ("head_dim", 16),
                            ("query_pre_attn_scalar", 16))),
+    "qwen2": Family("Qwen2 and Qwen2.5", "Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": Family("Qwen3 (query and key norms)", "Qwen3Config", "Qwen3ForCausalLM",
+                    (("head_dim", 16),)),
+    "mistral": Family("Mistral", "MistralConfig", "MistralForCausalLM",
+                      (("sliding_window", None),)),
+    "phi3": Family("Phi-3 (one fused qkv_proj)", "Phi3Config", "Phi3ForCausalLM",
+                   (("pad_token_id", 0), ("eos_token_id", 0))),
 }
-"""The model families (transformers' ``model_type``) kvsim has been made to work with: its
-attention function (closed loop, task), ``kvsim capture`` and kvpress's presses inside
-``kvsim task`` run on these; a model of any other family is refused before it loads."""
+"""The model families (transformers' ``model_type``) kvsim has been made to work with, each
+checked on a tiny random model in tests/test_families.py: its attention function (closed
+loop, task), ``kvsim capture`` and kvpress's presses inside ``kvsim task`` run on these. A
+model folder of any other family is refused before it loads (``validate``, every command);
+a model handed to :func:`kvsim.tools.adapter.attach` some other way is tried with a warning."""
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}
 GGUF_FAMILIES = {"gemma3": "gemma3_text"}  # GGUF architecture -> model_type, as transformers
