@@ -112,6 +112,18 @@ def serving(attend: Callable):
         _ACTIVE.pop()
 
 
+def hidden_keys(T: int, window: int = 0):
+    """(T, T) torch bool mask, True where query ``t`` does not see key ``s``: ``s > t``,
+    and on a sliding-window layer (``window`` > 0) ``s <= t - window``. transformers passes
+    a registered attention function no mask, so every pass over a whole text applies it."""
+    import torch
+
+    hidden = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if window:
+        hidden |= torch.ones(T, T, dtype=torch.bool).tril(-window)
+    return hidden
+
+
 def pre_rope_queries(attention, hidden):
     """(B, H, T, d) queries of one attention layer before RoPE, from its input ``hidden``
     (B, T, D), as the layer computes them: its query projection (Phi-3: the query part of

@@ -1,17 +1,18 @@
 """Record the post-RoPE queries, keys and values of a Hugging Face causal LM (``kvsim capture``).
 
-The model runs once on the CPU with eager attention. A wrapper around the model's own
-eager attention function records, for each chosen layer, the query, key and value
-tensors it receives (after rotary embedding, before any KV repetition) and the
-attention weights it returns, and each layer's sliding window (0 for a global layer: a
+The model runs once on the CPU through kvsim's attention function
+(:mod:`kvsim.tools.adapter`), whose recording pass calls the model's own eager attention
+with the causal (and windowed) mask transformers would build. It records, for each chosen
+layer, the query, key and value tensors (after rotary embedding, before any KV repetition)
+and the attention weights, and each layer's sliding window (0 for a global layer: a
 Gemma-3 trace records five local layers for each global one, and ``windows`` says which);
-and, from hooks on the query projection (or on the query norm where the model has one,
-as Gemma-3 does), the queries before RoPE with each layer's RoPE inverse frequencies,
-cos/sin factor and base, checked to rotate into the recorded queries. Before saving, the
-trace is checked: the causal (and windowed) softmax of ``q . k * scaling`` recomputed
-from the stored float16 vectors must reproduce those weights to float16 precision. Needs
-the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU wheel first on a
-machine without a GPU).
+and the queries before RoPE, computed from the layer's projections
+(:func:`kvsim.tools.adapter.pre_rope_queries`), with each layer's RoPE inverse
+frequencies, cos/sin factor and base, checked to rotate into the recorded queries. Before
+saving, the trace is checked: the causal (and windowed) softmax of ``q . k * scaling``
+recomputed from the stored float16 vectors must reproduce those weights to float16
+precision. Needs the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU
+wheel first on a machine without a GPU).
 """
 
 from __future__ import annotations
@@ -101,11 +102,8 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     def recording(layer, query, key, value, geometry):
         module = net.model.layers[layer].self_attn
         T = query.shape[2]
-        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)
-        if geometry.window:
-            hidden |= torch.ones(T, T, dtype=torch.bool).tril(-geometry.window)
         mask = torch.zeros(T, T, dtype=query.dtype).masked_fill(  # as transformers builds it
-            hidden, torch.finfo(query.dtype).min)[None, None]
+            adapter.hidden_keys(T, geometry.window), torch.finfo(query.dtype).min)[None, None]
         output, weights = eager(module, query, key, value, mask, scaling=geometry.scaling,
                                 dropout=0.0)
         if layer in layers:

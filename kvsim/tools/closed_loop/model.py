@@ -30,7 +30,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.quantize import Quantize, quantised_counts
-from kvsim.tools.adapter import Geometry, forward, rope_settings, serving
+from kvsim.tools.adapter import Geometry, forward, hidden_keys, rope_settings, serving
 from kvsim.tools.preflight import INSTALL
 
 
@@ -143,9 +143,7 @@ def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0, rope: bool = Fa
         H_kv = key.shape[1]
         q = query.view(B, H_kv, H // H_kv, T, d)
         logits = geometry.logits(q, key[:, :, None])
-        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)  # the trap: no mask is passed
-        if geometry.window:
-            hidden |= torch.ones(T, T, dtype=torch.bool).tril(-geometry.window)
+        hidden = hidden_keys(T, geometry.window)  # the trap: no mask is passed
         p = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)
         out = torch.matmul(p, value[:, :, None]).reshape(B, H, T, -1)
