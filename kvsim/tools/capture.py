@@ -106,12 +106,12 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
             adapter.hidden_keys(T, geometry.window), torch.finfo(query.dtype).min)[None, None]
         output, weights = eager(module, query, key, value, mask, scaling=geometry.scaling,
                                 dropout=0.0)
+        pre = pre_rope.pop(layer).numpy()  # every layer's: only the chosen ones' are kept
         if layer in layers:
             if geometry.softcap:
                 raise KvsimError(f"capture: layer {layer} softcaps its attention "
                                  f"logits, which a trace does not replay")
             rope = adapter.rope_settings(net, module)
-            pre = pre_rope.pop(layer).numpy()
             _check_rope(layer, pre, query[0].numpy(), rope)
             q, k, v = (x[0].numpy().astype(dtype) for x in (query, key, value))
             deviation = _deviation(q, k, geometry.scaling, weights[0].numpy(), geometry.window)
