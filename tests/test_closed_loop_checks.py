@@ -145,6 +145,9 @@ def model_folder(tmp_path: Path, config: str | None, gguf: str | None = None) ->
      f"expected a model whose family kvsim can read (config.json's model_type: one of "
      f"{FAMILIES}), got none"),
     ("", "gpt2", UNSUPPORTED + "'gpt2' (w.gguf's general.architecture)"),
+    ('{"model_type": "qwen3", "layer_types": ["full_attention", "linear_attention"]}', None,
+     "expected layer types kvsim runs (full_attention, sliding_attention) in "
+     "config.layer_types, got 'linear_attention'"),
 ])
 def test_a_model_of_a_family_kvsim_does_not_support_is_refused_before_torch(
         tmp_path, config, gguf, problem):

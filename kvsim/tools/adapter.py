@@ -27,7 +27,6 @@ from kvsim.errors import KvsimError
 from kvsim.tools import models
 
 ATTENTION = "kvsim"
-LAYER_TYPES = ("full_attention", "sliding_attention")  # what kvsim knows how to run
 _ACTIVE: list[Callable] = []  # the pass the registered attention function serves
 
 
@@ -55,16 +54,15 @@ def windows(config) -> list[int]:
     """Each layer's sliding window (0: full attention) as the config declares it:
     ``config.layer_types`` where present (a ``sliding_attention`` layer has
     ``config.sliding_window``), else ``config.sliding_window`` on every layer (Mistral,
-    Phi-3) or none (Llama). A layer type other than :data:`LAYER_TYPES` is a
+    Phi-3) or none (Llama). A layer type other than :data:`models.LAYER_TYPES` is a
     :class:`KvsimError`."""
     window = int(getattr(config, "sliding_window", None) or 0)
     types = getattr(config, "layer_types", None)
     if types is None:
         return [window] * config.num_hidden_layers
-    unknown = sorted({t for t in types if t not in LAYER_TYPES})
-    if unknown:
-        raise KvsimError(f"model: expected layer types kvsim runs ({', '.join(LAYER_TYPES)}) "
-                         f"in config.layer_types, got {', '.join(map(repr, unknown))}")
+    problem = models.layer_types_problem(types)
+    if problem:
+        raise KvsimError(f"model: {problem}")
     return [window if t == "sliding_attention" else 0 for t in types]
 
 
