@@ -123,7 +123,7 @@ def test_a_window_the_config_does_not_declare_is_refused():
     attach(net)
     net.model.layers[1].self_attn.sliding_window = 4  # a global layer, by its layer type
     with pytest.raises(KvsimError, match=r"^model: layer 1 attends with a sliding window of "
-                                         r"4, expected 0 \(config.layer_types\)$"):
+                                         r"4, expected 0 as its config declares$"):
         prefill(net, np.arange(8))
 
 

@@ -76,7 +76,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     declared = windows(module.config)[module.layer_idx]
     if geometry.window != declared:
         raise KvsimError(f"model: layer {module.layer_idx} attends with a sliding window of "
-                         f"{geometry.window}, expected {declared} (config.layer_types)")
+                         f"{geometry.window}, expected {declared} as its config declares")
     return _ACTIVE[-1](module.layer_idx, query, key, value, geometry)
 
 
