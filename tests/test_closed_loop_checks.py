@@ -118,7 +118,8 @@ def test_a_missing_capture_extra_is_named(tmp_path, monkeypatch, capsys):
         '".[capture]"); missing: torch, gguf\n')
 
 
-UNSUPPORTED = "expected a model of a family kvsim supports (llama, gemma3_text), got "
+FAMILIES = "llama, gemma3_text, qwen2, qwen3, mistral, phi3"
+UNSUPPORTED = f"expected a model of a family kvsim supports ({FAMILIES}), got "
 
 
 def model_folder(tmp_path: Path, config: str | None, gguf: str | None = None) -> Path:
@@ -137,13 +138,16 @@ def model_folder(tmp_path: Path, config: str | None, gguf: str | None = None) ->
 
 
 @pytest.mark.parametrize("config, gguf, problem", [
-    ('{"model_type": "qwen2"}', None, UNSUPPORTED + "'qwen2' (config.json's model_type)"),
+    ('{"model_type": "gpt2"}', None, UNSUPPORTED + "'gpt2' (config.json's model_type)"),
     ('{"model_type": "gemma3"}', None,  # the multimodal Gemma-3: its layers are elsewhere
      UNSUPPORTED + "'gemma3' (config.json's model_type)"),
     ('{"architectures": ["LlamaForCausalLM"]}', None,
-     "expected a model whose family kvsim can read (config.json's model_type: one of llama, "
-     "gemma3_text), got none"),
-    ("", "qwen2", UNSUPPORTED + "'qwen2' (w.gguf's general.architecture)"),
+     f"expected a model whose family kvsim can read (config.json's model_type: one of "
+     f"{FAMILIES}), got none"),
+    ("", "gpt2", UNSUPPORTED + "'gpt2' (w.gguf's general.architecture)"),
+    ('{"model_type": "qwen3", "layer_types": ["full_attention", "linear_attention"]}', None,
+     "expected layer types kvsim runs (full_attention, sliding_attention) in "
+     "config.layer_types, got 'linear_attention'"),
 ])
 def test_a_model_of_a_family_kvsim_does_not_support_is_refused_before_torch(
         tmp_path, config, gguf, problem):
@@ -156,17 +160,17 @@ def test_a_model_of_a_family_kvsim_does_not_support_is_refused_before_torch(
 
 
 def test_capture_and_on_demand_traces_refuse_an_unsupported_family_before_torch(tmp_path):
-    model_folder(tmp_path, '{"model_type": "qwen2"}')
+    model_folder(tmp_path, '{"model_type": "gpt2"}')
     (tmp_path / "t.txt").write_text(TEXT)
     status, out, err = run_before_torch("capture", "--model", tmp_path / "m", "--text",
                                         tmp_path / "t.txt", "--out", tmp_path / "x.npz")
     assert (status, out) == (2, "") and err.splitlines() == [
-        f"kvsim: --model: {UNSUPPORTED}'qwen2' (config.json's model_type)"], err
+        f"kvsim: --model: {UNSUPPORTED}'gpt2' (config.json's model_type)"], err
     scenario = tmp_path / "s.toml"
     scenario.write_text('[attention]\nsource = "trace"\nmodel = "m"\ntext = "t.txt"\n'
                         'tokens = 32\n[policies.tova]\n[[experiment]]\nbudgets = [8]\n')
     assert run_before_torch("validate", scenario) == (
-        2, "", f"{scenario}: attention.model: {UNSUPPORTED}'qwen2' (config.json's model_type)\n")
+        2, "", f"{scenario}: attention.model: {UNSUPPORTED}'gpt2' (config.json's model_type)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "s.toml", "t.txt"]
 
 

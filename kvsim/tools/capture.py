@@ -1,17 +1,18 @@
 """Record the post-RoPE queries, keys and values of a Hugging Face causal LM (``kvsim capture``).
 
-The model runs once on the CPU with eager attention. A wrapper around the model's own
-eager attention function records, for each chosen layer, the query, key and value
-tensors it receives (after rotary embedding, before any KV repetition) and the
-attention weights it returns, and each layer's sliding window (0 for a global layer: a
+The model runs once on the CPU through kvsim's attention function
+(:mod:`kvsim.tools.adapter`), whose recording pass calls the model's own eager attention
+with the causal (and windowed) mask transformers would build. It records, for each chosen
+layer, the query, key and value tensors (after rotary embedding, before any KV repetition)
+and the attention weights, and each layer's sliding window (0 for a global layer: a
 Gemma-3 trace records five local layers for each global one, and ``windows`` says which);
-and, from hooks on the query projection (or on the query norm where the model has one,
-as Gemma-3 does), the queries before RoPE with each layer's RoPE inverse frequencies,
-cos/sin factor and base, checked to rotate into the recorded queries. Before saving, the
-trace is checked: the causal (and windowed) softmax of ``q . k * scaling`` recomputed
-from the stored float16 vectors must reproduce those weights to float16 precision. Needs
-the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU wheel first on a
-machine without a GPU).
+and the queries before RoPE, computed from the layer's projections
+(:func:`kvsim.tools.adapter.pre_rope_queries`), with each layer's RoPE inverse
+frequencies, cos/sin factor and base, checked to rotate into the recorded queries. Before
+saving, the trace is checked: the causal (and windowed) softmax of ``q . k * scaling``
+recomputed from the stored float16 vectors must reproduce those weights to float16
+precision. Needs the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU
+wheel first on a machine without a GPU).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from kvsim._version import __version__
 from kvsim.attention.components import rotate
 from kvsim.errors import KvsimError
-from kvsim.tools import gguf_tokenizer, models
+from kvsim.tools import adapter, gguf_tokenizer, models
 from kvsim.tools.preflight import INSTALL
 from kvsim.paths import read_text
 
@@ -83,52 +84,50 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     """Run ``net`` on ``token_ids`` and return the trace arrays of the chosen layers, the
     vectors stored as ``dtype`` (float16, or float32 where float16 is not precise enough).
 
-    Each layer is checked (see :func:`check`) as the model computes it and only its
-    vectors are kept, so all 30 layers of SmolLM2 at 2,048 tokens fit in a few hundred MB.
+    The model runs through kvsim's attention function (:mod:`kvsim.tools.adapter`), whose
+    recording pass calls the model's own eager attention with the causal (and windowed)
+    mask it would have built. Each layer is checked (see :func:`check`) as the model
+    computes it and only its vectors are kept, so all 30 layers of SmolLM2 at 2,048 tokens
+    fit in a few hundred MB.
     """
     torch, _ = _imports()
     n_layers = net.config.num_hidden_layers
     layers = list(range(n_layers)) if layers is None else layers
     if any(not 0 <= layer < n_layers for layer in layers):
         raise KvsimError(f"--layers: expected layer indices in [0, {n_layers}), got {layers}")
-    attn_module = sys.modules[type(net.model.layers[0].self_attn).__module__]
-    original = attn_module.eager_attention_forward
+    eager = sys.modules[type(net.model.layers[0].self_attn).__module__].eager_attention_forward
     seen: dict = {}
     pre_rope: dict = {}
-    hooks = [query_hook(net.model.layers[layer].self_attn, layer, pre_rope) for layer in layers]
 
-    def recording(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-                  **kwargs):
-        # by keyword: Llama's eager function takes (..., scaling, dropout), Gemma's the reverse
-        output, weights = original(module, query, key, value, attention_mask, scaling=scaling,
-                                   dropout=dropout, **kwargs)
-        if scaling is None:  # the eager functions' default
-            scaling = module.head_dim ** -0.5
-        if module.layer_idx in layers:
-            if kwargs.get("softcap"):
-                raise KvsimError(f"capture: layer {module.layer_idx} softcaps its attention "
+    def recording(layer, query, key, value, geometry):
+        module = net.model.layers[layer].self_attn
+        T = query.shape[2]
+        mask = torch.zeros(T, T, dtype=query.dtype).masked_fill(  # as transformers builds it
+            adapter.hidden_keys(T, geometry.window), torch.finfo(query.dtype).min)[None, None]
+        output, weights = eager(module, query, key, value, mask, scaling=geometry.scaling,
+                                dropout=0.0)
+        pre = pre_rope.pop(layer).numpy()  # every layer's: only the chosen ones' are kept
+        if layer in layers:
+            if geometry.softcap:
+                raise KvsimError(f"capture: layer {layer} softcaps its attention "
                                  f"logits, which a trace does not replay")
-            window = int(kwargs.get("sliding_window") or 0)
-            q32 = query[0].detach().numpy()
-            rope = rope_settings(net, module)
-            _check_rope(module.layer_idx, pre_rope[module.layer_idx], q32, rope)
-            q, k, v = (x[0].detach().numpy().astype(dtype) for x in (query, key, value))
-            deviation = _deviation(q, k, float(scaling), weights[0].detach().numpy(), window)
-            seen[module.layer_idx] = (q, k, v, float(scaling), window, deviation,
-                                      pre_rope.pop(module.layer_idx).astype(dtype), rope)
+            rope = adapter.rope_settings(net, module)
+            _check_rope(layer, pre, query[0].numpy(), rope)
+            q, k, v = (x[0].numpy().astype(dtype) for x in (query, key, value))
+            deviation = _deviation(q, k, geometry.scaling, weights[0].numpy(), geometry.window)
+            seen[layer] = (q, k, v, geometry.scaling, geometry.window, deviation,
+                           pre.astype(dtype), rope)
         return output, weights
 
-    attn_module.eager_attention_forward = recording
+    previous = net.config._attn_implementation
+    adapter.attach(net)
     try:
-        with torch.no_grad():
-            net(torch.as_tensor(token_ids[None], dtype=torch.long))
+        adapter.forward(net, token_ids, recording, queries=pre_rope)
     finally:
-        attn_module.eager_attention_forward = original
-        for hook in hooks:
-            hook.remove()
+        net.set_attn_implementation(previous)
     missing = [layer for layer in layers if layer not in seen]
     if missing:
-        raise KvsimError(f"capture: the model's eager attention was not called for layers "
+        raise KvsimError(f"capture: the model's attention was not called for layers "
                          f"{missing}; is it a supported causal LM?")
     q, k, v, scale, window, deviation, pre, rope = zip(*(seen[layer] for layer in layers))
     if len(set(scale)) > 1:
@@ -141,41 +140,6 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
             "pre_rope_queries": np.stack(pre), "rope_freq": np.stack([r[0] for r in rope]),
             "rope_scale": np.array([r[1] for r in rope]),
             "rope_theta": np.array([r[2] for r in rope])}
-
-
-def query_hook(attention, layer: int, out: dict):
-    """A forward hook storing ``out[layer]``: the layer's (H, T, d) float32 queries before
-    RoPE, from its query norm if it has one (Gemma-3, Qwen3), else its query projection."""
-    norm = getattr(attention, "q_norm", None)
-    if norm is not None:
-        def hook(module, inputs, output):
-            out[layer] = output[0].detach().numpy().copy()  # (H, T, d) already
-        return norm.register_forward_hook(hook)
-    d = attention.head_dim
-
-    def hook(module, inputs, output):
-        T = output.shape[1]
-        out[layer] = output[0].detach().numpy().reshape(T, -1, d).transpose(1, 0, 2).copy()
-    return attention.q_proj.register_forward_hook(hook)
-
-
-def rope_settings(net, attention) -> tuple[np.ndarray, float, float]:
-    """(inverse frequencies, cos/sin factor, base theta or NaN) of one attention layer's
-    RoPE, from the model's rotary embedding (per layer type where it has several: Gemma-3
-    rotates its local layers with base 10,000 and its global ones with 1,000,000)."""
-    rotary = getattr(net.model, "rotary_emb", None)
-    if rotary is None:
-        raise KvsimError("capture: expected a model with a rotary embedding (model.rotary_emb)")
-    kind = getattr(attention, "layer_type", None)
-    freq = getattr(rotary, f"{kind}_inv_freq", None) if kind else None
-    if freq is None:
-        freq, factor = rotary.inv_freq, rotary.attention_scaling
-    else:
-        factor = getattr(rotary, f"{kind}_attention_scaling")
-    params = getattr(net.config, "rope_parameters", None) or {}
-    params = params.get(kind, params) if kind else params
-    theta = float(params.get("rope_theta", getattr(net.config, "rope_theta", np.nan)))
-    return freq.detach().numpy().astype(np.float64), float(factor), theta
 
 
 def _check_rope(layer: int, pre: np.ndarray, post: np.ndarray, rope: tuple) -> None:

@@ -130,10 +130,21 @@ FAMILIES = {
                            ("layer_types", ["sliding_attention", "full_attention"] * 2),
                            ("sliding_window", 8), ("head_dim", 16),
                            ("query_pre_attn_scalar", 16))),
+    "qwen2": Family("Qwen2 and Qwen2.5", "Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": Family("Qwen3 (query and key norms)", "Qwen3Config", "Qwen3ForCausalLM",
+                    (("head_dim", 16),)),
+    "mistral": Family("Mistral", "MistralConfig", "MistralForCausalLM",
+                      (("sliding_window", None),)),
+    "phi3": Family("Phi-3 (one fused qkv_proj)", "Phi3Config", "Phi3ForCausalLM",
+                   (("pad_token_id", 0), ("eos_token_id", 0))),
 }
-"""The model families (transformers' ``model_type``) kvsim has been made to work with: its
-attention function (closed loop, task), ``kvsim capture`` and kvpress's presses inside
-``kvsim task`` run on these; a model of any other family is refused before it loads."""
+"""The model families (transformers' ``model_type``) kvsim has been made to work with, each
+checked on a tiny random model in tests/test_families.py: its attention function (closed
+loop, task), ``kvsim capture`` and kvpress's presses inside ``kvsim task`` run on these. A
+model folder of any other family is refused before it loads (``validate``, every command);
+a model handed to :func:`kvsim.tools.adapter.attach` some other way is tried with a warning."""
+LAYER_TYPES = ("full_attention", "sliding_attention")
+"""The layer types (``config.layer_types``) kvsim runs: global and sliding-window attention."""
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}
 GGUF_FAMILIES = {"gemma3": "gemma3_text"}  # GGUF architecture -> model_type, as transformers
@@ -156,15 +167,32 @@ def family(model: Path, gguf_file: str | None) -> str | None:
 
 def family_problem(model: Path, gguf_file: str | None) -> str | None:
     """Why kvsim cannot run the model in ``model`` (its family, :func:`family`, is not one of
-    :data:`FAMILIES` or cannot be read), in one line; None when it can."""
+    :data:`FAMILIES` or cannot be read; or its config.json names a layer type other than
+    :data:`LAYER_TYPES`), in one line; None when it can."""
     found = family(model, gguf_file)
     where = f"{gguf_file}'s general.architecture" if gguf_file else "config.json's model_type"
     if found in FAMILIES:
-        return None
+        return None if gguf_file else _layer_types_problem(Path(model) / "config.json")
     return (f"expected a model of a family kvsim supports ({', '.join(FAMILIES)}), got "
             f"{found!r} ({where})" if found else
             f"expected a model whose family kvsim can read ({where}: one of "
             f"{', '.join(FAMILIES)}), got none")
+
+
+def layer_types_problem(types) -> str | None:
+    """Why kvsim cannot run a model whose ``config.layer_types`` is ``types`` (a layer type
+    other than :data:`LAYER_TYPES`), in one line; None when it can (or ``types`` is None)."""
+    unknown = sorted({t for t in types or () if t not in LAYER_TYPES}, key=str)
+    return (f"expected layer types kvsim runs ({', '.join(LAYER_TYPES)}) in "
+            f"config.layer_types, got {', '.join(map(repr, unknown))}") if unknown else None
+
+
+def _layer_types_problem(config: Path) -> str | None:
+    try:
+        types = json.loads(config.read_text()).get("layer_types")
+    except (OSError, ValueError, AttributeError):
+        return None  # the family was read from it: this cannot happen but in a race
+    return layer_types_problem(types if isinstance(types, list) else None)
 
 
 def chat_template(model: Path, gguf_file: str | None) -> bool | None:

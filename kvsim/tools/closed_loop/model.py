@@ -1,6 +1,7 @@
 """A Hugging Face causal LM with kvsim's caches inside it: the two passes of the closed loop.
 
-One attention function, registered with transformers' attention interface, serves both:
+Both run through kvsim's one attention function (:mod:`kvsim.tools.adapter`, attached by
+:func:`~kvsim.tools.adapter.attach`), each as the pass it serves:
 
 - :func:`prefill` runs the whole text with full causal attention and records every layer's
   post-RoPE queries, keys and values. transformers passes a registered attention function
@@ -15,23 +16,22 @@ One attention function, registered with transformers' attention interface, serve
   model computed under its compressed cache. The keys live in a full-length store with a
   membership mask, which gives the same numbers as evicting them physically.
 
-On a sliding-window layer the model's own window already bounds the cache: policies compress the global layers only, and every cache, the full one included,
-attends over exactly the window ``t - W < s <= t`` there, as the stock model does.
+On a sliding-window layer the model's own window already bounds the cache: policies compress
+the global layers only, and every cache, the full one included, attends over exactly the
+window ``t - W < s <= t`` there, as the stock model does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.quantize import Quantize, quantised_counts
+from kvsim.tools.adapter import Geometry, forward, hidden_keys, rope_settings, serving
 from kvsim.tools.preflight import INSTALL
-
-ATTENTION = "kvsim_closed_loop"
-_ACTIVE: list[Callable] = []  # the pass the registered attention function serves
 
 
 def _torch():
@@ -41,40 +41,6 @@ def _torch():
     except ImportError:
         raise KvsimError(f"closed-loop needs torch and transformers: {INSTALL}") from None
     return torch
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """How one layer turns ``q . k`` into attention: ``logits = q . k * scaling``, then
-    ``softcap * tanh(logits / softcap)`` if ``softcap``, over the keys ``s <= t`` (and
-    ``s > t - window`` on a sliding-window layer, ``window`` > 0)."""
-
-    scaling: float
-    window: int = 0
-    softcap: float = 0.0
-
-    def logits(self, q, k):
-        """``q @ k^T`` scaled and softcapped (torch tensors)."""
-        x = q.matmul(k.transpose(-1, -2)) * self.scaling
-        return (x / self.softcap).tanh() * self.softcap if self.softcap else x
-
-
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-               sliding_window=None, softcap=None, **kwargs):
-    """The registered attention function: hands the layer's tensors and geometry (what the
-    model passes: the mask it would build is not passed) to the active pass."""
-    if scaling is None:  # transformers' default
-        scaling = module.head_dim ** -0.5
-    geometry = Geometry(float(scaling), int(sliding_window or 0), float(softcap or 0.0))
-    return _ACTIVE[-1](module.layer_idx, query, key, value, geometry)
-
-
-def attach(net) -> None:
-    """Route ``net``'s attention through kvsim's function (used by both passes)."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, _attention)
-    net.set_attn_implementation(ATTENTION)
 
 
 class CachePolicy(Protocol):
@@ -166,49 +132,31 @@ def prefill(net, token_ids: np.ndarray, logits_to_keep: int = 0, rope: bool = Fa
     """Run ``token_ids`` once with full causal attention through kvsim's attention function
     (``logits_to_keep``: the logits of the last positions only; 0: every position); with
     ``rope``, record the queries before RoPE and each layer's RoPE too."""
-    from kvsim.tools.capture import query_hook, rope_settings  # with torch, as here
-
     torch = _torch()
     L = net.config.num_hidden_layers
     seen: dict[int, tuple] = {}
     norms: dict[int, np.ndarray] = {}
-    pre: dict[int, np.ndarray] = {}
+    pre: dict | None = {} if rope else None
 
     def full_causal(layer, query, key, value, geometry):
         B, H, T, d = query.shape
         H_kv = key.shape[1]
         q = query.view(B, H_kv, H // H_kv, T, d)
         logits = geometry.logits(q, key[:, :, None])
-        hidden = torch.ones(T, T, dtype=torch.bool).triu(1)  # the trap: no mask is passed
-        if geometry.window:
-            hidden |= torch.ones(T, T, dtype=torch.bool).tril(-geometry.window)
+        hidden = hidden_keys(T, geometry.window)  # the trap: no mask is passed
         p = torch.softmax(logits.masked_fill(hidden, float("-inf")), dim=-1,
                           dtype=torch.float32).to(query.dtype)
         out = torch.matmul(p, value[:, :, None]).reshape(B, H, T, -1)
         seen[layer] = (query[0], key[0], value[0], geometry)
         return out.transpose(1, 2).contiguous(), None
 
-    def record_norm(module, args, output):
-        norms[module.layer_idx] = output[0][0].norm(dim=-1).double().numpy()
-
-    hooks = [layer.self_attn.register_forward_hook(record_norm) for layer in net.model.layers]
-    if rope:
-        hooks += [query_hook(layer.self_attn, i, pre) for i, layer in enumerate(net.model.layers)]
-    _ACTIVE.append(full_causal)
-    try:
-        with torch.no_grad():
-            logits = net(torch.as_tensor(token_ids[None], dtype=torch.long), use_cache=False,
-                         logits_to_keep=logits_to_keep).logits
-    finally:
-        _ACTIVE.pop()
-        for hook in hooks:
-            hook.remove()
+    logits = forward(net, token_ids, full_causal, logits_to_keep, pre, norms)
     q, k, v = (torch.stack([seen[layer][i] for layer in range(L)]).float().numpy()
                for i in range(3))
     return FullRun(np.asarray(token_ids, np.int64), q, k, v,
                    tuple(seen[layer][3] for layer in range(L)), logits[0].float().numpy(),
                    np.stack([norms[layer] for layer in range(L)]),
-                   np.stack([pre[layer] for layer in range(L)]) if rope else None,
+                   torch.stack([pre[layer] for layer in range(L)]).numpy() if rope else None,
                    tuple(rope_settings(net, layer.self_attn)[:2] for layer in net.model.layers)
                    if rope else ())
 
@@ -357,16 +305,12 @@ class Decoder:
         ids = torch.full((C, 1), int(self.full.token_ids[self.t]), dtype=torch.long) \
             if tokens is None else torch.as_tensor(np.asarray(tokens, np.int64)[:, None])
         pos = torch.full((C, 1), self.t, dtype=torch.long)
-        _ACTIVE.append(self._attend)
-        try:
-            with torch.no_grad():
-                if not logits:  # the caches fill the same way; the output layer is skipped
-                    self.net.model(input_ids=ids, position_ids=pos, use_cache=False)
-                    self.t += 1
-                    return None
-                out = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
-        finally:
-            _ACTIVE.pop()
+        with serving(self._attend), torch.no_grad():
+            if not logits:  # the caches fill the same way; the output layer is skipped
+                self.net.model(input_ids=ids, position_ids=pos, use_cache=False)
+                self.t += 1
+                return None
+            out = self.net(input_ids=ids, position_ids=pos, use_cache=False).logits
         self.t += 1
         return out[:, 0].float().numpy()
 

@@ -28,7 +28,8 @@ from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
 from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, attach, prefill,
+from kvsim.tools.adapter import attach
+from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
                                            query_stores, stores)
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.numerics.quantize import Quantize

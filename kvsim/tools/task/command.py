@@ -51,7 +51,7 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     """Every trial's rows, in grid order, on ``workers`` forked processes (results do not
     depend on it: each trial is decoded alone, torch on one thread); ``gate_only``: the
     full cache's rows alone."""
-    from kvsim.tools.closed_loop.model import attach
+    from kvsim.tools.adapter import attach
     from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.run import cells, gate_trial, run_trial
 

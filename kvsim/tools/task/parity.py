@@ -141,7 +141,7 @@ def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = No
     them) and the seconds the pipeline took."""
     import torch
 
-    from kvsim.tools.closed_loop.model import attach
+    from kvsim.tools.adapter import attach
     from kvsim.tools.task.presses import positions, press_prefill
 
     at = prompt.ids.size - prompt.question_len
@@ -259,7 +259,7 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
     """Every run of ``cfg``'s grid (:func:`trial_rows`), in grid order, the trials on
     ``workers`` forked processes (the longest first); the grid's first trial times one run
     of each side at the largest budget."""
-    from kvsim.tools.closed_loop.model import attach
+    from kvsim.tools.adapter import attach
     from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.command import prompt_frame
     from kvsim.tools.task.run import cells

@@ -251,7 +251,7 @@ def press_prefill(net, press, context_ids: np.ndarray):
     import torch
     from transformers import DynamicCache
 
-    from kvsim.tools.closed_loop.model import attach
+    from kvsim.tools.adapter import attach
 
     cache = DynamicCache()
     net.set_attn_implementation("eager")
