@@ -91,7 +91,7 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "bench_config", lambda quick: config)
     (tmp_path / "bench.json").write_text(json.dumps({"machine": {}, "config": config,
                                                      "api": {}, "scaling": {"4096": 1}}))
-    bench.run_api_only(True, tmp_path)
+    bench.run_only("api", True, tmp_path)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["scaling"] == {"4096": 1}  # other rows kept as they were
     assert written["api"]["decode_heavy"]["trusted_speedup"] > 0 and "load" in written["api"]
@@ -99,6 +99,34 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "bench_config",
                         lambda quick: {**config, "api": {**small, "T": 512}})
     with pytest.raises(KvsimError, match="same sizes"):
-        bench.run_api_only(True, tmp_path)
-    bench.run_api_only(True, tmp_path / "new")  # no bench.json yet: one with the API rows
+        bench.run_only("api", True, tmp_path)
+    bench.run_only("api", True, tmp_path / "new")  # no bench.json yet: one with the API rows
     assert set(json.loads((tmp_path / "new" / "bench.json").read_text())) >= {"config", "api"}
+
+
+def test_the_compile_table_names_each_kernel_a_first_run_compiles(tmp_path):
+    """A run in an empty kernel cache, recorded: a row per compiled kernel (the full pass
+    of its dense matrix, the window's ring loop), its own seconds within its inclusive
+    seconds, and Numba's passes summed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from kvsim.tools.bench.compile import lines
+
+    (tmp_path / "s.toml").write_text(
+        'name = "tiny"\nseeds = [0]\n[attention]\nsource = "seed_notebook"\nT = 48\n'
+        'important = 4\nboost = 8.0\nnoise = 0.1\n[policies.window]\n'
+        '[[experiment]]\nname = "e"\nprompt_len = 24\nbudgets = [8]\npolicies = ["window"]\n'
+        'figures = []\n')
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-m", "kvsim.tools.bench.compile", str(tmp_path / "s.toml"),
+                    str(tmp_path / "t.json")], env=env, check=True, capture_output=True)
+    result = json.loads((tmp_path / "t.json").read_text())
+    kernels = result["kernels"]
+    assert {"kvsim.numerics.fullpass._dense_block", "kvsim.policies.ring.decode"} <= set(kernels)
+    assert all(0 < r["self_s"] <= r["total_s"] and r["signatures"] >= 1 for r in kernels.values())
+    assert result["passes"]["native_lowering"] > 0
+    result["load"] = {"start": 1.0, "end": 1.0}
+    assert "kvsim.policies.ring.decode" in "\n".join(lines(result, top=len(kernels)))
