@@ -35,7 +35,8 @@ commands:
   kvsim policies [--markdown]
                         list the policies and their parameters; --markdown prints
                         the policy table of README.md and docs/policies.md
-  kvsim bench [--quick] measure speed on this machine (table + bench.json)
+  kvsim bench [--quick] [--only api|policies|end_to_end]
+                        measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
   kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
