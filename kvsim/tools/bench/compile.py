@@ -87,8 +87,7 @@ def lines(result: dict, top: int = 12) -> list[str]:
     kernels = result["kernels"]
     own = sum(r["self_s"] for r in kernels.values())
     out = [f"{len(kernels)} kernels compiled, {own:.1f} s of compilation in a "
-           f"{result['seconds']:.1f} s run (load {result['load']['start']:.1f} to "
-           f"{result['load']['end']:.1f})"]
+           f"{result['seconds']:.1f} s run"]
     for name, r in list(kernels.items())[:top]:
         out.append(f"  {r['self_s']:6.2f} s own {r['total_s']:6.2f} s with callees  "
                    f"x{r['signatures']}  {name}")
