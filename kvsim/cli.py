@@ -35,7 +35,8 @@ commands:
   kvsim policies [--markdown]
                         list the policies and their parameters; --markdown prints
                         the policy table of README.md and docs/policies.md
-  kvsim bench [--quick] measure speed on this machine (table + bench.json)
+  kvsim bench [--quick] [--only api|policies|end_to_end]
+                        measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
   kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
@@ -251,7 +252,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _bench(argv: list[str]) -> int:
-    from kvsim.tools.bench import run_api_only, run_bench
+    from kvsim.tools.bench import ONLY, run_bench, run_only
 
     p = _Parser(
         prog="kvsim bench", description="Measure kvsim on this machine: exp ceiling, full "
@@ -261,10 +262,14 @@ def _bench(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
     p.add_argument("--out", type=Path, default=Path("reports/bench"),
                    help="folder for bench.json and the figure (default reports/bench)")
-    p.add_argument("--only", choices=["api"], help="only the Python API rows, written into "
-                   "an existing bench.json in place of its API rows")
+    p.add_argument("--only", choices=list(ONLY), help="only these rows (the Python API, the "
+                   "policy kernels, or the first and warm runs with the first run's compile "
+                   "table), written into an existing bench.json in place of its rows of that part")
     args = p.parse_args(argv)
-    (run_api_only if args.only else run_bench)(args.quick, args.out)
+    if args.only:
+        run_only(args.only, args.quick, args.out)
+    else:
+        run_bench(args.quick, args.out)
     return 0
 
 

@@ -91,7 +91,7 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "bench_config", lambda quick: config)
     (tmp_path / "bench.json").write_text(json.dumps({"machine": {}, "config": config,
                                                      "api": {}, "scaling": {"4096": 1}}))
-    bench.run_api_only(True, tmp_path)
+    bench.run_only("api", True, tmp_path)
     written = json.loads((tmp_path / "bench.json").read_text())
     assert written["scaling"] == {"4096": 1}  # other rows kept as they were
     assert written["api"]["decode_heavy"]["trusted_speedup"] > 0 and "load" in written["api"]
@@ -99,6 +99,27 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
     monkeypatch.setattr(bench, "bench_config",
                         lambda quick: {**config, "api": {**small, "T": 512}})
     with pytest.raises(KvsimError, match="same sizes"):
-        bench.run_api_only(True, tmp_path)
-    bench.run_api_only(True, tmp_path / "new")  # no bench.json yet: one with the API rows
+        bench.run_only("api", True, tmp_path)
+    bench.run_only("api", True, tmp_path / "new")  # no bench.json yet: one with the API rows
     assert set(json.loads((tmp_path / "new" / "bench.json").read_text())) >= {"config", "api"}
+
+
+def test_the_compile_table_names_each_kernel_a_first_run_compiles(tmp_path):
+    """The bench's first run in an empty kernel cache is recorded: a row per compiled
+    kernel (the full pass of its dense matrix, the window's ring loop), its own seconds
+    within its inclusive seconds, and Numba's passes summed; then the warm run."""
+    from kvsim.tools.bench import end_to_end
+    from kvsim.tools.bench.compile import lines
+
+    (tmp_path / "s.toml").write_text(
+        'name = "tiny"\nseeds = [0]\n[attention]\nsource = "seed_notebook"\nT = 48\n'
+        'important = 4\nboost = 8.0\nnoise = 0.1\n[policies.window]\n'
+        '[[experiment]]\nname = "e"\nprompt_len = 24\nbudgets = [8]\npolicies = ["window"]\n'
+        'figures = []\n')
+    result = end_to_end(tmp_path / "s.toml")
+    assert result["cold"]["seconds"] > 0 and result["warm"]["peak_mb"] > 0
+    kernels = result["compile"]["kernels"]
+    assert {"kvsim.numerics.fullpass._dense_block", "kvsim.policies.ring.decode"} <= set(kernels)
+    assert all(0 < r["self_s"] <= r["total_s"] and r["signatures"] >= 1 for r in kernels.values())
+    assert result["compile"]["passes"]["native_lowering"] > 0
+    assert "kvsim.policies.ring.decode" in "\n".join(lines(result["compile"], len(kernels)))

@@ -134,3 +134,37 @@ def test_an_interrupted_long_pass_stops_within_a_span(monkeypatch):
         fullpass.full_pass(field, 0, 300)
     assert len(calls) < 16 * 44 // 4  # stopped, not run to the end
 
+
+
+def test_a_dense_field_compiles_no_logit_code(tmp_path):
+    """The full pass and row sums of a dense matrix run kernels of their own: in an empty
+    kernel cache they compile none of the component field's logit code (seconds of a
+    first run), and give the numbers of a dense field read row by row."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from kvsim.numerics import field, fullpass, kernels
+A = np.tril(np.random.default_rng(0).random((1, 40, 40)))
+A /= A.sum(axis=2, keepdims=True)
+f = field.dense_field(A)
+p = fullpass.full_pass(f, 0, 16)
+rows = kernels.row_sums(f, p.row_max[None], p.row_sum[None], 0, 3, 30)
+np.save(r"%s", np.concatenate([p.prompt_colsum, p.decode_colsum, p.decode_mass, rows]))
+print(len(fullpass.row_exp.signatures), len(field.logits_row.signatures))
+""" % (tmp_path / "out.npy")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == ["0", "0"]
+    A = np.tril(np.random.default_rng(0).random((1, 40, 40)))
+    A /= A.sum(axis=2, keepdims=True)
+    got = np.load(tmp_path / "out.npy")
+    want_rows = np.zeros(40)
+    for q in range(3, 30):
+        want_rows[:q + 1] += A[0, q, :q + 1]
+    assert np.array_equal(got[104:], want_rows)  # summed row by row, in order
+    assert np.allclose(got[:40] + got[40:80], A[0].sum(axis=0), rtol=0, atol=1e-12)
+    assert np.allclose(got[80:104], A[0, 16:].sum(axis=1), rtol=0, atol=1e-12)

@@ -14,6 +14,7 @@ import pytest
 from broken import cli
 
 from kvsim.engine import cost
+from kvsim.numerics import fullpass
 from kvsim.errors import ScenarioError
 from kvsim.scenario.load import load_sweep
 from kvsim.tools.bench.memory import markdown
@@ -102,7 +103,7 @@ def test_a_run_compiles_unless_its_kernels_are_on_disk(monkeypatch):
 
     n = len(cost.kernels(variants))
     assert n > 1 + 1  # the full pass and several policies' loops
-    monkeypatch.setattr(cost, "_full_pass_block", Empty)
+    monkeypatch.setattr(fullpass, "_dense_block", Empty)  # the seed notebook's full pass
     assert cost.uncompiled(variants) >= 1
     on = cost.estimate(variants, 2, compiled=n).peak_bytes
     off = cost.estimate(variants, 2, compiled=0).peak_bytes

@@ -18,7 +18,8 @@ from typing import NamedTuple
 from kvsim.attention import files, trace
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.engine.experiments import SNAPSHOTS
-from kvsim.numerics.fullpass import BLOCKS, _full_pass_block
+from kvsim.numerics import fullpass
+from kvsim.numerics.fullpass import BLOCKS
 from kvsim.policies import POLICIES
 from kvsim.resources import check_memory, size_text
 from kvsim.scenario.load import Scenario
@@ -151,9 +152,12 @@ def _logits(z: _Size) -> float:
 
 
 def kernels(variants: list[Scenario]) -> list:
-    """The compiled loops a run of ``variants`` calls: the full pass's and each policy's
-    decode loop (each once)."""
-    found = {id(_full_pass_block): _full_pass_block}
+    """The compiled loops a run of ``variants`` calls: the full pass's (of a dense or a
+    component field) and each policy's decode loop (each once)."""
+    found = {}
+    for v in variants:
+        block = fullpass.block_kernel(v.source in DENSE)
+        found.setdefault(id(block), block)
     for p in (p for v in variants for e in v.experiments for p in e.policies):
         if POLICIES[p.kind].steps is not None:
             found.setdefault(id(POLICIES[p.kind].steps.decode), POLICIES[p.kind].steps.decode)

@@ -186,6 +186,13 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
     _exp_scaled(f, row_max, row_sum, h, q, n, out)
 
 
+@jit_inline
+def component_probs_row(f, row_max, row_sum, h, q, keys, n, out, work):
+    """:func:`probs_row` of a component field."""
+    logits_row(f, h, q, keys, n, out, work)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+
+
 @jit
 def probs_row(f, row_max, row_sum, h, q, keys, n, out, work):
     """:func:`probs_at` for keys ``0 .. n-1`` (``keys`` holds them)."""
@@ -193,5 +200,4 @@ def probs_row(f, row_max, row_sum, h, q, keys, n, out, work):
         for k in range(n):
             out[k] = f.probs[h, q, k]
         return
-    logits_row(f, h, q, keys, n, out, work)
-    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+    component_probs_row(f, row_max, row_sum, h, q, keys, n, out, work)

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.numerics.jit import jit
+from kvsim.numerics.jit import jit, jit_inline
 from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.field import FieldData, logits_span
 from kvsim.numerics.lanes import (combine_max, combine_sum, lane_max_span, lane_sum,
@@ -73,16 +73,27 @@ def row_exp(f, h, q, n, keys, buf, work, lanes):
     return top, combine_sum(lanes)
 
 
+@jit_inline
+def _add_output(f, kv, q, n, prompt_len, buf, full_output):
+    """The full-attention output ``o(q)`` of a decode row from its probabilities ``buf[:n]``
+    (where the field has values)."""
+    dv = full_output.shape[1]
+    if q >= prompt_len and dv > 0:
+        output = full_output[q - prompt_len]
+        for k in range(n):
+            value = f.values[kv, k]  # row views: LLVM then vectorises over i
+            for i in range(dv):
+                output[i] += buf[k] * value[i]
+
+
 @jit
 def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, decode_sums,
                      full_output, decode_mass):
-    """Rows ``b, b + BLOCKS, ...`` below ``rows`` (``b`` may start past the block's first
-    row, to run its rows span by span): column sums into this block's own
-    ``prompt_sums``/``decode_sums``; per-row outputs at the block's own rows only, so
-    blocks can run on any threads at once."""
+    """Rows ``b, b + BLOCKS, ...`` below ``rows`` of a component field (``b`` may start
+    past the block's first row, to run its rows span by span): column sums into this
+    block's own ``prompt_sums``/``decode_sums``; per-row outputs at the block's own rows
+    only, so blocks can run on any threads at once."""
     T = f.key_bias.shape[1]
-    dense = f.probs.shape[1] > 0
-    dv = full_output.shape[1]
     kv = h // f.group
     keys = np.arange(T)
     buf = np.empty(T)
@@ -91,40 +102,50 @@ def _full_pass_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, d
     for q in range(b, rows, BLOCKS):
         n = q + 1
         target = prompt_sums if q < prompt_len else decode_sums
-        if dense and q < prompt_len:  # only the column sums: no copy of the row
+        top, total = row_exp(f, h, q, n, keys, buf, work, lanes)
+        row_max[q] = top
+        row_sum[q] = total
+        # The same expression as probs_at, so every path sees identical numbers.
+        scale = 1.0 / total
+        lanes[:] = 0.0
+        for lo in range(0, n, SPAN):  # the third sweep: probabilities, column sums, mass
+            hi = min(lo + SPAN, n)
+            probs, sums = buf[lo:hi], target[lo:hi]
+            for k in range(hi - lo):
+                probs[k] = probs[k] * scale
+                sums[k] += probs[k]
+            if q >= prompt_len:
+                lane_sum_span(buf, lo, hi, lanes)
+        if q >= prompt_len:
+            decode_mass[q - prompt_len] = combine_sum(lanes)
+        _add_output(f, kv, q, n, prompt_len, buf, full_output)
+
+
+@jit
+def _dense_block(f, h, prompt_len, rows, b, row_max, row_sum, prompt_sums, decode_sums,
+                 full_output, decode_mass):
+    """:func:`_full_pass_block` of a dense field: its rows read, not computed (a kernel of
+    its own, so that a run over dense matrices compiles none of the logit code)."""
+    T = f.key_bias.shape[1]
+    kv = h // f.group
+    buf = np.empty(T)
+    for q in range(b, rows, BLOCKS):
+        n = q + 1
+        if q < prompt_len:  # only the column sums: no copy of the row
             row = f.probs[h, q]
             for k in range(n):
-                target[k] += row[k]
+                prompt_sums[k] += row[k]
             continue
-        if dense:
-            for k in range(n):
-                buf[k] = f.probs[h, q, k]
-                target[k] += buf[k]
-            if q >= prompt_len:
-                decode_mass[q - prompt_len] = lane_sum(buf, n)
-        else:
-            top, total = row_exp(f, h, q, n, keys, buf, work, lanes)
-            row_max[q] = top
-            row_sum[q] = total
-            # The same expression as probs_at, so every path sees identical numbers.
-            scale = 1.0 / total
-            lanes[:] = 0.0
-            for lo in range(0, n, SPAN):  # the third sweep: probabilities, column sums, mass
-                hi = min(lo + SPAN, n)
-                probs, sums = buf[lo:hi], target[lo:hi]
-                for k in range(hi - lo):
-                    probs[k] = probs[k] * scale
-                    sums[k] += probs[k]
-                if q >= prompt_len:
-                    lane_sum_span(buf, lo, hi, lanes)
-            if q >= prompt_len:
-                decode_mass[q - prompt_len] = combine_sum(lanes)
-        if q >= prompt_len and dv > 0:
-            output = full_output[q - prompt_len]
-            for k in range(n):
-                value = f.values[kv, k]  # row views: LLVM then vectorises over i
-                for i in range(dv):
-                    output[i] += buf[k] * value[i]
+        for k in range(n):
+            buf[k] = f.probs[h, q, k]
+            decode_sums[k] += buf[k]
+        decode_mass[q - prompt_len] = lane_sum(buf, n)
+        _add_output(f, kv, q, n, prompt_len, buf, full_output)
+
+
+def block_kernel(dense: bool):
+    """The kernel that runs a block of the full pass of a dense or a component field."""
+    return _dense_block if dense else _full_pass_block
 
 
 @jit
@@ -181,14 +202,15 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
                desc=f"full pass, head {head}", leave=False, disable=not (progress and long),
                dynamic_ncols=True)
     stop = threading.Event()  # set when the caller is interrupted: the blocks end early
+    kernel = block_kernel(field.is_dense)
 
     def block(b: int) -> None:  # the kernel releases the GIL: blocks run in parallel
         for lo in range(0, rows, span):
             if stop.is_set():
                 return
             end = min(lo + span, rows)
-            _full_pass_block(field, head, prompt_len, end, lo + b, row_max, row_sum,
-                             prompt_blocks[b], decode_blocks[b], full_output, decode_mass)
+            kernel(field, head, prompt_len, end, lo + b, row_max, row_sum,
+                   prompt_blocks[b], decode_blocks[b], full_output, decode_mass)
             done = range(lo + b + 1, end + 1, BLOCKS)  # the lengths of the rows just done
             bar.update(len(done) * (done.start + done[-1]) // 2 if done else 0)
 

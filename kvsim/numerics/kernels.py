@@ -7,7 +7,7 @@ equal and its position is lower.
 
 import numpy as np
 
-from kvsim.numerics.field import probs_row
+from kvsim.numerics.field import FieldData, component_probs_row
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.numerics.lanes import masked_min
 
@@ -16,16 +16,37 @@ GQA_MEAN, GQA_MAX, GQA_SUM = 0, 1, 2
 GQA_MODES = {"mean": GQA_MEAN, "max": GQA_MAX, "sum": GQA_SUM}
 
 
+def row_sums(f: FieldData, row_max: np.ndarray, row_sum: np.ndarray, h: int, lo: int,
+             hi: int) -> np.ndarray:
+    """Sum over queries ``lo .. hi-1`` of head ``h``'s attention rows, one value per key
+    (a kernel for dense fields and one for component fields: a run compiles only the one
+    its field needs)."""
+    if f.is_dense:
+        return _dense_row_sums(f.probs, h, lo, hi)
+    return _component_row_sums(f, row_max, row_sum, h, lo, hi)
+
+
 @jit
-def row_sums(f, row_max, row_sum, h, lo, hi):
-    """Sum over queries ``lo .. hi-1`` of head ``h``'s attention rows, one value per key."""
+def _dense_row_sums(probs, h, lo, hi):
+    """:func:`row_sums` of a dense (H, T, T) matrix."""
+    out = np.zeros(probs.shape[2])
+    for q in range(lo, hi):
+        row = probs[h, q]
+        for k in range(q + 1):
+            out[k] += row[k]
+    return out
+
+
+@jit
+def _component_row_sums(f, row_max, row_sum, h, lo, hi):
+    """:func:`row_sums` of a component field."""
     T = f.key_bias.shape[1]
     keys = np.arange(T)
     row = np.empty(T)
     work = np.empty(T)
     out = np.zeros(T)
     for q in range(lo, hi):
-        probs_row(f, row_max, row_sum, h, q, keys, q + 1, row, work)
+        component_probs_row(f, row_max, row_sum, h, q, keys, q + 1, row, work)
         for k in range(q + 1):
             out[k] += row[k]
     return out

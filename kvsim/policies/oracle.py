@@ -4,9 +4,16 @@ import numpy as np
 
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import cached_important, copy_kept, count_important, record, snapshot
-from kvsim.numerics.field import probs_row
-from kvsim.numerics.jit import jit
+from kvsim.numerics.field import component_probs_row
+from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace
+
+
+@jit_inline
+def dense_row(f, row_max, row_sum, h, q, keys, n, out, work):
+    """:func:`kvsim.numerics.field.probs_row` of a dense field."""
+    for k in range(n):
+        out[k] = f.probs[h, q, k]
 
 
 @jit
@@ -19,6 +26,24 @@ def oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_
     at ``snap_steps``, and ``out_kept[i, :n]`` its last cached set (the prefill selection
     when there are no decode steps). Returns the number of kept keys per budget.
     """
+    return _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
+                   out_kept, snap_steps, snapshots, component_probs_row)
+
+
+@jit
+def dense_oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
+                      out_kept, snap_steps, snapshots):
+    """:func:`oracle_loop` of a dense field: a kernel of its own, so that a run over dense
+    matrices compiles none of the logit code."""
+    return _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
+                   out_kept, snap_steps, snapshots, dense_row)
+
+
+@jit_inline
+def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
+            snap_steps, snapshots, row):
+    """:func:`oracle_loop`, each full row from ``row`` (the arguments of
+    :func:`kvsim.numerics.field.probs_row`)."""
     f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
     T = f.key_bias.shape[1]
     G = heads.shape[0]
@@ -46,7 +71,7 @@ def oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_
                 if important[g, t]:
                     n_important[g] += 1
         for g in range(G):
-            probs_row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)
+            row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)
         kernels.combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.
@@ -94,8 +119,9 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     snap_steps = group.snap_steps if group.snap_budget in budgets else np.zeros(0, np.int64)
     snapshots = np.full((len(budgets), snap_steps.shape[0], width), -1, np.int64)
     sizes = np.asarray(budgets, np.int64)
-    counts = oracle_loop(context(group), sizes, np.argsort(-sizes, kind="stable"), group.gqa,
-                            mass, size, recall, error, kept, snap_steps, snapshots)
+    loop = dense_oracle_loop if group.field.is_dense else oracle_loop
+    counts = loop(context(group), sizes, np.argsort(-sizes, kind="stable"), group.gqa,
+                  mass, size, recall, error, kept, snap_steps, snapshots)
     for i, (budget, trace) in enumerate(zip(budgets, traces)):
         trace.mass, trace.cache_size, trace.recall, trace.error = mass[i], size[i], recall[i], error[i]
         trace.kept = kept[i, :counts[i]].copy()

@@ -197,17 +197,55 @@ def api_versus_numpy(T: int, settings: dict, budgets: list[int], repeats: int) -
 
 def end_to_end(scenario: Path) -> dict:
     """Wall time and peak memory (:func:`kvsim.tools.bench.memory.peak_of`: the run's
-    process's largest resident set) of a scenario run with an empty, then a warm, Numba cache."""
+    process's largest resident set) of a scenario run with an empty, then a warm, Numba
+    cache; the first run records what it compiles (:mod:`kvsim.tools.bench.compile`:
+    ``compile``, the seconds of each kernel)."""
     from kvsim.tools.bench.memory import peak_of  # here: runnable as python -m
 
     out = {}
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as reports:
         env = dict(os.environ, NUMBA_CACHE_DIR=cache)
-        for label in ("cold", "warm"):
-            run = peak_of([sys.executable, "-m", "kvsim", str(scenario), "--out",
-                           f"{reports}/{label}", "--quiet"], env)
+        commands = {"cold": ["kvsim.tools.bench.compile", str(scenario), f"{reports}/compile.json"],
+                    "warm": ["kvsim", str(scenario), "--out", f"{reports}/warm", "--quiet"]}
+        for label, command in commands.items():
+            run = peak_of([sys.executable, "-m", *command], env)
             out[label] = {"seconds": run["seconds"], "peak_mb": run["peak_bytes"] / 2**20}
+        out["compile"] = json.loads(Path(f"{reports}/compile.json").read_text())
+    out["cold_over_warm"] = out["cold"]["seconds"] / out["warm"]["seconds"]
+    out["load"] = {"start": load, "end": os.getloadavg()[0]}
     return out
+
+
+def end_to_end_rows(names: list[str]) -> dict:
+    """:func:`end_to_end` of each of the repository's scenario files ``names``, printed
+    with the compile table of each first run."""
+    from kvsim.tools.bench.compile import lines
+
+    rows = {}
+    for name in names:
+        scenario = SCENARIO.parent.parent / name
+        if not scenario.is_file():
+            raise KvsimError(f"bench: expected the repository's {name} (run the benchmark "
+                             f"from a checkout of kvsim), got no file at {scenario}")
+        r = rows[scenario.stem] = end_to_end(scenario)
+        for label in ("cold", "warm"):
+            print(f"end to end {scenario.name} ({label} cache): {r[label]['seconds']:.1f} s, "
+                  f"peak {r[label]['peak_mb']:.0f} MB")
+        print(f"end to end {scenario.name}: cold / warm = {r['cold_over_warm']:.2f} (the "
+              f"first run's compilation, in one bench run; load {r['load']['start']:.1f} to "
+              f"{r['load']['end']:.1f})")
+        print("\n".join(f"  {line}" for line in lines(r["compile"])))
+    return rows
+
+
+def policy_rows(p: dict) -> dict:
+    """The policy rows (:func:`policy_rates` on the ``policy`` config), printed."""
+    rows = {}
+    for key, rate in policy_rates(p["budgets"], p["prompt_len"], p["steps"]).items():
+        rows[key] = {"updates_per_s": rate, "per_core": rate}
+        print(f"policy {key:<20} {rate / 1e9:7.3f} G kept-key updates/s (one thread)")
+    return rows
 
 
 def scaling(lengths, budget: int, steps: int) -> dict:
@@ -314,20 +352,29 @@ def _write(result: dict, out: Path) -> Path:
     return out / "bench.json"
 
 
-def run_api_only(quick: bool, out: Path) -> dict:
-    """Only the Python API rows: printed, and written into ``out/bench.json`` in place of
-    its ``api`` rows (every other row of an existing file kept as it was)."""
+ONLY = {"api": ("api", lambda config, quick: api_rows(config["api"], quick)),
+        "policies": ("policy", lambda config, quick: policy_rows(config["policy"])),
+        "end_to_end": ("end_to_end", lambda config, quick: end_to_end_rows(config["end_to_end"]))}
+"""The parts ``bench --only`` runs alone: the bench.json key each replaces, the config
+key its sizes come from, and how it is measured."""
+
+
+def run_only(part: str, quick: bool, out: Path) -> dict:
+    """Only the rows of ``part`` (:data:`ONLY`): printed, and written into ``out/bench.json``
+    in place of its rows of that part (every other row of an existing file kept as it was)."""
     config = json.loads(json.dumps(bench_config(quick)))  # as a written file holds it
     path = out / "bench.json"
     result = json.loads(path.read_text()) if path.is_file() else \
         {"machine": _machine(), "config": config}
-    if result["config"].get("api") != config["api"]:
-        raise KvsimError(f"bench --only api: expected {path} written with the same sizes "
-                         f"({'--quick' if quick else 'no --quick'}), got other API sizes")
+    sizes, measure = ONLY[part]
+    if result["config"].get(sizes) != config[sizes]:
+        raise KvsimError(f"bench --only {part}: expected {path} written with the same sizes "
+                         f"({'--quick' if quick else 'no --quick'}), got other {sizes} sizes")
     load = os.getloadavg()
-    result["api"] = api_rows(config["api"], quick)
-    result["api"]["load"] = {"start": load[0], "end": os.getloadavg()[0]}
-    print(f"wrote the API rows into {_write(result, out)}")
+    result[part] = measure(config, quick)
+    if part != "end_to_end":  # whose rows carry their own load
+        result[part]["load"] = {"start": load[0], "end": os.getloadavg()[0]}
+    print(f"wrote the {part} rows into {_write(result, out)}")
     return result
 
 
@@ -365,30 +412,14 @@ def run_bench(quick: bool, out: Path) -> dict:
     print(f"full pass parts at T={T}, one thread (NumPy float32 exp: {1e9 / per_core:.2f} ns):")
     for part, ns in result["breakdown"]["ns_per_entry_one_thread"].items():
         print(f"  {part:<40} {ns:5.2f} ns per entry")
-    p = config["policy"]
-    result["policies"] = {}
-    for key, rate in policy_rates(p["budgets"], p["prompt_len"], p["steps"]).items():
-        result["policies"][key] = {"updates_per_s": rate, "per_core": rate}
-        print(f"policy {key:<20} {rate / 1e9:7.3f} G kept-key updates/s (one thread)")
+    result["policies"] = policy_rows(config["policy"])
     result["numpy"] = versus_numpy(config["numpy"], repeats=1 if quick else 3)
     for key, r in result["numpy"].items():
         print(f"vs NumPy {key:<28} kvsim {r['kvsim_s']:7.4f} s  numpy {r['numpy_s']:7.4f} s  "
               f"speed-up x{r['speedup']:.1f}  (simulate() with input checks "
               f"{r['simulate_s']:.4f} s: x{r['speedup_with_checks']:.1f})")
     result["api"] = api_rows(config["api"], quick)
-    result["end_to_end"] = {}
-    for name in config["end_to_end"]:
-        scenario = SCENARIO.parent.parent / name
-        if not scenario.is_file():
-            raise KvsimError(f"bench: expected the repository's {name} (run the benchmark "
-                             f"from a checkout of kvsim), got no file at {scenario}")
-        r = result["end_to_end"][scenario.stem] = end_to_end(scenario)
-        r["cold_over_warm"] = r["cold"]["seconds"] / r["warm"]["seconds"]
-        for label in ("cold", "warm"):
-            print(f"end to end {scenario.name} ({label} cache): {r[label]['seconds']:.1f} s, "
-                  f"peak {r[label]['peak_mb']:.0f} MB")
-        print(f"end to end {scenario.name}: cold / warm = {r['cold_over_warm']:.2f} (the "
-              f"first run's compilation, in one bench run)")
+    result["end_to_end"] = end_to_end_rows(config["end_to_end"])
     if not quick:  # the flagship's warm run against its full passes at the measured rate
         scenario = SCENARIO.parent.parent / "scenarios/long_context.toml"
         floor = pass_floor(scenario, noisy["logits_per_s"])
