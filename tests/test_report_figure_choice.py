@@ -176,3 +176,19 @@ def test_the_first_sentence_says_when_recall_ranks_the_policies_the_other_way(tm
     assert "by final important-token recall: `h2o` 1.000 > `tova` 0.000 = `window` 0.000" \
         in text
     assert "disagree in 1 pairs" in text and "`tova`, first by mass, keeps 0.000" in text
+
+
+def test_the_closed_loop_names_no_best_predictor_whose_interval_overlaps_another():
+    from kvsim.tools.closed_loop.report import headline
+
+    def rank(name, rho, lo, hi):
+        return dict(predictor=name, rho=rho, ci_low=lo, ci_high=hi)
+    ranks = [rank("mass_layer_weighted", 0.928, 0.870, 0.957),
+             rank("output_error", 0.917, 0.847, 0.953), rank("mass_mean", 0.891, 0.802, 0.936)]
+    text = headline(ranks, 52, 0.83)
+    assert "no open-loop metric predicts" in text and "best predicts" not in text
+    assert "output error ρ = 0.917 [0.847, 0.953]" in text
+    clear = [rank("mass_layer_weighted", 0.95, 0.93, 0.97), rank("mass_mean", 0.6, 0.4, 0.7)]
+    text = headline(clear, 52, 0.83)
+    assert "best predicts the model's own next-token KL is **mass weighted by layer**" in text
+    assert "plain mean mass has ρ = 0.600 [0.400, 0.700]" in text
