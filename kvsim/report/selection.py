@@ -25,7 +25,8 @@ PURPOSES = {
                      "output closer to the full one? (each storage's own mass measure on the "
                      "left, the output error every storage shares on the right)",
     "protocols_vs_per_step": "what does each protocol cost against per-step eviction of the "
-                             "same policy at equal peak memory? (one point per head)",
+                             "same policy at equal peak memory? (small points: each head and "
+                             "seed)",
     "policy_ranking": "which policies keep the most attention mass (and the least output "
                       "error), at every budget? (ranked rows)",
     "policy_families": "how do the policies of one family differ from one another across "
