@@ -229,9 +229,10 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
                     notes[i, exp.name].append(
                         f"`kept_raster` is not drawn: every policy caches the same positions "
                         f"as in `{first}`, whose raster shows them.")
-            for fig in chosen:
+            for fig in chosen:  # figures the scenario names come first, as it orders them
                 job((i, exp.name), fig.name, f"{exp.name}_{fig.name}", fig.draw,
-                    (ctx, exp, rows, steps, colors, target))
+                    (ctx, exp, rows, steps, colors, target),
+                    0 if exp.figures is not None else None)
             for study in STUDIES:
                 if study.applies(scenario, exp):
                     job((i, exp.name, study.name), study.name, f"{exp.name}_{study.name}",
