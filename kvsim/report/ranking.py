@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
 from kvsim.policies import POLICIES
-from kvsim.report.plotting import (Needs, figure, figure_title, grid, log_axis, policy_markers,
-                                   save)
+from kvsim.report.plotting import (Curves, Needs, draw_lines, figure, figure_title, grid,
+                                   log_axis, policy_markers, save)
 from kvsim.report.stats import plural
 
 MANY_POLICIES = 10  # more policies than this: these figures replace the per-head curves
@@ -54,8 +54,11 @@ def policy_ranking(ctx, exp, rows, steps, colors, out):
         panels.append(("relative output error (log colour)", error,
                        LogNorm(min(errors), max(errors)), "magma_r", "{:.2g}"))
     fig, axes, layout = grid(len(panels), ctx, panel=(4.6, 0.3 * len(labels) + 0.6),
-                             gap=(1.3, 0.8))
-    for ax, (title, values, norm, cmap, fmt) in zip(axes, panels):
+                             gap=(1.0, 0.8))
+    # room for the policy names on the left and the last colorbar's ticks on the right
+    layout.LEFT = 0.2 + 0.075 * max(len(p) for p in labels)
+    layout.RIGHT = 0.9
+    for k, (ax, (title, values, norm, cmap, fmt)) in enumerate(zip(axes, panels)):
         grid_values = np.array([[values.get((p, b), np.nan) for b in exp.budgets]
                                 for p in labels])
         shown = ax.imshow(np.ma.masked_invalid(grid_values), aspect="auto", norm=norm,
@@ -66,7 +69,7 @@ def policy_ranking(ctx, exp, rows, steps, colors, out):
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6.5,
                         color="white" if dark else "black")
         ax.set_xticks(range(len(exp.budgets)), [str(b) for b in exp.budgets])
-        ax.set_yticks(range(len(labels)), labels)
+        ax.set_yticks(range(len(labels)), labels if k == 0 else [])  # rows as in the first
         ax.set(title=title, xlabel="budget B (tokens)")
         fig.colorbar(shown, ax=ax, fraction=0.05, pad=0.02)
     full = [p.label for p in exp.policies if p.kind == "full"]
@@ -97,20 +100,20 @@ def policy_families(ctx, exp, rows, steps, colors, out):
         return []
     loss = ctx.loss if ctx.loss is not None else any(v > 0.9 for v in mass.values())
     fig, axes, layout = grid(len(families), ctx, panel=(3.3, 2.4))
-    marks = policy_markers(exp)
-    handles, names = [], []
+    curves = Curves()
     for ax, family in zip(axes, families):
         for label in labels:
             budgets = [b for b in exp.budgets if (label, b) in mass]
             y = np.array([mass[label, b] for b in budgets])
             y = 1.0 - y if loss else y
             if _family(label, kinds) == family:
-                line, = ax.plot(budgets, y, color=colors[label], marker=marks[label], lw=1.4,
-                                ms=4.5, zorder=3)
-                handles.append(line)
-                names.append(label)
+                curves.add(family, label, budgets, y)
             else:
                 ax.plot(budgets, y, color="0.8", lw=0.8, zorder=1)
+    # a family's curves that coincide are drawn dashed over each other, and say so
+    handles, names = draw_lines(dict(zip(families, axes)), curves, colors,
+                                policy_markers(exp), log=loss)
+    for ax, family in zip(axes, families):
         ax.set_xscale("log", base=2)
         ax.set_xticks(exp.budgets, [str(b) for b in exp.budgets],
                       rotation=45 if len(exp.budgets) > 5 else 0)
