@@ -192,3 +192,17 @@ def test_the_closed_loop_names_no_best_predictor_whose_interval_overlaps_another
     text = headline(clear, 52, 0.83)
     assert "best predicts the model's own next-token KL is **mass weighted by layer**" in text
     assert "plain mean mass has ρ = 0.600 [0.400, 0.700]" in text
+
+
+def test_under_kivi_the_mass_axis_says_exp_minus_kl_not_mass_lost():
+    scenario = kvsim.load_scenario("scenarios/evict_or_quantize.toml")
+    ctx = plotting.figure_context(scenario)
+    kivi = next(e for e in scenario.experiments if e.quantize is not None)
+    exp = type(kivi)(kivi.name, kivi.prompt_len, (16, 32), (16, 32),
+                     tuple(p for p in kivi.policies if p.label == "h2o"), None, 16, (16,),
+                     quantize=kivi.quantize)
+    fig = figures.mass_vs_budget(ctx, exp, _layer_rows(), None, {"h2o": "#d62728"},
+                                 plotting.Target(None))[0]
+    labels = {ax.get_ylabel() for ax in fig.axes if ax.get_title()}
+    assert labels == {"KIVI: 1 - exp(-KL), not mass lost (log)"}, labels
+    matplotlib.pyplot.close(fig)

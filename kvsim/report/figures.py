@@ -91,6 +91,16 @@ def _full_labels(exp: Experiment) -> list[str]:
     return [p.label for p in exp.policies if p.kind == "full" and exp.quantize is None]
 
 
+def _lost(exp: Experiment) -> str:
+    """What ``1 - mass`` is: the mass lost, or under KIVI storage 1 - exp(-KL) of the
+    quantised attention (every key is kept: not a mass lost)."""
+    return "mass lost, 1 - mass" if exp.quantize is None else "KIVI: 1 - exp(-KL), not mass lost"
+
+
+def _kept(exp: Experiment) -> str:
+    return "attention mass kept" if exp.quantize is None else "KIVI: exp(-KL), not mass kept"
+
+
 def _loss_scale(values) -> bool:
     """Whether masses crowd near 1 (any above ``CROWDED``): figures then draw the mass lost,
     ``1 - mass``, on a log axis, where differences near 1 show."""
@@ -111,7 +121,7 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
     if loss and _loss(ctx, [r[metric] for r in rows if r["policy"] not in _full_labels(exp)]):
         skip, log_y = tuple(skip) + tuple(_full_labels(exp)), True
         rows = [dict(r, **{metric: 1.0 - r[metric]}) for r in rows]
-        ylabel = "mass lost, 1 - mass (log)"
+        ylabel = f"{_lost(exp)} (log)"
     else:
         loss = False
     per_head = _per_head(ctx, [r for r in rows if r["policy"] not in skip], metric)
@@ -175,7 +185,7 @@ def _few(exp: Experiment) -> bool:
 def mass_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean attention mass kept over the decode steps against budget, a panel per head."""
     return _against_budget(ctx, exp, rows, colors, out, "mass_mean",
-                           "attention mass kept", "mass_vs_budget", loss=True)
+                           _kept(exp), "mass_vs_budget", loss=True)
 
 
 @figure(Needs.TRUTH | Needs.BUDGETS)
@@ -250,7 +260,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     data = steps.arrays()[series]
     if loss and _loss(ctx, [r["mass_mean"] for r in rows
                             if r["policy"] not in _full_labels(exp)]):
-        data, log_y, ylabel = 1.0 - data, True, "mass lost, 1 - mass (log)"
+        data, log_y, ylabel = 1.0 - data, True, f"{_lost(exp)} (log)"
         skip = tuple(skip) + tuple(_full_labels(exp))
     else:
         loss = False
@@ -327,7 +337,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
 @figure(Needs.DECODE, by_default=_few)
 def mass_over_time(ctx, exp, rows, steps, colors, out):
     """Attention mass kept at each decode step, a panel per head (and time budget)."""
-    return _over_time(ctx, exp, rows, steps, colors, out, "mass", "attention mass kept",
+    return _over_time(ctx, exp, rows, steps, colors, out, "mass", _kept(exp),
                       "mass_over_time", loss=True)
 
 
