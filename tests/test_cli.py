@@ -59,9 +59,9 @@ def test_run_writes_report(scenario, tmp_path, capsys):
     meta = json.loads((out / "scenario.json").read_text())
     assert meta["variants"][0]["experiments"][0]["budgets"] == [8, 12]
     assert "numba" in meta["versions"]
-    for fig in ("decode_mass_vs_budget", "decode_mass_over_time", "decode_recall_vs_budget",
-                "decode_pareto"):
+    for fig in ("decode_mass_vs_budget", "decode_mass_over_time", "decode_recall_vs_budget"):
         assert (out / f"{fig}.png").stat().st_size > 5_000
+    assert not (out / "decode_pareto.png").exists()  # it repeats recall_vs_budget
     assert not list(tmp_path.glob(".report.*"))
 
 

@@ -148,7 +148,8 @@ def test_a_figure_names_its_layers():
     assert [plotting.layers_note(plotting.figure_context(v)) for v in variants] == [
         "layer 0", "layer 15", "layer 29"]
     three = kvsim.load_scenario("scenarios/evict_or_quantize.toml")
-    assert plotting.layers_note(plotting.figure_context(three)) == "mean of layers 0, 15, 29"
+    assert plotting.layers_note(plotting.figure_context(three)) == "layers 0, 15, 29"
+    assert plotting.layers_note(plotting.figure_context(three), first_only=True) == "layer 0"
     field = kvsim.load_scenario("scenarios/seed_notebook.toml")
     assert plotting.layers_note(plotting.figure_context(field)) == ""
 

@@ -360,7 +360,8 @@ def test_results_name_the_protocol_and_the_memory_held():
 
 def _row(kind, policy, protocol, budget, peak, mean_size, mass, head=0):
     return {"kind": kind, "policy": policy, "protocol": protocol, "budget": budget,
-            "peak_size": peak, "mean_size": mean_size, "mass_mean": mass, "head": head}
+            "peak_size": peak, "mean_size": mean_size, "mass_mean": mass, "head": head,
+            "seed": 0}
 
 
 def test_report_opens_with_the_cost_of_each_protocol_at_equal_peak():
@@ -373,8 +374,11 @@ def test_report_opens_with_the_cost_of_each_protocol_at_equal_peak():
             _row("tova", "tova_i8", "interval=8", 49, 56, 52.5, 0.6)]  # no per-step at 56
     lines = protocol_summary.lines(rows)
     assert lines[0].startswith("**At equal peak memory")
-    assert "`interval=16` changes the mass kept by -0.075 at a peak of 64 keys (h2o -0.050, " \
-        "tova -0.100)" in lines[0] and "interval=8" not in lines[0]
+    assert "costs attention mass in 2 of 2 (policy, protocol) pairs" in lines[0]
+    assert lines[2] == "| policy | `interval=16`, peak 64 |"
+    assert "| `h2o` | -0.050 (1 of 1 below 0, -0.050 to -0.050) |" in lines
+    assert "| `tova` | -0.100 (1 of 1 below 0, -0.100 to -0.100) |" in lines
+    assert "interval=8" not in "\n".join(lines) and "-0.075" not in "\n".join(lines)
     assert protocol_summary.lines(rows[:1]) == []
 
 

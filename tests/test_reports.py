@@ -188,10 +188,12 @@ def test_report_markdown_and_figures(path, tmp_path):
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
         assert (out / image).stat().st_size > 5000, image
         assert png_width(out / image) <= 2000, image
-    for stem in ("field", "column_sums", "decode_kept_raster", "decode_h2o_online_vs_offline",
-                 "decode_mass_over_time", "decode_mass_vs_budget", "decode_recall_vs_budget",
-                 "decode_recall_over_time", "decode_pareto"):
+    # At most six figures (output.max_figures), the comparison first; pareto only on request.
+    for stem in ("field", "decode_kept_raster", "decode_h2o_online_vs_offline",
+                 "decode_mass_over_time", "decode_mass_vs_budget", "decode_recall_vs_budget"):
         assert (out / f"{stem}.png").exists() and (out / f"{stem}.svg").exists(), stem
+    assert len(list(out.glob("*.png"))) == 6 and not (out / "decode_pareto.png").exists()
+    assert "not drawn: `decode_recall_over_time`, `column_sums`" in text
     assert not list(out.glob("*error*"))  # this source has no value vectors
     steps = np.load(out / "steps.npz")
     snaps = steps["decode/snapshots/h2o/seed0/kv0"]

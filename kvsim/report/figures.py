@@ -18,19 +18,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from kvsim.protocols.settings import is_threshold
-from kvsim.report import allocation_summary
+from kvsim.report import allocation_summary, ranking
 from kvsim.report.palette import markers
 from kvsim.report.plotting import (FIGURES, Curves, FigureContext, Needs, Target, check,
                                    color_map, draw_lines, figure, figure_context, figure_title, grid,
-                                   head_label, log_axis, policy_colors, policy_markers,
-                                   save, select)
+                                   head_label, log_axis, panel_label, panel_of, policy_colors,
+                                   policy_markers, save, select)
 from kvsim.report.stats import plural, rolling_mean
 from kvsim.scenario.load import Experiment
 
-__all__ = ["FIGURES", "FigureContext", "Needs", "Target", "check", "field_figures", "figure_context",
-           "policy_colors", "select"]
+__all__ = ["FIGURES", "FigureContext", "Needs", "Target", "check", "column_sums", "field_figure",
+           "figure_context", "policy_colors", "select"]
 
 RASTER_BINS = 256
 SINK_STRIP = 0.05  # height of the enlarged first-bin strip of the kept raster, as a share of T
@@ -39,21 +40,29 @@ MAX_RAW_POINTS = 4000  # faint per-step series longer than this are drawn every 
 FAINT_MAX = 3  # faint per-step series are drawn under at most this many curves (else a wash)
 
 
-def _per_head(rows: list[dict], metric: str) -> dict:
-    """``{head: {policy: {budget: per-seed values}}}``, NaN values left out."""
-    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+def _per_head(ctx: FigureContext, rows: list[dict], metric: str) -> dict:
+    """``{panel: {policy: {budget: per-seed values}}}`` (panels: see
+    :func:`~kvsim.report.plotting.panel_of`; a seed's value is the mean over the panel's
+    heads), NaN values left out."""
+    acc: dict = defaultdict(list)
     for r in rows:
         if not math.isnan(r[metric]):
-            out[r["head"]][r["policy"]][r["budget"]].append(r[metric])
+            acc[panel_of(ctx, r), r["policy"], r["budget"], r["seed"]].append(r[metric])
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for (panel, policy, budget, _), values in acc.items():
+        out[panel][policy][budget].append(float(np.mean(values)))
     return out
 
 
 def _seeds_note(ctx: FigureContext) -> str:
-    n, m = len(ctx.seeds), len(ctx.layer_ids) or 1
-    if n == 1:  # bands are drawn over seeds only
-        return "one seed" if m == 1 else f"lines: mean over {plural(m, 'layer')}; one seed"
-    over = plural(n, "seed") + (f" x {plural(m, 'layer')}" if m > 1 else "")
-    return f"lines: mean over {over}; bands: their range"
+    n = len(ctx.seeds)
+    return "one seed" if n == 1 else f"lines: mean over {plural(n, 'seed')}; bands: their range"
+
+
+def _loss(ctx: FigureContext, values) -> bool:
+    """Whether masses are drawn as ``1 - mass`` (log): the report's choice when made (one
+    scale for every figure of a report), else whether these crowd near 1."""
+    return _loss_scale(values) if ctx.loss is None else ctx.loss
 
 
 def _rounding_only(exp: Experiment) -> list[str]:
@@ -82,6 +91,16 @@ def _full_labels(exp: Experiment) -> list[str]:
     return [p.label for p in exp.policies if p.kind == "full" and exp.quantize is None]
 
 
+def _lost(exp: Experiment) -> str:
+    """What ``1 - mass`` is: the mass lost, or under KIVI storage 1 - exp(-KL) of the
+    quantised attention (every key is kept: not a mass lost)."""
+    return "mass lost, 1 - mass" if exp.quantize is None else "KIVI: 1 - exp(-KL), not mass lost"
+
+
+def _kept(exp: Experiment) -> str:
+    return "attention mass kept" if exp.quantize is None else "KIVI: exp(-KL), not mass kept"
+
+
 def _loss_scale(values) -> bool:
     """Whether masses crowd near 1 (any above ``CROWDED``): figures then draw the mass lost,
     ``1 - mass``, on a log axis, where differences near 1 show."""
@@ -99,13 +118,13 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
     rows = [r for r in rows if r["policy"] not in budgetless]
     if not rows:
         return []
-    if loss and _loss_scale(r[metric] for r in rows if r["policy"] not in _full_labels(exp)):
+    if loss and _loss(ctx, [r[metric] for r in rows if r["policy"] not in _full_labels(exp)]):
         skip, log_y = tuple(skip) + tuple(_full_labels(exp)), True
         rows = [dict(r, **{metric: 1.0 - r[metric]}) for r in rows]
-        ylabel = "mass lost, 1 - mass (log)"
+        ylabel = f"{_lost(exp)} (log)"
     else:
         loss = False
-    per_head = _per_head([r for r in rows if r["policy"] not in skip], metric)
+    per_head = _per_head(ctx, [r for r in rows if r["policy"] not in skip], metric)
     heads = sorted(per_head)
     fig, axes, layout = grid(len(heads), ctx,
                              gap=(0.75, 1.0 if len(exp.budgets) > 5 else 0.8))
@@ -140,7 +159,7 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
             log_axis(ax)
         else:
             ax.set_ylim(0, 1.03)
-        ax.set(title=head_label(ctx, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
+        ax.set(title=panel_label(ctx, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     if reference:
         handles.append(line)
@@ -157,11 +176,16 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
     return save(fig, out, f"{exp.name}_{stem}", ctx)
 
 
-@figure(Needs.DECODE | Needs.BUDGETS)
+def _few(exp: Experiment) -> bool:
+    """Whether per-head curves stay readable (else the ranking figures replace them)."""
+    return not ranking.many(exp)
+
+
+@figure(Needs.DECODE | Needs.BUDGETS, by_default=_few)
 def mass_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean attention mass kept over the decode steps against budget, a panel per head."""
     return _against_budget(ctx, exp, rows, colors, out, "mass_mean",
-                           "attention mass kept", "mass_vs_budget", loss=True)
+                           _kept(exp), "mass_vs_budget", loss=True)
 
 
 @figure(Needs.TRUTH | Needs.BUDGETS)
@@ -173,7 +197,7 @@ def recall_vs_budget(ctx, exp, rows, steps, colors, out):
                            reference=uniform)
 
 
-@figure(Needs.DECODE | Needs.VALUES | Needs.BUDGETS)
+@figure(Needs.DECODE | Needs.VALUES | Needs.BUDGETS, by_default=_few)
 def error_vs_budget(ctx, exp, rows, steps, colors, out):
     """Mean relative output error over the decode steps against budget, a panel per head."""
     return _against_budget(ctx, exp, rows, colors, out, "error_mean",
@@ -182,12 +206,12 @@ def error_vs_budget(ctx, exp, rows, steps, colors, out):
                            skip=_rounding_only(exp))
 
 
-@figure(Needs.TRUTH, by_default=lambda exp: len(exp.budgets) > 1)
+@figure(Needs.TRUTH, by_default=lambda exp: False)
 def pareto(ctx, exp, rows, steps, colors, out):
     """Compression (share of the sequence evicted) against final recall, a panel per head
-    (by default only with several budgets: at one, each policy is a single point)."""
-    recall = _per_head(rows, "final_recall")
-    compression = _per_head(rows, "compression")
+    (only on request: where every policy holds B keys it repeats recall against budget)."""
+    recall = _per_head(ctx, rows, "final_recall")
+    compression = _per_head(ctx, rows, "compression")
     heads = sorted(recall)
     fig, axes, layout = grid(len(heads), ctx, panel=(3.6, 2.8))
     curves = Curves()
@@ -208,7 +232,7 @@ def pareto(ctx, exp, rows, steps, colors, out):
         base, = ax.plot(grid_x, 1 - grid_x, color="0.45", ls=":", lw=1)
         ax.set_xlim(grid_x[0], grid_x[-1])
         ax.set_ylim(0, 1.03)
-        ax.set(title=head_label(ctx, h), xlabel="compression (fraction of the T keys evicted)",
+        ax.set(title=panel_label(ctx, h), xlabel="compression (fraction of the T keys evicted)",
                ylabel="important-token recall")
         ax.grid(True, alpha=0.3)
     budgets = ", ".join(map(str, exp.budgets)) if len(exp.budgets) <= 4 else \
@@ -223,10 +247,10 @@ def pareto(ctx, exp, rows, steps, colors, out):
     return save(fig, out, f"{exp.name}_pareto", ctx)
 
 
-def _time_panels(exp, rows):
+def _time_panels(ctx, exp, rows):
     """(budget, head) panels of the per-step figures: the experiment's time budgets x heads."""
-    heads = sorted({r["head"] for r in rows})
-    return [(b, h) for b in exp.time_budgets for h in heads]
+    panels = sorted({panel_of(ctx, r) for r in rows})
+    return [(b, h) for b in exp.time_budgets for h in panels]
 
 
 def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=False,
@@ -234,40 +258,44 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     """``loss``: the series is a mass, drawn as ``1 - mass`` on a log axis when the
     experiment's mean masses crowd near 1 (as in the against-budget figures)."""
     data = steps.arrays()[series]
-    if loss and _loss_scale(r["mass_mean"] for r in rows
-                            if r["policy"] not in _full_labels(exp)):
-        data, log_y, ylabel = 1.0 - data, True, "mass lost, 1 - mass (log)"
+    if loss and _loss(ctx, [r["mass_mean"] for r in rows
+                            if r["policy"] not in _full_labels(exp)]):
+        data, log_y, ylabel = 1.0 - data, True, f"{_lost(exp)} (log)"
         skip = tuple(skip) + tuple(_full_labels(exp))
     else:
         loss = False
-    panels = [(b, h) for b, h in _time_panels(exp, rows)
+    panels = [(b, h) for b, h in _time_panels(ctx, exp, rows)
               if heads_with is None or h in heads_with]
     t = np.arange(exp.prompt_len, ctx.T)
     window = max(1, t.size // 50) if smooth else 1
     stride = max(1, -(-t.size // MAX_RAW_POINTS))
     fig, axes, layout = grid(len(panels), ctx, panel=(3.6, 2.5))
     faint = smooth and sum(p.label not in skip for p in exp.policies) <= FAINT_MAX
-    curves = Curves()
-    units = defaultdict(list)
+    curves, bands = Curves(), {}
+    units = defaultdict(lambda: defaultdict(list))  # by seed: bands show their range
     for r in rows:
-        units[r["budget"], r["head"], r["policy"]].append(r["unit"])
+        units[r["budget"], panel_of(ctx, r), r["policy"]][r["seed"]].append(r["unit"])
     for (b, h), ax in zip(panels, axes):
         for p in exp.policies:
-            if p.label in skip:
+            per_seed = units[b, h, p.label]
+            if p.label in skip or not per_seed:
                 continue
             with warnings.catch_warnings():  # all-NaN steps (no important key yet) stay NaN
                 warnings.simplefilter("ignore", RuntimeWarning)
-                mean = np.nanmean(data[units[b, h, p.label]], axis=0) \
-                    if units[b, h, p.label] else None
-            if mean is None or np.isnan(mean).all():
+                seeds = np.array([np.nanmean(data[u], axis=0) for u in per_seed.values()])
+                mean = np.nanmean(seeds, axis=0)
+            if np.isnan(mean).all():
                 continue
             if faint:
                 ax.plot(t[::stride], mean[::stride], color=colors[p.label], lw=0.4, alpha=0.18)
             if smooth:
                 mean = rolling_mean(mean, window)
+                seeds = np.array([rolling_mean(v, window) for v in seeds])
             curves.add((b, h), p.label, t, mean)
+            if len(seeds) > 1:
+                bands[(b, h), p.label] = (seeds.min(axis=0), seeds.max(axis=0))
     handles, labels = draw_lines(dict(zip(panels, axes)), curves, colors, policy_markers(exp),
-                                 marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
+                                 bands, marker_every=max(1, t.size // 8), lw=1.1, log=log_y)
     _not_drawn(handles, labels, list(skip), *(["mass 1"] if loss else []))
     for (b, h), ax in zip(panels, axes):
         # fitted to the curves (not to the faint per-step traces), so that policies close to
@@ -279,12 +307,15 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
             if positive.size:
                 # headroom above the highest curve, even past a mass lost of 1: a curve
                 # drawn on the frame would be hidden
-                ax.set_ylim(positive.min() / 1.3, positive.max() * 1.3)
+                top = positive.max() * 1.3
+                if loss:  # a mass lost never exceeds 1: headroom, no more
+                    top = min(top, 1.1)
+                ax.set_ylim(positive.min() / 1.3, top)
         else:
             lo, hi = np.nanmin(ys), np.nanmax(ys)
             pad = max(0.01, 0.06 * (hi - lo))
             ax.set_ylim(max(0.0, lo - pad), min(1.0, hi) + pad)
-        ax.set(title=f"{head_label(ctx, h)}, B = {b}", xlabel="decode position t",
+        ax.set(title=f"{panel_label(ctx, h)}, B = {b}", xlabel="decode position t",
                ylabel=ylabel)
         ax.grid(True, alpha=0.3)
     how = "per step"
@@ -297,21 +328,20 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
     layout.finish(fig, figure_title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
-                              f"{how}; " + ("one seed" if len(ctx.seeds) == 1 else
-                                            f"mean over {plural(len(ctx.seeds), 'seed')}")
+                              f"{how}; " + _seeds_note(ctx)
                               + _threshold_note(rows, "theirs are the same at every B")),
                   handles, labels)
     return save(fig, out, f"{exp.name}_{stem}", ctx)
 
 
-@figure(Needs.DECODE)
+@figure(Needs.DECODE, by_default=_few)
 def mass_over_time(ctx, exp, rows, steps, colors, out):
     """Attention mass kept at each decode step, a panel per head (and time budget)."""
-    return _over_time(ctx, exp, rows, steps, colors, out, "mass", "attention mass kept",
+    return _over_time(ctx, exp, rows, steps, colors, out, "mass", _kept(exp),
                       "mass_over_time", loss=True)
 
 
-@figure(Needs.DECODE | Needs.VALUES)
+@figure(Needs.DECODE | Needs.VALUES, by_default=_few)
 def error_over_time(ctx, exp, rows, steps, colors, out):
     """Relative output error at each decode step, a panel per head (and time budget)."""
     return _over_time(ctx, exp, rows, steps, colors, out, "error",
@@ -322,7 +352,7 @@ def error_over_time(ctx, exp, rows, steps, colors, out):
 @figure(Needs.DECODE | Needs.TRUTH)
 def recall_over_time(ctx, exp, rows, steps, colors, out):
     """Share of the important tokens arrived so far that the cache holds, per decode step."""
-    heads = {r["head"] for r in rows if not math.isnan(r["final_recall"])}
+    heads = {panel_of(ctx, r) for r in rows if not math.isnan(r["final_recall"])}
     return _over_time(ctx, exp, rows, steps, colors, out, "recall",
                       "important-token recall", "recall_over_time", smooth=False,
                       heads_with=heads)
@@ -381,12 +411,15 @@ def kept_raster(ctx, exp, rows, steps, colors, out):
         ax.axhline(0, color="0.3", lw=0.5)
         ax.set_ylim(-SINK_STRIP * top, top)
         ax.plot([t[0], t[-1]], [t[0], t[-1]], color="tab:red", lw=0.8)
-        ax.set_title(label, color=colors[label])
+        ax.set_title(label)  # black, readable; the policy's colour in a swatch beside it
+        ax.add_patch(Rectangle((0, 1.025), 0.05, 0.05, transform=ax.transAxes,
+                               color=colors[label], clip_on=False))
         ax.set(xlabel="decode step t", ylabel="key position")
     layout.finish(fig, figure_title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
                               f"seed {seed}, KV head 0; red line: the current token t;\n"
                               f"strip below 0: positions 0-{width - 1} enlarged"
-                              + _threshold_note(rows, "B does not apply to their panels")),
+                              + _threshold_note(rows, "B does not apply to their panels"),
+                              first_layer=True),
                   colorbar=(shown, f"fraction of each bin of {width} positions cached"
                                    f"{' (log)' if width > 8 else ''}; white: none"))
     return save(fig, out, f"{exp.name}_kept_raster", ctx)
@@ -479,9 +512,8 @@ def allocation_vs_uniform(ctx: FigureContext, rows: list[dict], out: Target) -> 
     return save(fig, out, "allocation_vs_uniform", ctx)
 
 
-def field_figures(ctx: FigureContext, samples, out: Target) -> list[Path]:
-    """The attention field of the first seed: a heatmap per head (future masked), and the
-    column sums of every head on log-log axes."""
+def field_figure(ctx: FigureContext, samples, out: Target) -> list[Path]:
+    """The attention field of the first seed: a heatmap per head (future masked)."""
     if not samples:
         return []
     n = len(samples)
@@ -513,21 +545,31 @@ def field_figures(ctx: FigureContext, samples, out: Target) -> list[Path]:
                        f"seed {ctx.seeds[0]}; future keys white",
                   colorbar=(shown, "p(q, k), max over "
                                    f"{plural(samples[0].bin_width, 'key')} per bin (log)"))
-    paths = save(fig, out, "field", ctx)
+    return save(fig, out, "field", ctx)
 
+
+def column_sums(ctx: FigureContext, samples, out: Target) -> list[Path]:
+    """The column sums of every head of the first seed, ranked, on log-log axes."""
+    if not samples:
+        return []
+    n = len(samples)
+    layer = f", layer {ctx.layer_ids[0]}" if ctx.layer_ids else ""
     fig, ax = plt.subplots(figsize=(7.4, 4.0))
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    group = ctx.heads // ctx.kv_heads if ctx.kv_heads < ctx.heads else 1
+    styles = ("-", "--", ":", "-.")
     for h, sample in enumerate(samples):
+        # grouped query heads: a hue per KV head, a line style per query head in its group
+        color, ls = cmap((h // group) % cmap.N), styles[(h % group) % len(styles)]
         ranked = np.sort(sample.colsum)[::-1]
         ranked = ranked[ranked > 0]
         # ~2,000 log-spaced ranks (first and last included): the same curve, not T points.
         at = np.unique(np.geomspace(1, max(ranked.size, 1), 2000).round().astype(np.int64))
         at = at[at <= ranked.size]
-        ax.loglog(at, ranked[at - 1], color=cmap(h % cmap.N), lw=1.1,
-                  label=head_label(ctx, h))
+        ax.loglog(at, ranked[at - 1], color=color, ls=ls, lw=1.1, label=head_label(ctx, h))
     ax.set(xlabel="key rank", ylabel="column sum (attention the key receives)",
            title=f"{ctx.name}: attention received per key, ranked (seed {ctx.seeds[0]}{layer})")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, borderaxespad=0)
     fig.tight_layout()
-    return paths + save(fig, out, "column_sums", ctx)
+    return save(fig, out, "column_sums", ctx)

@@ -6,7 +6,7 @@ import math
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,8 @@ from kvsim.report.studies import STUDIES
 from kvsim.scenario.load import Experiment, Scenario
 
 HIDDEN_SOURCE_PARAMS = ("T", "heads", "kv_heads", "gqa", "per_head", "head_names", "layers")
-INLINE_HEADS = 2  # more heads than this: the per-budget tables fold under <details>
+INLINE_HEADS = 2
+REFERENCES = ("full", "oracle")  # policy kinds that are references, not candidates  # more heads than this: the per-budget tables fold under <details>
 
 
 @dataclass
@@ -61,6 +62,39 @@ class Provenance:
         return {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started)),
                 "wall_time_s": round(self.wall, 1), "load_average_1_5_15_min": load,
                 "commit": self.commit, "command": self.command}
+
+
+@dataclass
+class FigureNotes:
+    """What report.md says of its figures: each file's purpose, the figures not drawn because
+    their data repeats another's (``repeats[stem] = other stem``), and those left out past
+    the limit of ``output.max_figures``."""
+
+    purposes: dict = field(default_factory=dict)
+    repeats: dict = field(default_factory=dict)
+    left: list = field(default_factory=list)
+    limit: int = 6
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.left:
+            out.append(f"- figures: the {self.limit} that answer this report's question first "
+                       f"(`output.max_figures` = {self.limit}; more with `--set "
+                       f"output.max_figures=N`); not drawn: "
+                       + ", ".join(f"`{s}`" for s in self.left))
+        if self.repeats:
+            out.append("- not drawn, their data repeating a drawn figure's: " + ", ".join(
+                f"`{s}` (= `{o}`)" for s, o in self.repeats.items()))
+        return out
+
+    def images(self, paths: list[Path], folder: Path) -> list[str]:
+        """Each PNG of ``paths``, after the question it answers."""
+        out = []
+        for p in (p for p in paths if p.suffix == ".png"):
+            if p in self.purposes:
+                out += [f"*`{p.stem}`: {self.purposes[p]}*", ""]
+            out += [f"![{p.stem}]({p.relative_to(folder).as_posix()})", ""]
+        return out
 
 
 def _groups(rows: list[dict], metric: str) -> dict:
@@ -157,9 +191,25 @@ def variant_text(scenario: Scenario) -> str:
                      for path, value in scenario.variant.items())
 
 
+def _order(rows: list[dict], exp: Experiment, metric: str) -> tuple[list[str], dict]:
+    """The policies of ``exp`` by their mean ``metric`` in ``rows`` (highest first)."""
+    means = {p.label: float(np.mean([r[metric] for r in rows if r["policy"] == p.label]))
+             for p in exp.policies if any(r["policy"] == p.label for r in rows)}
+    return sorted(means, key=lambda label: -means[label]), means
+
+
+def _ranked(order: list[str], means: dict) -> str:
+    text = f"`{order[0]}` {means[order[0]]:.3f}"
+    for a, b in zip(order, order[1:]):
+        text += (" = " if f"{means[a]:.3f}" == f"{means[b]:.3f}" else " > ") + \
+            f"`{b}` {means[b]:.3f}"
+    return text
+
+
 def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
-    """One sentence: the policies ranked by mean mass kept at the focus budget (or by final
-    recall when no experiment decodes)."""
+    """One sentence: the policies ranked by mean mass kept at the focus budget, and by final
+    recall where the source plants important tokens, saying where the two orders disagree
+    (or by final recall alone when no experiment decodes)."""
     source = f"On the `{scenario.source}` source" + (
         f" ({variant_text(scenario)})" if scenario.variant else "")
     for metric, what in (("mass_mean", "attention mass kept"), ("final_recall", "final recall")):
@@ -168,17 +218,29 @@ def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
                     and r["budget"] == exp.focus_budget and not math.isnan(r[metric])]
             if not rows:
                 continue
-            means = {p.label: float(np.mean([r[metric] for r in rows if r["policy"] == p.label]))
-                     for p in exp.policies}
-            order = sorted(means, key=lambda label: -means[label])
-            text = f"`{order[0]}` {means[order[0]]:.3f}"
-            for a, b in zip(order, order[1:]):
-                text += (" = " if f"{means[a]:.3f}" == f"{means[b]:.3f}" else " > ") + \
-                    f"`{b}` {means[b]:.3f}"
+            order, means = _order(rows, exp, metric)
             heads = len({r["head"] for r in rows})
-            return (f"{source}, the policies rank by {what} at B = {exp.focus_budget} "
+            text = (f"{source}, the policies rank by {what} at B = {exp.focus_budget} "
                     f"(experiment `{exp.name}`, mean over {plural(heads, 'head')} and "
-                    f"{plural(len(scenario.seeds), 'seed')}): {text}.")
+                    f"{plural(len(scenario.seeds), 'seed')}): {_ranked(order, means)}")
+            recall = [r for r in res.rows if r["experiment"] == exp.name
+                      and r["budget"] == exp.focus_budget and not math.isnan(r["final_recall"])]
+            if metric == "mass_mean" and recall:
+                by_recall, recalls = _order(recall, exp, "final_recall")
+                text += f"; by final important-token recall: {_ranked(by_recall, recalls)}"
+                swapped = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+                           if a in recalls and b in recalls and recalls[a] < recalls[b] - 0.005]
+                if swapped:
+                    # the widest disagreement, between policies that are not references
+                    kinds = {p.label: p.kind for p in exp.policies}
+                    plain = [s for s in swapped if kinds[s[0]] not in REFERENCES] or swapped
+                    a, b = max(plain, key=lambda s: recalls[s[1]] - recalls[s[0]])
+                    text += (f". The two orders disagree in {plural(len(swapped), 'pair')} (mass "
+                             f"measures what the queries attend to, recall the planted tokens): "
+                             f"`{a}` keeps more mass than `{b}` ({means[a]:.3f} against "
+                             f"{means[b]:.3f}) but fewer of the important tokens "
+                             f"({recalls[a]:.3f} against {recalls[b]:.3f})")
+            return text + "."
     return f"{source}, no experiment has decode steps or ground truth to rank the policies by."
 
 
@@ -284,13 +346,8 @@ def _allocation_note(exp: Experiment) -> str:
     return ""
 
 
-def _images(paths: list[Path], folder: Path) -> list[str]:
-    return [f"![{p.stem}]({p.relative_to(folder).as_posix()})" for p in paths
-            if p.suffix == ".png"]
-
-
-def _experiment(scenario: Scenario, exp: Experiment, rows: list[dict], steps, folder: Path,
-                figures: dict, key: tuple, notes: list[str]) -> list[str]:
+def _experiment(scenario: Scenario, exp: Experiment, rows: list[dict], steps, images,
+                key: tuple, notes: list[str]) -> list[str]:
     lines = [f"### Experiment `{exp.name}`", ""]
     decodes = exp.prompt_len < scenario.T
     if decodes:
@@ -300,43 +357,56 @@ def _experiment(scenario: Scenario, exp: Experiment, rows: list[dict], steps, fo
         lines += _metric_tables(scenario, exp, rows, "final_recall",
                                 "Important-token recall of the final cache")
     lines += _metric_tables(scenario, exp, rows, "error_mean", "Relative output error")
-    lines += _images(figures.get(key, []), folder) + [""]
+    lines += images(key) + [""]
     lines += [f"*{n}*" for n in notes] + ([""] if notes else [])
     for study in STUDIES:
         if study.applies(scenario, exp):
             lines += study.section(scenario, exp, rows, steps)
-            lines += _images(figures.get((*key, study.name), []), folder) + [""]
+            lines += images((*key, study.name)) + [""]
     return lines
 
 
 def write(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
-          figures: dict, notes: dict, provenance: Provenance) -> Path:
-    """Write ``report.md``; ``figures[(variant index, key)]`` lists the figure files and
-    ``notes[(variant index, experiment)]`` the figures not drawn, with why."""
+          figures: dict, notes: dict, provenance: Provenance,
+          figure_notes: FigureNotes | None = None) -> Path:
+    """Write ``report.md``; ``figures[(variant index, key)]`` lists the figure files,
+    ``notes[(variant index, experiment)]`` the figures not drawn, with why, and
+    ``figure_notes`` each figure's purpose and those left out."""
+    figure_notes = figure_notes or FigureNotes()
+
+    def images(key) -> list[str]:
+        return figure_notes.images(figures.get(key, []), folder)
+
     first = variants[0]
     lines = [f"# {first.name}", ""]
     lines += allocation_summary.lines(first, results[0].rows)
-    compared = _images(figures.get((0, "allocation_vs_uniform"), []), folder)
+    compared = images((0, "allocation_vs_uniform"))
     lines += compared + ([""] if compared else [])
     lines += protocol_summary.lines(results[0].rows)
+    compared = images((0, "protocols_vs_per_step"))
+    lines += compared + ([""] if compared else [])
     lines += bytes_figure.summary_lines(first, results[0].rows)
-    at_bytes = _images(figures.get((0, "mass_vs_bytes"), []), folder)
+    at_bytes = images((0, "mass_vs_bytes"))
     lines += at_bytes + ([""] if at_bytes else [])
     rankings = [_ranking(v, r) for v, r in zip(variants, results)]
     lines += (rankings if len(rankings) == 1 else [f"- {r}" for r in rankings]) + [""]
     if first.description:
         lines += [first.description, ""]
     lines += [*provenance.lines(), "- files: numbers in `results.csv`, per-step series in "
-              "`steps.npz`, the resolved scenario in `scenario.json`", ""]
+              "`steps.npz`, the resolved scenario in `scenario.json`", *figure_notes.lines(),
+              ""]
     lines += _reading(variants, results)
     for i, (scenario, res) in enumerate(zip(variants, results)):
         title = f"## Variant {i}: {variant_text(scenario)}" if scenario.variant else "## Run"
         lines += [title, "", *_what_was_run(scenario), ""]
-        lines += _images(figures.get((i, "field"), []), folder) + [""]
+        lines += images((i, "field")) + images((i, "column_sums")) + [""]
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
-            lines += _experiment(scenario, exp, rows, res.steps[exp.name], folder, figures,
+            lines += _experiment(scenario, exp, rows, res.steps[exp.name], images,
                                  (i, exp.name), notes.get((i, exp.name), []))
     path = folder / "report.md"
-    path.write_text("\n".join(lines).rstrip() + "\n")
+    text = "\n".join(lines).rstrip() + "\n"
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    path.write_text(text)
     return path

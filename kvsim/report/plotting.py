@@ -7,13 +7,14 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.collections  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
@@ -51,6 +52,7 @@ class FigureContext:
     experiments: tuple[Experiment, ...]  # all of the run's: colours, comparisons across them
     formats: tuple[str, ...]
     dpi: int
+    loss: bool | None = None  # masses drawn as 1 - mass (log) in every figure; None: per figure
 
 
 def figure_context(scenario: Scenario) -> FigureContext:
@@ -82,12 +84,53 @@ class Needs(enum.Flag):
                                   "layers run jointly (attention.layers)"}[self]
 
 
+@dataclass
+class Ledger:
+    """The data of a report's saved figures, by file stem, and the figures not saved
+    because their data repeats an earlier one's (``repeats[stem] = earlier stem``)."""
+
+    data: dict = field(default_factory=dict)
+    repeats: dict = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Target:
-    """Where figures go: a folder and a file-name prefix (for sweep variants)."""
+    """Where figures go: a folder and a file-name prefix (for sweep variants); with a
+    ledger, a figure whose data repeats one already saved there is not saved."""
 
     folder: Path | None  # None: the figure is returned, not saved
     prefix: str = ""
+    ledger: Ledger | None = field(default=None, compare=False)
+
+
+REPEAT_SHARE = 0.8  # a figure sharing this share of its curves with another repeats it
+
+
+def figure_data(fig) -> frozenset[bytes]:
+    """What ``fig`` shows: each non-constant line's y values and each image's values,
+    rounded to 6 decimals (the same numbers under another x axis or title are the same
+    data)."""
+    out = set()
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            y = np.asarray(line.get_ydata(), float)
+            finite = y[np.isfinite(y)]
+            if finite.size >= 2 and np.ptp(finite) > 0:
+                out.add(np.round(np.nan_to_num(y, nan=-9.0), 6).tobytes())
+        for image in ax.get_images() + [c for c in ax.collections
+                                         if isinstance(c, matplotlib.collections.QuadMesh)]:
+            values = np.ma.filled(np.ma.asarray(image.get_array(), float), -9.0)
+            out.add(np.round(values, 6).tobytes())
+    return frozenset(out)
+
+
+def repeated(data: frozenset, earlier: dict) -> str | None:
+    """The stem of a figure in ``earlier`` (stem: data) that ``data`` repeats: at least
+    :data:`REPEAT_SHARE` of its curves and images drawn there."""
+    for stem, other in earlier.items():
+        if data and len(data & other) >= REPEAT_SHARE * len(data):
+            return stem
+    return None
 
 
 @dataclass(frozen=True)
@@ -257,22 +300,47 @@ def policy_markers(exp: Experiment) -> dict[str, str]:
     return markers([p.label for p in exp.policies], {p.label: p.kind for p in exp.policies})
 
 
-def layers_note(ctx: FigureContext) -> str:
-    """Which model layers a figure shows: "layer 15", "mean of layers 0, 15, 29" (every
-    per-head value pools the layers run jointly), or "" when the field has none."""
+def layers_note(ctx: FigureContext, first_only: bool = False) -> str:
+    """Which model layers a figure shows: "layer 15", "layers 0, 15, 29" (a panel each,
+    see :func:`panel_of`), "30 layers", or "" when the field has none; ``first_only``: a
+    figure of the first layer's caches only."""
     ids = ctx.layer_ids
-    if len(ids) == 1:
+    if len(ids) == 1 or (ids and first_only):
         return f"layer {ids[0]}"
     if not ids:
         return ""
-    named = "layers " + ", ".join(map(str, ids)) if len(ids) <= 4 else plural(len(ids), "layer")
-    return f"mean of {named}"
+    return "layers " + ", ".join(map(str, ids)) if len(ids) <= 4 else plural(len(ids), "layer")
 
 
-def figure_title(ctx: FigureContext, exp: Experiment, what: str) -> str:
+def figure_title(ctx: FigureContext, exp: Experiment, what: str,
+                 first_layer: bool = False) -> str:
     """``scenario/experiment (layers): what``, the start of every figure's title."""
-    layers = layers_note(ctx)
+    layers = layers_note(ctx, first_layer)
     return f"{ctx.name}/{exp.name}{f' ({layers})' if layers else ''}: {what}"
+
+
+MAX_LAYER_PANELS = 9  # layers run jointly drawn a panel each; past this, one panel of all
+
+
+def panel_of(ctx: FigureContext, row: dict) -> int | tuple:
+    """The panel of a row's value: its head when one layer runs. Head i of one layer and
+    head i of another are unlike heads, never averaged: with several layers a panel is a
+    layer (the mean over its heads), or past :data:`MAX_LAYER_PANELS` layers one panel, the
+    mean over every head of every layer (the whole model's)."""
+    if ctx.layers <= 1:
+        return row["head"]
+    if ctx.layers <= MAX_LAYER_PANELS:
+        return ("layer", row["layer"])
+    return ("all", 0)
+
+
+def panel_label(ctx: FigureContext, panel: int | tuple) -> str:
+    """A panel's title: the head (see :func:`head_label`), or what a layer panel averages."""
+    if not isinstance(panel, tuple):
+        return head_label(ctx, panel)
+    if panel[0] == "layer":
+        return f"layer {panel[1]} (mean over its {plural(ctx.heads, 'head')})"
+    return f"mean over {plural(ctx.heads, 'head')} x {plural(ctx.layers, 'layer')}"
 
 
 def head_label(ctx: FigureContext, head: int) -> str:
@@ -425,6 +493,14 @@ def save(fig, out: Target, stem: str, ctx: FigureContext) -> list:
     folder (the Python API's ``Results.plot()``) gets ``[fig]`` back, open."""
     if out.folder is None:
         return [fig]
+    if out.ledger is not None:
+        data = figure_data(fig)
+        earlier = repeated(data, out.ledger.data)
+        if earlier:
+            out.ledger.repeats[f"{out.prefix}{stem}"] = earlier
+            plt.close(fig)
+            return []
+        out.ledger.data[f"{out.prefix}{stem}"] = data
     paths = []
     for fmt in ctx.formats:
         path = out.folder / f"{out.prefix}{stem}.{fmt}"

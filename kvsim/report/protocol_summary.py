@@ -7,6 +7,10 @@ import math
 from collections import defaultdict
 
 import numpy as np
+from matplotlib.lines import Line2D
+
+from kvsim.report.palette import markers
+from kvsim.report.plotting import color_map, grid, save
 
 CONVENTION = ("Memory is counted per KV head in keys, protected ones (recent tokens, sinks, "
               "windows, pinned keys) included: `peak_size` and `mean_size` in `results.csv` are "
@@ -14,25 +18,94 @@ CONVENTION = ("Memory is counted per KV head in keys, protected ones (recent tok
               "`effective_ratio` is the peak over the T tokens seen.")
 
 
-def lines(rows: list[dict]) -> list[str]:
-    """One sentence (and a blank line) if ``rows`` hold a protocol other than per-step
-    eviction and the same policy kind per step at the same peak; else nothing."""
-    groups: dict = defaultdict(list)
+def deltas(rows: list[dict]) -> dict:
+    """``{(protocol, peak): {kind: {(head, seed): mass(protocol) - mass(per-step)}}}`` at
+    equal peak memory: each head's and seed's mass under a protocol other than per-step
+    eviction against the same policy kind per step at the same peak (means over layers).
+    Per seed: an outcome that differs between seeds (a needle kept or lost) stays apart."""
+    acc: dict = defaultdict(list)
     for r in rows:
         if "protocol" in r and not math.isnan(r["mass_mean"]):
-            groups[r["kind"], r["protocol"], r["peak_size"]].append(r["mass_mean"])
-    costs: dict = defaultdict(list)
-    for (kind, protocol, peak), masses in groups.items():
-        base = groups.get((kind, "per_step", peak))
+            acc[r["kind"], r["protocol"], r["peak_size"], (r["head"], r["seed"])].append(
+                r["mass_mean"])
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for (kind, protocol, peak, unit), masses in sorted(acc.items()):
+        base = acc.get((kind, "per_step", peak, unit))
         if protocol != "per_step" and base:
-            costs[protocol, peak].append((np.mean(base) - np.mean(masses), kind))
-    if not costs:
+            out[protocol, peak][kind][unit] = float(np.mean(masses) - np.mean(base))
+    return out
+
+
+def lines(rows: list[dict]) -> list[str]:
+    """A table of the mass each protocol changes against per-step eviction of the same
+    policy at the same peak, a column per protocol and a row per policy (the mean over
+    heads and seeds, and in how many of them it is negative), if ``rows`` hold such pairs; else
+    nothing. Per policy, never averaged over policies whose changes differ in sign."""
+    found = deltas(rows)
+    if not found:
         return []
-    parts = []
-    for (protocol, peak), items in sorted(costs.items()):
-        mean = -float(np.mean([c for c, _ in items]))
-        each = ", ".join(f"{k} {-c:+.3f}" for c, k in sorted(items, key=lambda i: i[1]))
-        parts.append(f"`{protocol}` changes the mass kept by {mean:+.3f} at a peak of {peak} "
-                     f"keys ({each})")
-    return ["**At equal peak memory, against per-step eviction:** " + "; ".join(parts)
-            + " (attention mass, mean over heads).", ""]
+    columns = sorted(found)
+    kinds = sorted({k for per in found.values() for k in per})
+    body, losses, pairs = [], 0, 0
+    for kind in kinds:
+        cells = []
+        for col in columns:
+            per_head = found[col].get(kind)
+            if not per_head:
+                cells.append("")
+                continue
+            mean = float(np.mean(list(per_head.values())))
+            below = sum(v < 0 for v in per_head.values())
+            cells.append(f"{mean:+.3f} ({below} of {len(per_head)} below 0, "
+                         f"{min(per_head.values()):+.3f} to {max(per_head.values()):+.3f})")
+            pairs += 1
+            losses += mean < 0
+        body.append([f"`{kind}`", *cells])
+    header = ["policy", *(f"`{p}`, peak {peak}" for p, peak in columns)]
+    seeds = len({u[1] for per in found.values() for d in per.values() for u in d})
+    what = "heads" + (" and seeds" if seeds > 1 else "")
+    table = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header),
+             *("| " + " | ".join(row) + " |" for row in body)]
+    return [f"**At equal peak memory, against per-step eviction of the same policy:** the "
+            f"protocol costs attention mass in {losses} of {pairs} (policy, protocol) pairs; "
+            f"each cell is the change in mass kept (mean over {what}, one per policy: "
+            f"not averaged over policies), in how many of the {what} it is negative, and its "
+            f"range.", "",
+            *table, ""]
+
+
+def figure(ctx, rows: list[dict], out) -> list:
+    """Change in mass kept against per-step eviction at equal peak memory: a group per
+    protocol, a column of points per policy (small: each head; large: their mean)."""
+    found = deltas(rows)
+    if not found:
+        return []
+    columns = sorted(found)
+    kinds = sorted({k for per in found.values() for k in per})
+    colors = color_map(kinds)
+    marks = markers(kinds)
+    fig, axes, layout = grid(1, ctx, panel=(7.2, 3.4))
+    ax = axes[0]
+    width = 0.8 / len(kinds)
+    for i, col in enumerate(columns):
+        for j, kind in enumerate(kinds):
+            per_head = found[col].get(kind)
+            if not per_head:
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            values = np.array(list(per_head.values()))
+            jitter = np.linspace(-0.25, 0.25, values.size) * width
+            ax.plot(x + jitter, values, ls="none", marker=marks[kind], ms=3.5, alpha=0.55,
+                    color=colors[kind])
+            ax.plot([x], [values.mean()], ls="none", marker=marks[kind], ms=9,
+                    color=colors[kind], mec="black", mew=0.6)
+    ax.axhline(0, color="0.3", lw=0.8)
+    ax.set_xticks(range(len(columns)), [f"{p}\npeak {peak}" for p, peak in columns])
+    ax.set(ylabel="mass kept: protocol minus per-step", xlabel="protocol (peak memory, keys)")
+    ax.grid(True, axis="y", alpha=0.3)
+    handles = [Line2D([], [], ls="none", marker=marks[k], ms=7, color=colors[k]) for k in kinds]
+    layout.finish(fig, f"{ctx.name}: protocols against per-step eviction at equal peak "
+                       f"memory\nabove 0: the protocol keeps more; small points: each head"
+                       + (" and seed" if len(ctx.seeds) > 1 else "") + "; large: their mean",
+                  handles, kinds)
+    return save(fig, out, "protocols_vs_per_step", ctx)

@@ -16,13 +16,14 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim._version import __version__
-from kvsim.report import bytes_figure, figures, markdown
+from kvsim.report import bytes_figure, figures, markdown, protocol_summary, selection
 from kvsim.report.studies import STUDIES
 from kvsim.engine.experiments import ScenarioResults
 from kvsim.engine.records import steps_arrays, write_rows
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import Scenario
 from kvsim.report.lock import replace_folder
+from kvsim.report.plotting import Ledger
 
 
 def default_out(scenario: Scenario) -> Path:
@@ -172,23 +173,55 @@ def _write_results(folder: Path, variants: list[Scenario], results: list[Scenari
     (folder / "scenario.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
 
-def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]):
-    """Figure jobs ``(key in the report, drawing function, arguments)`` in report order, and
-    notes on requested figures the results cannot support, by key."""
+def _report_context(scenario: Scenario, variants_rows: list[dict]) -> figures.FigureContext:
+    """The figures' context of ``scenario`` with one mass scale for the whole report (the
+    loss scale when any mass of any variant crowds near 1): its figures compare."""
+    exact = {e.name for e in scenario.experiments if e.quantize is None}
+    masses = [r["mass_mean"] for r in variants_rows
+              if not (r["kind"] == "full" and r["experiment"] in exact)]
+    return dataclasses.replace(figures.figure_context(scenario),
+                               loss=figures._loss_scale(masses))
+
+
+def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
+          ledger: Ledger):
+    """Figure jobs (:class:`~kvsim.report.selection.Job`) in report order, and notes on
+    requested figures the results cannot support, by key."""
     jobs, notes = [], {}
+    every_row = [r for res in results for r in res.rows]
     for i, (scenario, res) in enumerate(zip(variants, results)):
-        target = figures.Target(folder, f"v{i}_" if len(variants) > 1 else "")
-        ctx = figures.figure_context(scenario)
-        jobs.append(((i, "field"), figures.field_figures, (ctx, res.fields, target)))
-        jobs.append(((i, "allocation_vs_uniform"), figures.allocation_vs_uniform,
-                     (ctx, res.rows, target)))
-        jobs.append(((i, "mass_vs_bytes"), bytes_figure.mass_vs_bytes, (ctx, res.rows, target)))
+        prefix = f"v{i}_" if len(variants) > 1 else ""
+        target = figures.Target(folder, prefix, ledger)
+        ctx = _report_context(scenario, every_row)
+
+        def job(key, name, stem, draw, args, rank=None):
+            jobs.append(selection.Job(key, name, prefix + stem, draw, args,
+                                      selection.RANKS[name] if rank is None else rank))
+        job((i, "field"), "field", "field", figures.field_figure, (ctx, res.fields, target))
+        job((i, "column_sums"), "column_sums", "column_sums", figures.column_sums,
+            (ctx, res.fields, target))
+        job((i, "allocation_vs_uniform"), "allocation_vs_uniform", "allocation_vs_uniform",
+            figures.allocation_vs_uniform, (ctx, res.rows, target))
+        job((i, "mass_vs_bytes"), "mass_vs_bytes", "mass_vs_bytes", bytes_figure.mass_vs_bytes,
+            (ctx, res.rows, target))
+        job((i, "protocols_vs_per_step"), "protocols_vs_per_step", "protocols_vs_per_step",
+            protocol_summary.figure, (ctx, res.rows, target))
         colors = figures.policy_colors(ctx)
         rasters: dict = {}  # what each drawn raster shows: the first experiment showing it
+        digests: dict = {}  # each experiment's results, by policy label
         for exp in scenario.experiments:
             rows = [r for r in res.rows if r["experiment"] == exp.name]
             steps = res.steps[exp.name]
             chosen, notes[i, exp.name] = figures.select(ctx, exp, rows)
+            digests[exp.name] = selection.experiment_digests(exp, rows, steps)
+            same = selection.repeats(digests[exp.name], {k: v for k, v in digests.items()
+                                                         if k != exp.name})
+            if same:  # every figure would repeat the earlier experiment's
+                notes[i, exp.name].append(
+                    f"No figure is drawn: every policy of `{exp.name}` gives the same results "
+                    f"as in `{same}` (same series and cached positions), whose figures show "
+                    f"them.")
+                continue
             if figures.kept_raster in [f.draw for f in chosen]:
                 first = rasters.setdefault(figures.raster_digest(ctx, exp, steps), exp.name)
                 if first != exp.name:  # the same cached positions: one figure, not two
@@ -196,34 +229,43 @@ def _jobs(folder: Path, variants: list[Scenario], results: list[ScenarioResults]
                     notes[i, exp.name].append(
                         f"`kept_raster` is not drawn: every policy caches the same positions "
                         f"as in `{first}`, whose raster shows them.")
-            jobs += [((i, exp.name), fig.draw, (ctx, exp, rows, steps, colors, target))
-                     for fig in chosen]
+            for fig in chosen:  # figures the scenario names come first, as it orders them
+                job((i, exp.name), fig.name, f"{exp.name}_{fig.name}", fig.draw,
+                    (ctx, exp, rows, steps, colors, target),
+                    0 if exp.figures is not None else None)
             for study in STUDIES:
                 if study.applies(scenario, exp):
-                    jobs.append(((i, exp.name, study.name), study.draw,
-                                 (ctx, exp, rows, steps, target)))
+                    job((i, exp.name, study.name), study.name, f"{exp.name}_{study.name}",
+                        study.draw, (ctx, exp, rows, steps, target), selection.RANKS["study"])
     return jobs, notes
 
 
 def _write_files(folder: Path, variants: list[Scenario], results: list[ScenarioResults],
                  provenance: markdown.Provenance, progress: bool = False) -> None:
+    """Draw in this process (one process: a run's peak memory is that of one process,
+    which every measure agrees on and ``validate`` bounds)."""
     _write_results(folder, variants, results, provenance)
-    jobs, notes = _jobs(folder, variants, results)
-    drawn: dict = {}
-    for (key, _, _), paths in zip(jobs, _draw_all(jobs, progress)):
-        drawn.setdefault(key, []).extend(paths)
+    ledger = Ledger()
+    jobs, notes = _jobs(folder, variants, results, ledger)
+    bar = tqdm(total=min(len(jobs), variants[0].max_figures), unit="figure", desc="figures",
+               disable=not progress, leave=False, dynamic_ncols=True)
+    for job in jobs:  # the bar advances as each drawn job returns
+        job.draw = _ticking(job.draw, bar)
+    drawn, purposes, left = selection.draw(jobs, variants[0].max_figures)
+    bar.close()
     provenance.finish()
-    markdown.write(folder, variants, results, drawn, notes, provenance)
+    markdown.write(folder, variants, results, drawn, notes, provenance,
+                   markdown.FigureNotes(purposes, ledger.repeats, [j.stem for j in left],
+                                        variants[0].max_figures))
     (folder / "run.json").write_text(json.dumps(provenance.run_facts(), indent=2) + "\n")
 
 
-def _draw_all(jobs: list, progress: bool = False) -> list[list[Path]]:
-    """Draw every figure job in this process, in job order. One process: a run's peak
-    memory is that of one process, which every measure agrees on and ``validate`` bounds
-    (forked drawing processes took 70 to 220 MiB beside it)."""
-    drawn = (function(*args) for _, function, args in jobs)
-    return list(tqdm(drawn, total=len(jobs), unit="figure", desc="figures",
-                     disable=not progress, leave=False, dynamic_ncols=True))
+def _ticking(draw, bar):
+    def drawn(*args):
+        paths = draw(*args)
+        bar.update(1)
+        return paths
+    return drawn
 
 
 def write_report(out: Path, variants: list[Scenario], results: list[ScenarioResults],

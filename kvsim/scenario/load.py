@@ -42,7 +42,7 @@ ALLOCATION_PARAMS = {  # experiment keys of the budget allocation (kvsim.engine.
                   "variance^(1/tau2)", low=0.01, high=100.0),
     "tau2": Param(float, 1.0, "cake: see tau1", low=0.01, high=100.0),
 }
-OUTPUT_KEYS = ("formats", "dpi")
+OUTPUT_KEYS = ("formats", "dpi", "max_figures")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class Scenario:
     dpi: int
     variant: dict = field(default_factory=dict)  # sweep values that define this field variant
     layers: tuple[int, ...] = (0,)  # the source's layers, run jointly (a trace: model indices)
+    max_figures: int = 6  # figures a report draws at most (the most telling first)
 
     @property
     def variant_label(self) -> str:
@@ -434,6 +435,9 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     dpi = output.get("dpi", 120)
     if not is_int(dpi) or not 30 <= dpi <= 600:
         chk.add("output.dpi", f"expected an integer in [30, 600], got {dpi!r}")
+    max_figures = output.get("max_figures", 6)
+    if not is_int(max_figures) or not 1 <= max_figures <= 200:
+        chk.add("output.max_figures", f"expected an integer in [1, 200], got {max_figures!r}")
 
     experiments = []
     raw = doc.get("experiment")
@@ -452,7 +456,7 @@ def validate(doc: dict, path: str | Path, variant: dict | None = None) -> Scenar
     scenario = Scenario(path.resolve(), name, description, tuple(seeds), source_name,
                         attn_params, T, heads, kv_heads, attn_params.get("gqa", "mean"),
                         has_truth, tuple(experiments), tuple(formats), dpi,
-                        dict(variant or {}), tuple(layers))
+                        dict(variant or {}), tuple(layers), max_figures)
     _check_head_dims(chk, scenario)
     if chk.problems:
         raise ScenarioError(chk.problems)

@@ -61,6 +61,33 @@ def _verdict(rho: float, within: float) -> str:
             "the closed loop, not by mass alone")
 
 
+def _interval(r: dict) -> str:
+    return f"ρ = {r['rho']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+
+
+def headline(kl_ranks: list[dict], n: int, within: float) -> str:
+    """The report's first sentence: the metric with the highest ρ against the model's KL is
+    named the best predictor only when its interval clears every other metric's; else the
+    metrics are said to be indistinguishable, with the intervals that overlap."""
+    best, others = kl_ranks[0], kl_ranks[1:]
+    tied = [r for r in others if r["ci_high"] >= best["ci_low"]]
+    mean = next(r for r in kl_ranks if r["predictor"] == "mass_mean")
+    if not tied:
+        text = (f"Across {n} policy × budget runs, the open-loop metric that best predicts the "
+                f"model's own next-token KL is **{NAMES[best['predictor']]}** (Spearman "
+                f"{_interval(best)}, 95% bootstrap CI, clear of every other metric's)")
+    else:
+        text = (f"Across {n} policy × budget runs, no open-loop metric predicts the model's own "
+                f"next-token KL distinguishably better than the others: the highest Spearman "
+                f"ρ, {NAMES[best['predictor']]}'s ({_interval(best)}, 95% bootstrap CI), "
+                f"overlaps the intervals of {len(tied)} of the {len(others)} others ("
+                + "; ".join(f"{NAMES[r['predictor']]} {_interval(r)}" for r in tied[:2])
+                + ("; ..." if len(tied) > 2 else "") + ")")
+    if mean is not best and mean not in tied[:2]:
+        text += f"; plain mean mass has {_interval(mean)}"
+    return f"{text}: {_verdict(best['rho'], within)}."
+
+
 def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], folder: Path):
     import matplotlib
     matplotlib.use("Agg")
@@ -190,16 +217,9 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
     policy_rows = [r for r in rows if r["policy"] != FULL]
     kl_ranks = [r for r in ranks if r["target"] == "kl"]
     best = kl_ranks[0]
-    mean = next(r for r in kl_ranks if r["predictor"] == "mass_mean")
     n = len(policy_rows)
     within = within_budget_rho(policy_rows, best["predictor"], "kl")
-    lines = [f"# Closed loop: {cfg.name}", ""]
-    lines.append(
-        f"Across {n} policy × budget runs, the open-loop metric that best predicts the model's "
-        f"own next-token KL is **{NAMES[best['predictor']]}** (Spearman ρ = {best['rho']:.3f}, "
-        f"95% bootstrap CI [{best['ci_low']:.3f}, {best['ci_high']:.3f}]); plain mean mass has "
-        f"ρ = {mean['rho']:.3f} [{mean['ci_low']:.3f}, {mean['ci_high']:.3f}]: "
-        f"{_verdict(best['rho'], within)}.")
+    lines = [f"# Closed loop: {cfg.name}", "", headline(kl_ranks, n, within)]
     lines += ["", f"{cfg.description}".strip(), ""] if cfg.description else [""]
     lines += [
         *version_lines(facts),
