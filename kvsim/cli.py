@@ -265,8 +265,15 @@ def _bench(argv: list[str]) -> int:
     p.add_argument("--only", choices=list(ONLY), help="only these rows (the Python API, the "
                    "policy kernels, or the first and warm runs with the first run's compile "
                    "table), written into an existing bench.json in place of its rows of that part")
+    p.add_argument("--tasks", nargs="?", type=Path, const=True, metavar="TASK_FILE",
+                   help="only the task rows (minutes): on the longest length of TASK_FILE "
+                   "(default scenarios/passkey_smollm2.toml), the model's floor, kvsim's trial "
+                   "and, where kvpress is importable, its pipeline; writes bench_tasks.json")
     args = p.parse_args(argv)
-    if args.only:
+    if args.tasks:
+        from kvsim.tools.bench.tasks import TASK, run_tasks
+        run_tasks(args.out, TASK if args.tasks is True else args.tasks)
+    elif args.only:
         run_only(args.only, args.quick, args.out)
     else:
         run_bench(args.quick, args.out)

@@ -123,3 +123,21 @@ def test_the_compile_table_names_each_kernel_a_first_run_compiles(tmp_path):
     assert all(0 < r["self_s"] <= r["total_s"] and r["signatures"] >= 1 for r in kernels.values())
     assert result["compile"]["passes"]["native_lowering"] > 0
     assert "kvsim.policies.ring.decode" in "\n".join(lines(result["compile"], len(kernels)))
+def test_task_rows_on_the_tiny_model(tmp_path, monkeypatch):
+    """``bench --tasks`` on a tiny Llama: the floor, kvsim's trial and their ratio, and
+    kvpress's rows only where kvpress is importable."""
+    import importlib.util
+
+    pytest.importorskip("transformers")
+    from kvsim.tools.bench.tasks import task_rows
+    from test_task import tiny_task
+
+    path = tiny_task(tmp_path, monkeypatch, 'lengths = [300]\ndepths = [0.0, 1.0]\n'
+                     'budgets = [8, 12]\n[policies.window]\n[policies.h2o]\n')
+    result = task_rows(path, length=300, prompts=2)
+    assert result["runs_per_protocol"] == 4 and [r["depth"] for r in result["prompts"]] == [0.0, 1.0]
+    for row in result["prompts"]:
+        assert 0 < row["prefill_s"] < row["floor_s"] and row["kvsim_trial_s"] > 0
+        assert row["trial_over_floor"] == row["kvsim_trial_s"] / row["floor_s"]
+        assert row["kvsim_per_run_s"] == row["kvsim_trial_s"] / 8
+        assert ("kvpress_per_run_s" in row) == (importlib.util.find_spec("kvpress") is not None)

@@ -693,16 +693,23 @@ def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, 
     assert tok.decode(list(chat.question)).endswith("The pass key is")
 
 
-def test_gate_runs_the_full_cache_alone_and_writes_nothing(tmp_path, monkeypatch, capsys):
+def tiny_task(tmp_path: Path, monkeypatch, body: str) -> Path:
+    """``tmp_path/t.toml``, a task file of the tiny Llama (saved as ``m``; ``load_model``
+    patched to load it) whose ``[task]`` table goes on with ``body``."""
     import kvsim.tools.capture
-    from kvsim.tools.task.command import task_report
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
     tiny_net(512).save_pretrained(tmp_path / "m")
-    (tmp_path / "t.toml").write_text(
-        'name = "tiny"\n[task]\nmodel = "m"\nlengths = [300]\ndepths = [0.0, 1.0]\n'
-        'trials = 2\nbudgets = [8]\n[policies.window]\n')
+    (tmp_path / "t.toml").write_text('name = "tiny"\n[task]\nmodel = "m"\n' + body)
+    return tmp_path / "t.toml"
+
+
+def test_gate_runs_the_full_cache_alone_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    from kvsim.tools.task.command import task_report
+
+    tiny_task(tmp_path, monkeypatch, 'lengths = [300]\ndepths = [0.0, 1.0]\ntrials = 2\n'
+              'budgets = [8]\n[policies.window]\n')
     before = sorted(p.name for p in tmp_path.iterdir())
     assert main(["task", str(tmp_path / "t.toml"), "--gate", "--quiet"]) == 0
     printed = capsys.readouterr().out.splitlines()
