@@ -63,18 +63,19 @@ def _recorder():
     return Recorder()
 
 
-def record(argv: list[str]) -> dict:
-    """Run ``python -m kvsim`` with ``argv`` in this process, recording its compilations:
+def record(scenario: str | Path, out: str | Path) -> dict:
+    """Run the scenario file ``scenario`` in this process into the report folder ``out``
+    (as ``python -m kvsim SCENARIO --out OUT --quiet`` does), recording its compilations:
     ``{"seconds", "kernels": {name: row}, "passes": {pass: seconds}}``."""
     from numba.core import event
 
-    from kvsim.cli import main
+    from kvsim.api.run import run
 
     recorder = _recorder()
     event.register("numba:compile", recorder)
     start = time.perf_counter()
     try:
-        main(argv)
+        run(scenario, out, command=f"python -m kvsim {scenario} --out {out} --quiet")
     finally:
         event.unregister("numba:compile", recorder)
     kernels = dict(sorted(recorder.rows.items(), key=lambda kv: -kv[1]["self_s"]))
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     scenario, out = argv
     with tempfile.TemporaryDirectory() as reports:
-        result = record([scenario, "--out", f"{reports}/run", "--quiet"])
+        result = record(scenario, f"{reports}/run")
     Path(out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
