@@ -82,7 +82,8 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
 
     from kvsim.policies.run import get_policy
     from kvsim.tools.capture import load_model
-    from kvsim.tools.closed_loop.model import attach, prefill
+    from kvsim.tools.adapter import attach
+    from kvsim.tools.closed_loop.model import prefill
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import prompt_frame
     from kvsim.tools.task.config import load_config
