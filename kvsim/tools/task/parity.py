@@ -140,7 +140,7 @@ TWINS = {
              "window's positions the maximum SnapKV score + 1 (scores at its scale: means over "
              "the window's queries and the group), and keeps max(1, int(n_chunks * (1 - r))) "
              "chunks by torch.topk at the ratio r that keeps B keys for its other presses: "
-             "whole chunks, fewer than B keys, the window only where its chunks are chosen",
+             "whole chunks, not exactly B keys, the window only where its chunks are chosen",
         compatible=chunkkv_whole_context),
 }
 
