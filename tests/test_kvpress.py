@@ -164,11 +164,11 @@ from kvsim.tools.adapter import attach  # noqa: E402
 from kvsim.tools.closed_loop.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
-from kvsim.tools.task.presses import make, press_caches  # noqa: E402
+from kvsim.tools.task.presses import held_caches, make, press_caches, press_text  # noqa: E402
 from test_task import BARE, N, CharTokenizer, task_config, tiny_net  # noqa: E402
 
-from kvsim.tools.task.parity import (kept_sets, kvpress_answer, tova_all_heads,  # noqa: E402
-                                     twin_press)
+from kvsim.tools.task.parity import (chunkkv_whole_context, kept_sets,  # noqa: E402
+                                     kvpress_answer, tova_all_heads, twin_press)
 
 BUDGETS = (16, 40)
 ANSWER = 8
@@ -180,6 +180,7 @@ TWINS = {  # kvsim policy -> its parameters here (kvsim.tools.task.parity.TWINS:
     "expected_attention": {"n_sink": 4, "n_future": 512},
     "h2o": {"normalize": True, "recent_ratio": 0.0},
     "tova": {},
+    "chunkkv": {"window": 8, "kernel": 5, "pooling": "avg", "chunk": 6},
 }
 EXACT = ["expected_attention", "h2o", "keydiff", "snapkv", "streaming_llm"]
 
@@ -260,6 +261,47 @@ def test_tovapress_is_the_last_query_averaged_over_every_head_of_the_layer(tiny)
             for j in range(full.keys.shape[1]):
                 assert theirs.steppers[c][layer][j].cache.tolist() == expected[j].tolist()
     assert kept_sets(ours, full.global_layers) != kept_sets(theirs, full.global_layers)
+
+
+def test_a_nested_press_is_built_and_shown_as_its_call():
+    pc = PolicyConfig("c", "ChunkKVPress", {"press": {"press": "SnapKVPress", "window_size": 8},
+                                            "chunk_length": 6})
+    press = make(pc, 0.25)
+    assert (press.press.window_size, press.press.compression_ratio, press.chunk_length) == \
+        (8, 0.25, 6)
+    assert press_text(pc.kind, pc.params) == \
+        "ChunkKVPress(press=SnapKVPress(window_size=8), chunk_length=6)"
+
+
+def test_chunkkvpress_chunks_the_whole_context_its_window_scored_the_maximum(tiny):
+    """kvpress's ChunkKV over SnapKV chunks the whole context (the window's SnapKV scores
+    padded with the maximum + 1) and keeps max(1, int(n_chunks * (1 - r))) chunks, the same
+    in every KV head, fewer than B keys: kvsim's SnapKV scores with that rule keep exactly
+    kvpress's positions in every layer and KV head, and kvsim's decoder then answers the
+    tokens kvpress's pipeline answers. (kvsim's own chunkkv cannot run inside a model: it
+    pins chunks from every KV head's scores and a model's cache steps each KV head alone.)"""
+    net, prompt, full = tiny
+    policy = PolicyConfig("chunkkv", "chunkkv", resolve_params(POLICIES["chunkkv"],
+                                                               TWINS["chunkkv"]))
+    press = twin_press(policy, 0)
+    cfg = dataclasses.replace(task_config([], budgets=BUDGETS, compress=("prefill_only",)),
+                              presses=(press,))
+    _, rows_of = task_run.compress(full, prompt, cfg)
+    theirs = press_caches(net, full, prompt, cfg, rows_of)
+    at = prompt.ids.size - prompt.question_len
+    assert at % TWINS["chunkkv"]["chunk"]  # a partial chunk at the context's end
+    ours = held_caches(full, prompt, cfg, rows_of, [policy], lambda pc, b: {
+        layer: chunkkv_whole_context(full, at, b, layer, pc.params)
+        for layer in full.global_layers})
+    assert kept_sets(ours, full.global_layers) == kept_sets(theirs, full.global_layers)
+    for c, b in enumerate(BUDGETS):
+        for layer in full.global_layers:  # whole chunks, fewer than B, alike in every KV head
+            held = [s.cache for s in theirs.steppers[c][layer]]
+            assert all(len(h) < b and np.array_equal(h, held[0]) for h in held), (b, layer)
+    mine, _ = task_run.answer(net, full, ours, ANSWER)
+    for c, b in enumerate(BUDGETS):
+        reference, _, _ = kvpress_answer(net, make(press, ratio(at, b)), prompt, ANSWER)
+        assert np.array_equal(mine[c], reference), b
 
 
 def docs_task_file() -> str:

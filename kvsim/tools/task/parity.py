@@ -53,6 +53,43 @@ def knorm_float32(full, at: int, budget: int, layer: int) -> np.ndarray:
     return np.sort(scores.topk(budget, dim=-1).indices.numpy(), axis=1)
 
 
+def chunkkv_whole_context(full, at: int, budget: int, layer: int, params: dict) -> np.ndarray:
+    """kvpress's ChunkKVPress over SnapKVPress at prefill, from kvsim's full-cache attention:
+    per KV head, SnapKV's scores at kvpress's scale (the last ``window`` context queries'
+    mean attention on the keys before them, average-pooled over ``kernel`` keys, averaged
+    over the group's query heads), the window's positions scored the maximum + 1; summed
+    over the layer's KV heads, the whole context cut into chunks of ``chunk`` from position
+    0 (the last one partial, at the context's end), each scored by its mean in float32; the
+    top ``max(1, int(n_chunks * (1 - r)))`` by ``torch.topk`` at the ratio ``r`` that keeps
+    ``budget`` keys (:func:`~kvsim.tools.task.presses.ratio`), the same for every KV head."""
+    import torch
+    from torch.nn import functional as F
+
+    from kvsim.policies import snapkv
+    from kvsim.tools.task.presses import n_kept, ratio
+
+    H_kv, w, chunk = full.keys.shape[1], params["window"], params["chunk"]
+    r = ratio(at, budget)
+    if r == 0.0:  # kvpress keeps everything
+        return np.array([np.arange(at)] * H_kv, np.int64)
+    votes = [full.prompt_attention(layer, j, at)[:, at - w:, :at - w].mean(axis=1)
+             for j in range(H_kv)]
+    scores = torch.from_numpy(np.array([np.mean([snapkv.pool(v, params["kernel"], 1) for v in g],
+                                                axis=0) for g in votes], np.float32))[None]
+    scores = F.pad(scores, (0, w), value=scores.max().item() + 1)
+    whole, rest = divmod(at, chunk)
+    if whole == 0:  # kvpress's ChunkKV leaves a context shorter than a chunk to SnapKV
+        return np.sort(scores[0].topk(n_kept(at, r), dim=-1).indices.numpy(), axis=1)
+    per_chunk = scores[..., :whole * chunk].sum(dim=1).view(-1, whole, chunk).mean(dim=-1)
+    if rest:
+        per_chunk = torch.cat([per_chunk, scores[..., -rest:].sum(dim=1).mean(
+            dim=-1, keepdim=True)], dim=-1)
+    chosen = per_chunk.topk(max(1, int((whole + (rest > 0)) * (1 - r))), dim=-1).indices[0]
+    kept = np.sort(np.concatenate([np.arange(c * chunk, min(at, (c + 1) * chunk))
+                                   for c in chosen.tolist()]))
+    return np.array([kept] * H_kv, np.int64)
+
+
 def _none(params: dict, seed: int) -> dict:
     return {}
 
@@ -62,8 +99,8 @@ class Twin:
     """A kvsim policy's kvpress press: ``kwargs(params, seed)`` its keyword arguments from
     the policy's parameters; ``needs``: the parameters the twin assumes; ``exact``: False
     when only the accuracy compares (a random draw); ``rule``: kvsim's rule that differs on
-    purpose, and ``compatible(full, at, budget, layer)`` the (H_kv, budget) positions kvsim
-    keeps with that difference switched to kvpress's behaviour."""
+    purpose, and ``compatible(full, at, budget, layer, params)`` the (H_kv, n) positions
+    kvsim keeps with that difference switched to kvpress's behaviour."""
 
     press: str
     kwargs: Callable[[dict, int], dict] = _none
@@ -80,7 +117,8 @@ TWINS = {
                    {"pooling": "avg", "protect_window": True}),
     "knorm": Twin("KnormPress", needs={"recent_ratio": 0.0},
                   rule="kvsim ranks float64 key norms (ties: its rule); kvpress float32 "
-                       "norms by torch.topk", compatible=knorm_float32),
+                       "norms by torch.topk",
+                  compatible=lambda full, at, b, layer, p: knorm_float32(full, at, b, layer)),
     "keydiff": Twin("KeyDiffPress", needs={"recent_ratio": 0.0}),
     "expected_attention": Twin("ExpectedAttentionPress", lambda p, s: {
         "n_sink": p["n_sink"], "n_future_positions": p["n_future"],
@@ -88,8 +126,22 @@ TWINS = {
     "h2o": Twin("ObservedAttentionPress", needs={"normalize": True, "recent_ratio": 0.0}),
     "tova": Twin("TOVAPress", rule="kvsim scores by each KV head's own query heads (TOVA's "
                                    "paper); kvpress by the mean over all query heads of the "
-                                   "layer, the last position kept", compatible=tova_all_heads),
+                                   "layer, the last position kept",
+                 compatible=lambda full, at, b, layer, p: tova_all_heads(full, at, b, layer)),
     "random": Twin("RandomPress", lambda p, s: {"seed": s}, exact=False),
+    "chunkkv": Twin(
+        "ChunkKVPress", lambda p, s: {"press": {"press": "SnapKVPress", "window_size": p["window"],
+                                                "kernel_size": p["kernel"]},
+                                      "chunk_length": p["chunk"]}, {"pooling": "avg"},
+        rule="kvsim chunks the prefix before the SnapKV window (its partial chunk at the "
+             "prefix's end), pins floor((B - window) / chunk) chunks (ties: the lower index) and "
+             "keeps the window and the newest positions in a ring, exactly B keys; kvpress "
+             "chunks the whole context (its partial chunk at the context's end), scores the "
+             "window's positions the maximum SnapKV score + 1 (scores at its scale: means over "
+             "the window's queries and the group), and keeps max(1, int(n_chunks * (1 - r))) "
+             "chunks by torch.topk at the ratio r that keeps B keys for its other presses: "
+             "whole chunks, not exactly B keys, the window only where its chunks are chosen",
+        compatible=chunkkv_whole_context),
 }
 
 
@@ -203,7 +255,8 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     compatible = [pc for pc in cfg.policies if TWINS[pc.kind].compatible]
 
     def compatible_held(pc, b):
-        return {layer: TWINS[pc.kind].compatible(full, at, b, layer) for layer in layers}
+        return {layer: TWINS[pc.kind].compatible(full, at, b, layer, pc.params)
+                for layer in layers}
 
     switched, switched_sets, switched_tokens = None, [], []
     if compatible:
@@ -304,6 +357,8 @@ def _share(rows: list[dict], column: str) -> str:
 
 def report_lines(cfg, rows: list[dict], facts: dict) -> list[str]:
     """The Markdown of the parity report."""
+    from kvsim.tools.task.presses import press_text
+
     load = ", ".join(f"{x:.2f}" for x in facts["load_average"])
     timed = {r["policy"]: r for r in rows if r["kvsim_seconds"] != ""}
     n, d, t = next((r["length"], r["depth"], r["trial"]) for r in timed.values())
@@ -327,10 +382,10 @@ def report_lines(cfg, rows: list[dict], facts: dict) -> list[str]:
     for pc in cfg.policies:
         mine = [r for r in rows if r["policy"] == pc.label]
         press = twin_press(pc, cfg.seed)
-        args = ", ".join(f"{k}={v!r}" for k, v in press.params.items())
         clock = timed[pc.label]
         equal = _share(mine, "equal_kept") if TWINS[pc.kind].exact else "(not compared)"
-        out.append(f"| {pc.label} (`{pc.kind}`) | {press.kind}({args}) | {len(mine)} | "
+        out.append(f"| {pc.label} (`{pc.kind}`) | {press_text(press.kind, press.params)} | "
+                   f"{len(mine)} | "
                    f"{equal} | {_share(mine, 'identical_answer')} | "
                    f"{_share(mine, 'kvsim_success')} | {_share(mine, 'kvpress_success')} | "
                    f"{clock['kvsim_seconds']:.1f} | {clock['kvpress_seconds']:.1f} | "

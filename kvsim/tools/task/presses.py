@@ -52,6 +52,9 @@ ACROSS_LAYERS = {  # kvpress 0.5.5's presses that share the budget unevenly acro
     "PyramidKVPress": "a pyramid (more keys in the lower layers) once the budget exceeds 20 "
                       "windows, and round() instead of the ratio's count below it",
 }
+SDPA = {  # kvpress 0.5.5's presses that refuse the attention weights an eager prefill passes
+    "ChunkKVPress": "asserts that no attention weights reach it",
+}
 QUESTION_ROOM = 32
 """Tokens left for the question when a press is rehearsed (:func:`rehearsal_problem`) on
 the shortest length: more than any question of kvsim's prompts takes (11 raw, 17 chat on
@@ -222,8 +225,26 @@ def _like(value, default) -> bool:
 
 
 def make(pc: PolicyConfig, compression_ratio: float):
-    """The press of ``pc`` at ``compression_ratio``."""
-    return press_class(pc.kind)(**pc.params, compression_ratio=compression_ratio)
+    """The press of ``pc`` at ``compression_ratio``. A parameter that is a table with a
+    ``press`` key is a nested press (``ChunkKVPress``'s ``press``), built with its keyword
+    arguments; a press without a ``compression_ratio`` field (a wrapper) gets it set
+    afterwards, which sets its nested press's."""
+    cls = press_class(pc.kind)
+    kwargs = {k: press_class(v[KEY])(**_params(v)) if isinstance(v, dict) and KEY in v else v
+              for k, v in pc.params.items()}
+    if "compression_ratio" in {f.name for f in dataclasses.fields(cls)}:
+        return cls(**kwargs, compression_ratio=compression_ratio)
+    press = cls(**kwargs)
+    press.compression_ratio = compression_ratio
+    return press
+
+
+def press_text(kind: str, params: dict) -> str:
+    """A press as its call reads, ``ChunkKVPress(press=SnapKVPress(window_size=32),
+    chunk_length=20)``: a nested press's table (a ``press`` key) shown as its call."""
+    args = ", ".join(f"{k}={press_text(v[KEY], _params(v))}" if isinstance(v, dict) and KEY in v
+                     else f"{k}={v!r}" for k, v in params.items())
+    return f"{kind}({args})"
 
 
 def n_kept(k_len: int, compression_ratio: float) -> int:
@@ -247,14 +268,15 @@ def ratio(k_len: int, budget: int) -> float:
 
 def press_prefill(net, press, context_ids: np.ndarray):
     """kvpress's prefill of ``context_ids`` under ``press`` (its hooks, an eager forward into
-    a ``DynamicCache``, as its pipeline does); returns the compressed cache."""
+    a ``DynamicCache``, as its pipeline does; SDPA for the presses of :data:`SDPA`);
+    returns the compressed cache."""
     import torch
     from transformers import DynamicCache
 
     from kvsim.tools.adapter import attach
 
     cache = DynamicCache()
-    net.set_attn_implementation("eager")
+    net.set_attn_implementation("sdpa" if type(press).__name__ in SDPA else "eager")
     try:
         with torch.no_grad(), press(net):
             net.model(input_ids=torch.as_tensor(context_ids[None], dtype=torch.long),
