@@ -164,7 +164,8 @@ from kvsim.tools.adapter import attach  # noqa: E402
 from kvsim.tools.closed_loop.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
-from kvsim.tools.task.presses import held_caches, make, press_caches, press_text  # noqa: E402
+from kvsim.tools.task.press_runs import held_caches, press_caches  # noqa: E402
+from kvsim.tools.task.presses import make, press_text  # noqa: E402
 from test_task import BARE, N, CharTokenizer, task_config, tiny_net  # noqa: E402
 
 from kvsim.tools.task.parity import (chunkkv_whole_context, kept_sets,  # noqa: E402

@@ -7,7 +7,7 @@ On the first ``prompts`` depths of one length of a task file (default
   question, where it joins after the compression, and the answer) with all of its
   ``policies x budgets`` caches full, batched as kvsim batches them: the model's own
   work, no policy's;
-- kvsim's trial (:func:`kvsim.tools.task.run.run_trial`): the full cache's answer, every
+- kvsim's trial (:func:`kvsim.tools.task.trial.run_trial`): the full cache's answer, every
   policy x budget x protocol and the prediction, and its time per compressed run;
 - where kvpress is importable, kvpress's pipeline (the press at prefill into a
   ``DynamicCache``, then the question and the greedy answer) for the file's policies that
@@ -87,7 +87,7 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import prompt_frame
     from kvsim.tools.task.config import load_config
-    from kvsim.tools.task.run import run_trial
+    from kvsim.tools.task.trial import run_trial
 
     cfg = load_config(path)
     length = length or max(cfg.lengths)

@@ -53,7 +53,8 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     full cache's rows alone."""
     from kvsim.tools.adapter import attach
     from kvsim.tools.closed_loop.run import forked_pool
-    from kvsim.tools.task.run import cells, gate_trial, run_trial
+    from kvsim.tools.task.run import cells, gate_trial
+    from kvsim.tools.task.trial import run_trial
 
     attach(net)
     text_ids = None

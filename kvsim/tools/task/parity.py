@@ -194,7 +194,7 @@ def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = No
     import torch
 
     from kvsim.tools.adapter import attach
-    from kvsim.tools.task.presses import positions, press_prefill
+    from kvsim.tools.task.press_runs import positions, press_prefill
 
     at = prompt.ids.size - prompt.question_len
     start = time.perf_counter()
@@ -241,7 +241,8 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     (:func:`kvsim_seconds`), the load average beside it."""
     from kvsim.policies.run import get_policy
     from kvsim.tools.task import inputs, run
-    from kvsim.tools.task.presses import held_caches, make, ratio
+    from kvsim.tools.task.press_runs import held_caches
+    from kvsim.tools.task.presses import make, ratio
 
     prompt, full, full_tokens = run.full_trial(
         net, tokenizer, cfg, cell, text_ids, form,

@@ -243,34 +243,6 @@ def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: 
             "number": number or "", "success": int(number == prompt.key)}
 
 
-def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
-              text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
-    """Every row of one trial: the full cache, then each protocol's policies x budgets."""
-    prompt, full, tokens = full_trial(
-        net, tokenizer, cfg, cell, text_ids, form,
-        rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
-    P = prompt.ids.size
-    H_kv = full.keys.shape[1]
-    digits = np.concatenate(prompt.digits)
-    protocols, rows_of = compress(full, prompt, cfg)
-    rows = []
-    for protocol, caches in protocols.items():
-        rows += protocol_rows(net, full, caches, protocol, cfg.answer_tokens)
-        protocols[protocol] = None  # its stores go before the next protocol decodes
-    if cfg.presses:  # kvpress's presses, under its protocol
-        from kvsim.tools.task.presses import press_rows
-        rows += press_rows(net, full, prompt, cfg, rows_of)
-    on_needle = np.array([[rows_of[layer, j][digits].sum() for j in range(H_kv)]
-                          for layer in full.global_layers])
-    question_mass = float(on_needle.mean())
-    rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
-                    "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens,
-                    "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass,
-                    "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean())})
-    return [{**scored(tokenizer, prompt, cell, r), "question_needle_mass": question_mass}
-            for r in rows]
-
-
 def gate_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
     """The full cache's row of one trial alone (``kvsim task --gate``)."""
