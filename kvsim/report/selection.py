@@ -13,8 +13,8 @@ import numpy as np
 # Drawn in this order (then in report order) until the report holds max_figures: the
 # comparison a report exists for first, the input field and time series last.
 RANKS = {"allocation_vs_uniform": 0, "mass_vs_bytes": 0, "protocols_vs_per_step": 0,
-         "policy_ranking": 1, "policy_families": 1, "mass_vs_budget": 2, "recall_vs_budget": 2,
-         "error_vs_budget": 3, "study": 4, "kept_raster": 5, "allocation": 5, "field": 6,
+         "policy_ranking": 1, "policy_families": 1, "allocation": 1, "mass_vs_budget": 2,
+         "recall_vs_budget": 2, "error_vs_budget": 3, "study": 4, "kept_raster": 5, "field": 6,
          "mass_over_time": 7, "recall_over_time": 8, "error_over_time": 8, "pareto": 8,
          "column_sums": 9}
 
