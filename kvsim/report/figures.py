@@ -23,7 +23,7 @@ from matplotlib.patches import Rectangle
 from kvsim.protocols.settings import is_threshold
 from kvsim.report import allocation_summary, ranking
 from kvsim.report.palette import markers
-from kvsim.report.plotting import (FIGURES, Curves, FigureContext, Needs, Target, check,
+from kvsim.report.plotting import (FIGURES, Curves, FigureContext, Needs, Target, budget_axis, check,
                                    color_map, draw_lines, figure, figure_context, figure_title, grid,
                                    head_label, log_axis, panel_label, panel_of, policy_colors,
                                    policy_markers, save, select)
@@ -151,16 +151,8 @@ def _against_budget(ctx, exp, rows, colors, out, metric, ylabel, stem, log_y=Fal
         if reference:
             b = np.array(exp.budgets, float)
             line, = ax.plot(b, reference[1](b), color="0.45", ls=":", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(exp.budgets, [str(b) for b in exp.budgets],
-                      rotation=45 if len(exp.budgets) > 5 else 0)
-        ax.minorticks_off()
-        if log_y:
-            log_axis(ax)
-        else:
-            ax.set_ylim(0, 1.03)
+        budget_axis(ax, exp.budgets, log_y)
         ax.set(title=panel_label(ctx, h), xlabel="budget B (tokens, log2 axis)", ylabel=ylabel)
-        ax.grid(True, alpha=0.3)
     if reference:
         handles.append(line)
         labels.append(reference[0])

@@ -295,6 +295,19 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(_DecimalLogFormatter())
 
 
+def budget_axis(ax, budgets, log_y: bool) -> None:
+    """A budget x axis (log2, a tick at each budget, slanted past five) over a y axis of
+    mass: logarithmic loss (:func:`log_axis`) if ``log_y``, else mass kept in [0, 1.03]."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(budgets, [str(b) for b in budgets], rotation=45 if len(budgets) > 5 else 0)
+    ax.minorticks_off()
+    if log_y:
+        log_axis(ax)
+    else:
+        ax.set_ylim(0, 1.03)
+    ax.grid(True, alpha=0.3)
+
+
 def policy_markers(exp: Experiment) -> dict[str, str]:
     """Each policy label's marker in ``exp``'s figures (see :func:`~kvsim.report.palette.markers`)."""
     return markers([p.label for p in exp.policies], {p.label: p.kind for p in exp.policies})

@@ -13,8 +13,8 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
 from kvsim.policies import POLICIES
-from kvsim.report.plotting import (Curves, Needs, draw_lines, figure, figure_title, grid,
-                                   log_axis, policy_markers, save)
+from kvsim.report.plotting import (Curves, Needs, budget_axis, draw_lines, figure, figure_title,
+                                   grid, policy_markers, save)
 from kvsim.report.stats import plural
 
 MANY_POLICIES = 10  # more policies than this: these figures replace the per-head curves
@@ -114,17 +114,9 @@ def policy_families(ctx, exp, rows, steps, colors, out):
     handles, names = draw_lines(dict(zip(families, axes)), curves, colors,
                                 policy_markers(exp), log=loss)
     for ax, family in zip(axes, families):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(exp.budgets, [str(b) for b in exp.budgets],
-                      rotation=45 if len(exp.budgets) > 5 else 0)
-        ax.minorticks_off()
-        if loss:
-            log_axis(ax)
-        else:
-            ax.set_ylim(0, 1.03)
+        budget_axis(ax, exp.budgets, loss)
         ax.set(title=family, xlabel="budget B (log2 axis)",
                ylabel="mass lost, 1 - mass (log)" if loss else "attention mass kept")
-        ax.grid(True, alpha=0.3)
     layout.finish(fig, figure_title(ctx, exp, "policies against budget by family (grey: "
                                     "the other families)\nmean over heads"
                                     + (" and layers" if ctx.layers > 1 else "")
