@@ -721,3 +721,23 @@ def test_gate_runs_the_full_cache_alone_and_writes_nothing(tmp_path, monkeypatch
         hits = sum(r["success"] == "1" for r in full if r["depth"] == d + ".0")
         assert any(line.startswith(f"| {d} | {hits}/2") for line in printed), printed
     assert printed[0].startswith("t.toml: the full cache's answers per cell")
+
+
+def test_filler_ids_are_the_shipped_texts_tokens_and_a_short_text_is_refused(tmp_path,
+                                                                             monkeypatch):
+    """Every task path (the run, the parity tool, the bench) reads a shipped filler through
+    ``filler_ids``: the text's ids without special tokens, or one line naming task.filler."""
+    import dataclasses
+
+    from kvsim.tools.task.command import filler_ids
+
+    cfg = load_config(tiny_task(tmp_path, monkeypatch, 'lengths = [300]\ndepths = [0.0]\n'
+                                'budgets = [8]\n[policies.window]\n'))
+    assert filler_ids(cfg, CharTokenizer()) is None  # seeded filler
+    gpl = dataclasses.replace(cfg, filler="gpl-3")
+    ids = filler_ids(gpl, CharTokenizer())
+    text = gpl.filler_path.read_text(encoding="utf-8")
+    assert ids.dtype == np.int64 and ids.tolist() == [ord(c) for c in text]
+    with pytest.raises(KvsimError, match=rf"^task\.filler: expected a text of at least "
+                                         rf"{len(text) + 1} tokens, got {len(text)}$"):
+        filler_ids(dataclasses.replace(gpl, lengths=(len(text) + 1,)), CharTokenizer())

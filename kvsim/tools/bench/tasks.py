@@ -85,7 +85,7 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     from kvsim.tools.adapter import attach
     from kvsim.tools.closed_loop.model import prefill
     from kvsim.tools.task import inputs
-    from kvsim.tools.task.command import prompt_frame
+    from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.config import load_config
     from kvsim.tools.task.trial import run_trial
 
@@ -103,10 +103,7 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
                  "prompts": [], "kvpress": kvpress}
     try:
         attach(net)
-        text_ids = None
-        if cfg.filler_path is not None:
-            raw = cfg.filler_path.read_text(encoding="utf-8")
-            text_ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"])
+        text_ids = filler_ids(cfg, tokenizer)
         form = prompt_frame(cfg, tokenizer)
         for depth in cfg.depths[:prompts]:
             cell = (length, depth, 0)

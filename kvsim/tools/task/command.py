@@ -46,6 +46,19 @@ def prompt_frame(cfg: TaskConfig, tokenizer):
     return form
 
 
+def filler_ids(cfg: TaskConfig, tokenizer) -> np.ndarray | None:
+    """The token ids of the file's shipped filler text (None for ``seeded`` filler), at
+    least as long as the longest prompt (a :class:`KvsimError` names ``task.filler``)."""
+    if cfg.filler_path is None:
+        return None
+    raw = cfg.filler_path.read_text(encoding="utf-8")
+    ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"], np.int64)
+    if ids.size < max(cfg.lengths):
+        raise KvsimError(f"task.filler: expected a text of at least {max(cfg.lengths)} "
+                         f"tokens, got {ids.size}")
+    return ids
+
+
 def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
             gate_only: bool = False) -> list[dict]:
     """Every trial's rows, in grid order, on ``workers`` forked processes (results do not
@@ -57,15 +70,8 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     from kvsim.tools.task.trial import run_trial
 
     attach(net)
-    text_ids = None
-    if cfg.filler_path is not None:
-        raw = cfg.filler_path.read_text(encoding="utf-8")
-        text_ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"], np.int64)
-        if text_ids.size < max(cfg.lengths):
-            raise KvsimError(f"task.filler: expected a text of at least {max(cfg.lengths)} "
-                             f"tokens, got {text_ids.size}")
     n = len(cells(cfg))
-    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer),
+    _FORKED["job"] = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer),
                       gate_trial if gate_only else run_trial)
     try:
         with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:

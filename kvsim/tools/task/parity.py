@@ -315,15 +315,11 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
     of each side at the largest budget."""
     from kvsim.tools.adapter import attach
     from kvsim.tools.closed_loop.run import forked_pool
-    from kvsim.tools.task.command import prompt_frame
+    from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.run import cells
 
     attach(net)
-    text_ids = None
-    if cfg.filler_path is not None:
-        raw = cfg.filler_path.read_text(encoding="utf-8")
-        text_ids = np.asarray(tokenizer(raw, add_special_tokens=False)["input_ids"], np.int64)
-    _FORKED["job"] = (net, tokenizer, cfg, text_ids, prompt_frame(cfg, tokenizer))
+    _FORKED["job"] = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer))
     order = list(range(len(cells(cfg))))[::-1]
     try:
         if workers <= 1:
