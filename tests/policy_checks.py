@@ -198,7 +198,12 @@ def check_stepper(name: str, params: dict, field, kv: int, P: int, budget: int, 
     keys, values = field.keys[kv].T, field.values[kv]  # (T, d) rows, as a model has them
     queries = field.queries[group.heads] if "queries" in policy.needs else None
     rope = (field.pre_rope_queries[group.heads, :P], field.rope_freq, field.rope_scale)
-    stepper = Stepper(name, budget, params, prompt_attention=A[:, :P, :P].copy(), keys=keys,
+    attention = {"prompt_attention": A[:, :P, :P].copy()}
+    if policy.layer:  # the layer's attention, every KV head's group, and this KV head
+        H_kv = field.heads // field.group
+        attention = {"prompt_attention": field.probs[:, :P, :P].reshape(
+            H_kv, field.group, P, P).copy(), "kv_head": kv}
+    stepper = Stepper(name, budget, params, **attention, keys=keys,
                       values=values, queries=queries, scaling=field.qk_scale[group.heads],
                       gqa=gqa, seed=5, capacity_T=T, rope=rope)
     if P == T:

@@ -13,12 +13,14 @@ from author_code import (chunk_scores, dropkv_scores, rkv_update_kv, snapkv_scor
 from policy_checks import qk_field, run_kvsim
 from reference import policy_chunkkv, qk_source
 
+from kvsim.errors import KvsimError
 from kvsim.numerics.decode import observed_outputs
 from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, chunkkv, dropkv, rkv
 from kvsim.policies.rows import head_rows
 from kvsim.policies.run import make_group, resolve_params
+from kvsim.policies.stepping import Stepper
 
 
 def model_field(rng, T, G, d=8, kv_heads=1) -> FieldData:
@@ -215,6 +217,45 @@ def test_chunkkv_layer_reference(seed):
                 ours = [sorted(int(x) for x in row if x >= 0) for row in got.snapshots]
                 assert ours == [sorted(c) for c in steps], (seed, P, budget, kv)
                 assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_chunkkv_steps_inside_a_model_as_the_layer_reference(seed):
+    """One Stepper per KV head, each given the layer's prompt attention (every KV head's
+    group) and its ``kv_head``, as a model steps them: the plain reference's prefill and
+    caches at every step, the same chunks pinned in every KV head of the layer. Without the
+    layer's attention the Stepper refuses it in one line."""
+    rng = np.random.default_rng(700 + seed)
+    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
+    T = int(rng.integers(20, 50))
+    field = model_field(rng, T, G, kv_heads=kv_heads)
+    sources = layer_sources(field)
+    params = {"window": int(rng.integers(1, 5)), "kernel": 3, "pooling": "avg",
+              "chunk": int(rng.integers(1, 6))}
+    layer = np.stack([s.probs for s in sources])  # (H_kv, G, T, T)
+    for P in sorted({int(rng.integers(params["window"] + 1, T)), T}):
+        for budget in sorted({params["window"] + 1, int(rng.integers(params["window"] + 1, P + 1))}):
+            pinned = []
+            for kv in range(kv_heads):
+                stepper = Stepper("chunkkv", budget, params, capacity_T=T, kv_head=kv,
+                                  prompt_attention=layer[:, :, :P, :P].copy())
+                prefill, steps = policy_chunkkv(sources[kv], P, T, budget, "mean", layer=sources,
+                                                **params)
+                assert sorted(stepper.cache.tolist()) == sorted(prefill), (seed, P, budget, kv)
+                pinned.append(sorted(p for p in prefill if p < P - params["window"]))
+                for t, expected in zip(range(P, T), steps):
+                    stepper.admit(t)
+                    cache = stepper.cache
+                    assert sorted(cache.tolist()) == sorted(expected), (seed, P, budget, kv, t)
+                    stepper.observe(np.ascontiguousarray(sources[kv].probs[:, t, cache]))
+            assert all(p == pinned[0] for p in pinned)  # one chunk choice for the layer
+    with pytest.raises(KvsimError) as err:
+        Stepper("chunkkv", 8, params, prompt_attention=layer[0, :, :4, :4].copy(), capacity_T=T)
+    assert str(err.value).startswith("prompt_attention: chunkkv chooses one set for the layer "
+                                     "from every KV head's attention: expected the layer's")
+    with pytest.raises(KvsimError, match=r"kv_head: expected an integer in \[0, "):
+        Stepper("chunkkv", 8, params, prompt_attention=layer[:, :, :4, :4].copy(),
+                kv_head=kv_heads, capacity_T=T)
 
 
 @pytest.mark.parametrize("seed", range(6))

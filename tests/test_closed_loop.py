@@ -65,7 +65,8 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
     budgets = (6, 11)
     for name in steppable():
         policy = POLICIES[name]
-        params = resolve_params(policy, {"window": 3} if "window" in policy.params else {})
+        params = resolve_params(policy, {k: v for k, v in (("window", 3), ("chunk", 2))
+                                         if k in policy.params})
         runs = [(PolicyConfig(name, name, params), b) for b in budgets
                 if b >= policy.min_budget(params)]
         keys, values = stores(full, len(runs), P)

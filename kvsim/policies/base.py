@@ -248,7 +248,10 @@ class Policy:
     ``check(T, prompt_len, params)`` returns a cross-field :class:`~kvsim.errors.Problem`
     (the parameter, what was expected) or None. ``needs`` names what the policy reads from
     its source besides attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says
-    why it cannot run one step at a time on attention from elsewhere, or None.
+    why it cannot run one step at a time on attention from elsewhere, or None. ``layer``:
+    its prefill chooses one set for the whole layer from every KV head's attention
+    (:meth:`Group.layer_groups`), so a :class:`~kvsim.policies.stepping.Stepper` of it
+    takes the layer's attention (its ``kv_head``).
 
     For budget allocation (:mod:`kvsim.engine.allocation`): ``fixed(budget, prompt_len,
     params)`` counts the fixed parts at a budget (sinks, window, recent tokens);
@@ -282,6 +285,7 @@ class Policy:
     run_budgets: Callable[[Group, list[int], dict], list[Trace]] | None = None
     needs: frozenset[str] = frozenset()
     closed_loop: Callable[[dict], str | None] = lambda params: None
+    layer: bool = False
     floor_reason: str = "its fixed parts + 1"  # why min_budget can exceed 1, for errors
     fixed: Callable[[int, int, dict], int] = lambda budget, prompt_len, params: 0
     prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None

@@ -83,13 +83,11 @@ POLICY = Policy("chunkkv", "ChunkKV: whole prompt chunks by the layer's SnapKV s
                 PARAMS, Steps(_start, snapkv.admit, snapkv.observe, snapkv.decode),
                 min_budget=lambda params: params["window"] + 1, floor_reason="its window + 1",
                 fixed=lambda budget, prompt_len, params: min(params["window"], prompt_len),
-                closed_loop=lambda params: "it pins the same chunks in every KV head of a "
-                                           "layer, from all of their scores, and the closed "
-                                           "loop steps each KV head on its own",
+                layer=True,
                 presentation=Presentation(
                     family="window vote", color="#770033", marker="v",
                     reads="attention (every KV head of the layer)",
                     rule=("ChunkKV (Liu et al. 2025, kvpress): whole chunks of `chunk` prompt positions "
                           "ranked by the layer's summed SnapKV scores, the same chunks pinned in every KV "
-                          "head of the layer; ring for the rest (not steppable one KV head at a time)")),
+                          "head of the layer; ring for the rest")),
                 layout=snapkv.RING_LAYOUT)

@@ -42,6 +42,32 @@ def _with_rope(field, rope, G: int, P: int, policy: str):
                           rope_freq=freq, rope_scale=float(scale))
 
 
+def _layer_attention(prompt_attention, kv_head, policy: str, layer: bool
+                     ) -> tuple[np.ndarray, int, int]:
+    """(the (H, P, P) attention the stepper's field holds, its KV heads, the stepper's KV
+    head among them) from ``prompt_attention``: (G, P, P), or with ``kv_head`` the layer's
+    (H_kv, G, P, P); a policy that reads the ``layer`` needs the latter."""
+    if kv_head is None:
+        if layer:
+            raise KvsimError(f"prompt_attention: {policy} chooses one set for the layer from "
+                             f"every KV head's attention: expected the layer's (H_kv, G, P, "
+                             f"P) and kv_head, got {getattr(prompt_attention, 'shape', None)} "
+                             f"and no kv_head")
+        A = _array("prompt_attention", prompt_attention, 3)
+        if A.shape[0] < 1 or A.shape[2] != A.shape[1]:
+            raise KvsimError(f"prompt_attention: expected shape (G, P, P) with G >= 1, got "
+                             f"{A.shape}")
+        return A, 1, 0
+    A = _array("prompt_attention", prompt_attention, 4)
+    if min(A.shape[:2]) < 1 or A.shape[3] != A.shape[2]:
+        raise KvsimError(f"prompt_attention: expected shape (H_kv, G, P, P) with H_kv, G >= "
+                         f"1, got {A.shape}")
+    if isinstance(kv_head, bool) or not isinstance(kv_head, (int, np.integer)) \
+            or not 0 <= kv_head < A.shape[0]:
+        raise KvsimError(f"kv_head: expected an integer in [0, {A.shape[0]}), got {kv_head!r}")
+    return A.reshape(A.shape[0] * A.shape[1], *A.shape[2:]), A.shape[0], int(kv_head)
+
+
 class Stepper:
     """One KV head's cache under ``policy``, advanced one token at a time.
 
@@ -51,6 +77,10 @@ class Stepper:
     prompt_attention : (G, P, P) float64, the full causal attention of the P prompt
         queries of the G query heads sharing this KV head (rows sum to 1 over k <= q);
         P may be 0. The prefill selection is made from it exactly as the simulator makes it.
+        With ``kv_head``: (H_kv, G, P, P), the attention of every KV head's group of the
+        layer, this stepper's being ``prompt_attention[kv_head]``; a policy that chooses one
+        set for the whole layer (``Policy.layer``: ``chunkkv``) needs it, so that each KV
+        head's stepper makes the layer's choice as the simulator does.
     keys, values : (capacity_T, d) arrays of the KV head, read by reference (not copied),
         so rows may be filled as tokens arrive; a policy reads rows ``< t + 1`` only. A
         policy's ``start`` sees them as ``prompt.keys`` (by dimension, ``keys.T``) and
@@ -63,11 +93,12 @@ class Stepper:
     seed : the seed of seeded policies (``random``).
     capacity_T : the largest position + 1 that will ever be admitted.
     rope : for policies that need them (``expected_attention``): the (G, P, d) queries of
-        the prompt before RoPE, the RoPE inverse frequencies (n,) and the cos/sin factor
+        the prompt before RoPE (with ``kv_head``: the layer's, (H_kv * G, P, d)), the RoPE inverse frequencies (n,) and the cos/sin factor
         (see :class:`kvsim.numerics.field.FieldData`).
     passes : a memo of the full passes over ``prompt_attention``, shared by the steppers
-        built on the very same array (each policy and budget of one KV head) so that its
-        column sums are computed once; None: a memo of its own.
+        built on the very same array (each policy and budget of one KV head; with
+        ``kv_head``, of the layer) so that its column sums are computed once; None: a memo
+        of its own.
 
     Raises
     ------
@@ -79,17 +110,16 @@ class Stepper:
                  prompt_attention: np.ndarray, keys: np.ndarray | None = None,
                  values: np.ndarray | None = None, queries: np.ndarray | None = None,
                  scaling=None, gqa: str = "mean", seed: int = 0, capacity_T: int,
-                 rope: tuple | None = None, passes: dict | None = None):
+                 rope: tuple | None = None, passes: dict | None = None,
+                 kv_head: int | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
         for problem in run_problems(spec, resolved, stepping=True):  # the first one
             if problem.key:
                 raise KvsimError(problem.message, f"{policy}.{problem.key}")
             raise KvsimError(f"{policy}: cannot run one step at a time: {problem.message}")
-        A = _array("prompt_attention", prompt_attention, 3)
-        G, P = A.shape[0], A.shape[1]
-        if G < 1 or A.shape[2] != P:
-            raise KvsimError(f"prompt_attention: expected shape (G, P, P) with G >= 1, got {A.shape}")
+        A, H_kv, kv_head = _layer_attention(prompt_attention, kv_head, policy, spec.layer)
+        G, P = A.shape[0] // H_kv, A.shape[1]
         if isinstance(capacity_T, bool) or not isinstance(capacity_T, (int, np.integer)) \
                 or capacity_T < P:
             raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
@@ -107,11 +137,11 @@ class Stepper:
                                             "queries" in spec.needs)
         # The prefill reads only the prompt rows: a dense field over them (one key when
         # P = 0, so that the field is not empty; the prompt has no row to read).
-        probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G, 1, 1))
-        field = dense_field(probs, kv_heads=1)
+        probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G * H_kv, 1, 1))
+        field = dense_field(probs, kv_heads=H_kv)
         if "rope" in spec.needs:
-            field = _with_rope(field, rope, G, P, policy)
-        prompt = make_group(field, 0, P, np.zeros((G, max(P, 1)), bool),
+            field = _with_rope(field, rope, G * H_kv, P, policy)
+        prompt = make_group(field, kv_head, P, np.zeros((G * H_kv, max(P, 1)), bool),
                             {} if passes is None else passes, GQA_MODES[gqa], int(seed))
         empty = np.zeros((0, 0), np.float32)
         vectors = (empty if self._keys is None else self._keys.T,  # by dimension, like a field's
@@ -127,7 +157,8 @@ class Stepper:
         prompt = dataclasses.replace(prompt, vectors=vectors)
         kept, self._state = spec.steps.start(prompt, int(budget), resolved, int(capacity_T))
         # A decode step reads vectors, never the prompt's attention: it is not kept alive.
-        prompt = dataclasses.replace(prompt, field=field._replace(probs=np.zeros((G, 0, 0))))
+        prompt = dataclasses.replace(prompt, field=field._replace(
+            probs=np.zeros((G * H_kv, 0, 0))))
         self._steps, self._prompt, self._params = spec.steps, prompt, resolved
         self._name, self._needs, self._layout = policy, spec.needs, spec.layout
         self._cache = np.zeros(int(budget), np.int64)

@@ -102,6 +102,16 @@ class FullRun:
             logits *= g.softcap
         return causal_softmax(logits, out=logits)
 
+    def layer_attention(self, layer: int, prompt_len: int) -> np.ndarray:
+        """(H_kv, G, P, P) float64: :meth:`prompt_attention` of every KV head of a global
+        layer, what a :class:`~kvsim.policies.stepping.Stepper` of a policy that chooses one
+        set for the whole layer takes (``Policy.layer``)."""
+        H_kv = self.keys.shape[1]
+        out = np.empty((H_kv, self.group, prompt_len, prompt_len))
+        for j in range(H_kv):
+            out[j] = self.prompt_attention(layer, j, prompt_len)
+        return out
+
     def prompt_rope(self, layer: int, kv_head: int, prompt_len: int) -> tuple | None:
         """(pre-RoPE prompt queries (G, P, d), inverse frequencies, cos/sin factor) of one
         KV head's group, what :class:`~kvsim.policies.stepping.Stepper` takes as ``rope``;

@@ -71,6 +71,15 @@ def query_runs(runs: list[tuple[PolicyConfig | None, int]]) -> list[int]:
             if cfg is not None and "queries" in get_policy(cfg.kind).needs]
 
 
+def stepper_attention(kind: str, own: np.ndarray, stack: np.ndarray | None, j: int) -> dict:
+    """The prompt attention a :class:`Stepper` of policy ``kind`` takes for KV head ``j``:
+    its group's ``own`` (G, P, P), or for a policy that chooses one set for the whole layer
+    (``Policy.layer``) the layer's ``stack`` (H_kv, G, P, P) and ``kv_head``."""
+    if get_policy(kind).layer:
+        return {"prompt_attention": stack, "kv_head": j}
+    return {"prompt_attention": own}
+
+
 def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
                   keys: np.ndarray, values: np.ndarray, gqa: str, seed: int,
                   queries: dict | None = None) -> list:
@@ -80,16 +89,19 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
     queries = queries or {}
     L, _, H_kv, T, _ = keys.shape
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
+    layered = any(cfg is not None and get_policy(cfg.kind).layer for cfg, _ in runs)
     for layer in full.global_layers:
+        stack = full.layer_attention(layer, prompt_len) if layered else None
         for j in range(H_kv):
-            prompt = full.prompt_attention(layer, j, prompt_len) \
+            prompt = stack[j] if layered else full.prompt_attention(layer, j, prompt_len) \
                 if any(cfg is not None for cfg, _ in runs) else None
             for c, (cfg, budget) in enumerate(runs):
                 if cfg is None or cfg.kind == FULL:  # the reference, or a full KIVI cache
                     out[c][layer][j] = FullCache(prompt_len)
                 else:
                     out[c][layer][j] = Stepper(
-                        cfg.kind, budget, cfg.params, prompt_attention=prompt,
+                        cfg.kind, budget, cfg.params,
+                        **stepper_attention(cfg.kind, prompt, stack, j),
                         keys=keys[layer, c, j], values=values[layer, c, j],
                         queries=queries[c][layer, j] if c in queries else None,
                         scaling=full.geometry[layer].scaling, gqa=gqa,

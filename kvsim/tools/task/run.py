@@ -29,7 +29,7 @@ from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
                                            query_stores, stores)
-from kvsim.tools.closed_loop.run import query_runs
+from kvsim.tools.closed_loop.run import query_runs, stepper_attention
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 
@@ -148,28 +148,42 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
     _, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
     rows_of: dict = {}
+    layered = any(get_policy(pc.kind).layer for pc in cfg.policies)
     for i, layer in enumerate(full.global_layers):  # a sliding-window layer: no policy
+        stack = full.layer_attention(layer, P) if layered else None
+        stacks = {at: _until(stack, at) for at in {c.at for c in protocols.values()}} \
+            if layered else {}  # each protocol's compression point: the layer's rows
+        layer_passes: dict = {at: {} for at in stacks}  # and their memos
         for j in range(H_kv):
-            whole = full.prompt_attention(layer, j, P)
+            whole = stack[j] if layered else full.prompt_attention(layer, j, P)
             rows_of[layer, j] = question_rows(prompt, whole)
             on_digits = rows_of[layer, j][digits]
             for caches in protocols.values():
-                attention = whole if caches.at == P else \
-                    np.ascontiguousarray(whole[:, :caches.at, :caches.at])
+                attention = stacks[caches.at][j] if layered else _until(whole, caches.at)
                 passes: dict = {}  # the column sums of ``attention``, computed once for all
                 for c, (pc, b) in enumerate(caches.runs):
-                    s = Stepper(pc.kind, b, pc.params, prompt_attention=attention,
+                    layer_wide = get_policy(pc.kind).layer
+                    s = Stepper(pc.kind, b, pc.params,
+                                **stepper_attention(pc.kind, attention, stacks.get(caches.at), j),
                                 keys=caches.keys[layer, c, j], values=caches.values[layer, c, j],
                                 queries=caches.queries[c][layer, j] if c in caches.queries
                                 else None,
                                 scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
                                 seed=random_seed(cfg.seed, j, layer), capacity_T=P + cfg.answer_tokens,
-                                rope=full.prompt_rope(layer, j, caches.at), passes=passes)
+                                rope=full.prompt_rope(layer, j, caches.at),
+                                passes=layer_passes[caches.at] if layer_wide else passes)
                     predict(caches, (c, i, j), s.cache, prompt.digits, on_digits)
                     if caches.free:
                         s.widen(caches.free)
                     caches.steppers[c][layer][j] = s
     return protocols, rows_of
+
+
+def _until(attention: np.ndarray, at: int) -> np.ndarray:
+    """The causal ``attention`` (..., P, P) of the queries and keys before ``at``
+    (contiguous; itself when ``at = P``)."""
+    return attention if at == attention.shape[-1] else \
+        np.ascontiguousarray(attention[..., :at, :at])
 
 
 def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.ndarray,
