@@ -279,8 +279,8 @@ def test_chunkkvpress_chunks_the_whole_context_its_window_scored_the_maximum(tin
     padded with the maximum + 1) and keeps max(1, int(n_chunks * (1 - r))) chunks, the same
     in every KV head, fewer than B keys: kvsim's SnapKV scores with that rule keep exactly
     kvpress's positions in every layer and KV head, and kvsim's decoder then answers the
-    tokens kvpress's pipeline answers. (kvsim's own chunkkv cannot run inside a model: it
-    pins chunks from every KV head's scores and a model's cache steps each KV head alone.)"""
+    tokens kvpress's pipeline answers. (kvsim's own chunkkv, inside the model, against
+    ChunkKVPress: tests/test_parity.py.)"""
     net, prompt, full = tiny
     policy = PolicyConfig("chunkkv", "chunkkv", resolve_params(POLICIES["chunkkv"],
                                                                TWINS["chunkkv"]))

@@ -1,7 +1,7 @@
 """``python -m kvsim.tools.task.parity`` (kvsim's policies against their kvpress twins) on a
 tiny random Llama: every exact twin keeps the same positions in every layer and KV head and
-answers the same tokens; TOVA and knorm, whose rules differ on purpose, agree once switched
-to kvpress's; the report has a row per policy and results.csv one per run; a policy without
+answers the same tokens; TOVA, knorm and chunkkv (run inside the model, its chunks chosen
+per layer), whose rules differ on purpose, agree once switched to kvpress's; the report has a row per policy and results.csv one per run; a policy without
 a twin is one line, exit 2, before any model loads. Skips without the kvpress extra."""
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from test_task import CharTokenizer, task_config, tiny_net  # noqa: E402
 
 PARAMS = {"streaming_llm": {}, "snapkv": {"window": 8, "kernel": 5, "pooling": "avg"},
           "knorm": {}, "keydiff": {}, "expected_attention": {},
-          "h2o": {"normalize": True, "recent_ratio": 0.0}, "tova": {}, "random": {}}
-IN_A_MODEL = set(TWINS) - {"chunkkv"}  # kvsim's chunkkv cannot step inside a model (its
-# kvpress-compatible rule against ChunkKVPress: tests/test_kvpress.py)
+          "h2o": {"normalize": True, "recent_ratio": 0.0}, "tova": {}, "random": {},
+          "chunkkv": {"window": 8, "kernel": 5, "pooling": "avg", "chunk": 6}}
 ROOT = Path(__file__).resolve().parents[1]
 LENGTH = 300  # the raw prompt's task description takes 150 characters
 
@@ -46,16 +45,16 @@ def parity():
 
 def test_every_twin_keeps_and_answers_alike(parity):
     cfg, rows = parity
-    assert len(rows) == len(PARAMS) * 2 and IN_A_MODEL == set(PARAMS)
+    assert len(rows) == len(PARAMS) * 2 and set(TWINS) == set(PARAMS)
     for r in rows:
         if r["kind"] in ("streaming_llm", "snapkv", "keydiff", "expected_attention", "h2o"):
             assert (r["equal_kept"], r["identical_answer"]) == (1, 1), r
             assert r["kvsim_success"] == r["kvpress_success"]
-        if r["kind"] in ("tova", "knorm"):  # equal once kvsim's rule is kvpress's
+        if r["kind"] in ("tova", "knorm", "chunkkv"):  # equal once kvsim's rule is kvpress's
             assert (r["compatible_equal_kept"], r["compatible_identical_answer"]) == (1, 1), r
         else:
             assert r["compatible_equal_kept"] == ""
-    assert not any(r["equal_kept"] for r in rows if r["kind"] == "tova")
+    assert not any(r["equal_kept"] for r in rows if r["kind"] in ("tova", "chunkkv"))
 
 
 def test_report_has_a_row_per_policy_and_results_a_row_per_run(parity, tmp_path):
@@ -95,6 +94,6 @@ def test_the_committed_parity_file_is_fit():
 
     cfg = load_config(ROOT / "scenarios" / "kvpress_parity_smollm2.toml")
     check(cfg)
-    assert sorted(pc.kind for pc in cfg.policies) == sorted(IN_A_MODEL)
+    assert sorted(pc.kind for pc in cfg.policies) == sorted(TWINS)
     report = (ROOT / "reports" / "kvpress_parity" / "report.md").read_text()
     assert "python -m kvsim.tools.task.parity scenarios/kvpress_parity_smollm2.toml" in report

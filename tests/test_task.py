@@ -103,8 +103,11 @@ def test_widened_steppers_take_the_question_without_eviction():
     assert {"window", "h2o", "snapkv", "random", "keydiff", "caote"} <= set(names)
     queries = np.random.default_rng(2).standard_normal((2, T, d))  # for rkv
     for name in names:
-        s = Stepper(name, B, {"window": 4} if "window" in POLICIES[name].params else {},
-                    prompt_attention=A, keys=keys, values=values, queries=queries,
+        layer = {"prompt_attention": A[None], "kv_head": 0} if POLICIES[name].layer else \
+            {"prompt_attention": A}  # chunkkv: the layer's attention (one KV head here)
+        s = Stepper(name, B, {k: v for k, v in (("window", 4), ("chunk", 2))  # chunks fill B
+                              if k in POLICIES[name].params},
+                    **layer, keys=keys, values=values, queries=queries,
                     capacity_T=T,
                     rope=(keys[None, :P - Q].repeat(2, 0), np.array([1.0, 0.3]), 1.0))
         before = s.cache
@@ -217,7 +220,8 @@ def configs(budget_floor: int) -> list[PolicyConfig]:
     out = []
     for name in steppable():
         policy = POLICIES[name]
-        params = resolve_params(policy, {"window": 4} if "window" in policy.params else {})
+        params = resolve_params(policy, {k: v for k, v in (("window", 4), ("chunk", 2))
+                                         if k in policy.params})  # chunkkv's chunks fill B
         if policy.min_budget(params) <= budget_floor:
             out.append(PolicyConfig(name, name, params))
     return out
@@ -273,6 +277,36 @@ def test_budget_holds_in_every_layer_at_every_step(tiny, protocol):
         assert (peak == caches.budgets).any()
     if protocol == "prefill_only":  # nothing evicted after the context: B + Q + 7 held
         assert (peak == caches.budgets - 1).all()
+
+
+@pytest.mark.parametrize("protocol", ["before_question", "after_question", "prefill_only"])
+def test_chunkkv_in_the_task_pins_the_layers_chunks_as_the_plain_reference(tiny, protocol):
+    """chunkkv inside the model: every KV head of a layer pins the chunks the plain
+    reference chooses from the whole layer's full-cache attention up to the compression
+    point (one choice per layer), beside its window."""
+    from reference import Source, policy_chunkkv
+
+    net, prompt, _, _ = tiny
+    full = prefill(net, prompt.ids, logits_to_keep=1)
+    params = {"window": 8, "kernel": 5, "pooling": "avg", "chunk": 6}
+    cfg = task_config([PolicyConfig("chunkkv", "chunkkv", resolve_params(POLICIES["chunkkv"],
+                                                                         params))],
+                      budgets=(20, 40), compress=(protocol,))
+    caches = task_run.compress(full, prompt, cfg)[0][protocol]
+    at, H_kv = caches.at, full.keys.shape[1]
+    for layer in full.global_layers:
+        sources = [Source(full.prompt_attention(layer, j, at)) for j in range(H_kv)]
+        for c, (_, b) in enumerate(caches.runs):
+            pinned = set()
+            for j in range(H_kv):
+                expected, _ = policy_chunkkv(sources[j], at, at, b, "mean", layer=sources,
+                                             **params)
+                held = sorted(caches.steppers[c][layer][j].cache.tolist())
+                assert held == sorted(expected), (protocol, layer, b, j)
+                pinned.add(tuple(p for p in held if p < at - params["window"]))
+            assert len(pinned) == 1 and len(next(iter(pinned))) == (b - 8) // 6 * 6
+    tokens, peak = task_run.answer(net, full, caches, 8)
+    assert (peak <= caches.budgets).all()
 
 
 def test_compact_buffers_hold_exactly_the_cached_keys_and_values(tiny):
