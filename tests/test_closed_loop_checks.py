@@ -184,3 +184,19 @@ def test_the_named_models_are_of_supported_families():
             continue
         assert models.family(folder, gguf) in models.FAMILIES and \
             models.family_problem(folder, gguf) is None, name
+
+
+def test_a_press_without_the_kvpress_extra_is_one_line(tmp_path, capsys, monkeypatch):
+    """A closed-loop ``[policies.NAME]`` table with a ``press`` key is kvpress's press: without
+    the extra, ``validate`` refuses it in one line saying how to install it."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "kvpress" else real(name, *a))
+    path = write(tmp_path, policies='[policies.window]\n[policies.snap]\npress = "SnapKVPress"\n')
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"{path}: policies.snap.press: expected the kvpress extra: pip "
+                           f'install -e ".[capture,kvpress]"'), line

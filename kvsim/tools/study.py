@@ -203,9 +203,12 @@ def figure_lines(figures: list[str]) -> list[str]:
 
 
 def settings_of(cfg) -> dict:
-    """A study's settings for its JSON file: file paths by name, policies by label."""
+    """A study's settings for its JSON file: file paths by name, policies (and kvpress's
+    presses) by label."""
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
                 if k not in ("policies", "path")}
     settings["model"] = cfg.model.name
     settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
+    if getattr(cfg, "presses", ()):  # kvpress's, by label: the press and its arguments
+        settings["presses"] = {p.label: {"press": p.kind, **p.params} for p in cfg.presses}
     return settings

@@ -2,7 +2,9 @@
 
 A closed-loop file holds a ``[closed_loop]`` table (the model, the text, its length, the
 prompt length and the budgets) and ``[policies.NAME]`` tables read exactly as in a
-scenario. Every problem is one line ``FILE: key.path: expected ..., got ...``.
+scenario, or, with a ``press`` key, kvpress's presses read as in a task file
+(:mod:`kvsim.tools.closed_loop.presses`). Every problem is one line ``FILE: key.path:
+expected ..., got ...``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from kvsim.errors import ScenarioError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools import preflight
+from kvsim.tools import models, preflight
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.reader import PolicyConfig, read_budgets, read_quantize
+from kvsim.tools.task.presses import PROTOCOL, read_presses
 from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
                                read_model, read_output, read_steppable_policies,
                                read_study_file)
@@ -72,6 +75,7 @@ class ClosedLoopConfig:
     formats: tuple[str, ...]
     dpi: int
     quantize: Quantize | None = None  # KIVI storage of every compressed cache
+    presses: tuple[PolicyConfig, ...] = ()  # kvpress's, compressing the prompt once
 
 
 def load_config(path: str | Path) -> ClosedLoopConfig:
@@ -96,8 +100,14 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                                               f"({s['tokens']}), got {s['prompt_len']}")
     budgets, _ = read_budgets(chk, table.get("budgets"), "closed_loop.budgets",
                               s.get("prompt_len", 1), s.get("tokens", 1))
+    tables = doc.get("policies")
+    given = len(tables) if isinstance(tables, dict) else 0
+    family = models.family(model, gguf) if model is not None else None
+    presses = read_presses(chk, doc, [PROTOCOL], family if family in models.FAMILIES else None,
+                           budgets=budgets, context=s.get("prompt_len", 0))
     configs = read_steppable_policies(chk, doc, budgets, s.get("tokens", 1),
-                                      s.get("prompt_len", 0), len(s) == len(SETTINGS))
+                                      s.get("prompt_len", 0), len(s) == len(SETTINGS)) \
+        if not given or doc["policies"] else {}  # {}: presses only
     focus = read_focus(chk, "closed_loop.focus_budget", s.get("focus_budget", 0), budgets)
     formats, dpi = read_output(chk, doc)
     if chk.problems:
@@ -105,4 +115,4 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
     return ClosedLoopConfig(path.resolve(), name, description, model, gguf, text, s["tokens"],
                             s["prompt_len"], tuple(budgets), focus, tuple(configs.values()),
                             s["gqa"], s["batch"], s["bootstrap"], s["seed"], tuple(formats), dpi,
-                            quantize)
+                            quantize, tuple(presses.values()))

@@ -221,6 +221,25 @@ class FullCache:
         """Nothing to learn: the full cache keeps everything."""
 
 
+@dataclass
+class Kept:
+    """A cache that holds given context positions and every later one (no eviction):
+    kvpress's decode after its prefill compressed the context, as a :class:`CachePolicy`."""
+
+    positions: list
+
+    @property
+    def cache(self) -> np.ndarray:
+        return np.asarray(self.positions, np.int64)
+
+    def admit(self, t: int) -> int:
+        self.positions.append(t)
+        return -1
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """Nothing to learn: kvpress does not evict after the prefill."""
+
+
 def _dequantised_groups(x, dim: int, bits: int):
     """KIVI's groups of float64 tensor ``x`` along ``dim`` (one group per slice): codes
     ``round_half_even(clip((x - lo) / s, 0, 2^b - 1))`` read back as ``code * s + lo``; a

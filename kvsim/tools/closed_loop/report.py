@@ -258,7 +258,13 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
               "layers policies compress, "
               "query heads and decode steps). Closed loop: mean over decode steps of the KL of "
               "the next-token distribution from the full-cache one, and the change of mean NLL "
-              "of the true next token (nats).", "",
+              "of the true next token (nats)." + (
+                  " kvpress's presses, " + ", ".join(f"{p.label} (`{p.kind}`)"
+                                                     for p in cfg.presses)
+                  + ", run under kvpress's protocol: the prompt compressed once to the budget "
+                  "in kvpress's own prefill, then no eviction, so at step t they hold B + t "
+                  "- P + 1 keys, more than a policy at the same budget; their open loop is "
+                  "that cache on the full-cache run's attention." if cfg.presses else ""), "",
               "| policy | budget | open-loop mass | min mass | output error | closed-loop KL "
               "| ΔNLL |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in policy_rows:

@@ -5,6 +5,8 @@
 3. Every policy and budget decodes the text inside the model under its own caches, one
    :class:`~kvsim.policies.stepping.Stepper` per layer and KV head (closed loop), with the
    full cache decoded the same way as the numerical reference.
+4. kvpress's presses, where the file names any, compress the prompt once in kvpress's own
+   prefill and decode with no eviction (:mod:`kvsim.tools.closed_loop.presses`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from kvsim.tools.adapter import attach
 from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
                                            query_stores, stores)
 from kvsim.tools.closed_loop.open_loop import open_loop
+from kvsim.tools.closed_loop.presses import PressRun, press_runs
+from kvsim.tools.closed_loop.presses import open_loop as press_open_loop
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.load import PolicyConfig
 
@@ -68,7 +72,7 @@ def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
 def query_runs(runs: list[tuple[PolicyConfig | None, int]]) -> list[int]:
     """The indices of the runs whose policy reads query vectors."""
     return [c for c, (cfg, _) in enumerate(runs)
-            if cfg is not None and "queries" in get_policy(cfg.kind).needs]
+            if isinstance(cfg, PolicyConfig) and "queries" in get_policy(cfg.kind).needs]
 
 
 def stepper_attention(kind: str, own: np.ndarray, stack: np.ndarray | None, j: int) -> dict:
@@ -84,20 +88,24 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                   keys: np.ndarray, values: np.ndarray, gqa: str, seed: int,
                   queries: dict | None = None) -> list:
     """``steppers[c][layer][kv_head]`` for each (policy, budget) of ``runs`` (None: the full
-    cache) on every global layer; None on a sliding-window layer (its window is its cache).
-    ``queries``: the query stores of the runs that read them (:func:`query_runs`)."""
+    cache; a :class:`~kvsim.tools.closed_loop.presses.PressRun`: what a press kept, then no
+    eviction) on every global layer; None on a sliding-window layer (its window is its
+    cache). ``queries``: the query stores of the runs that read them (:func:`query_runs`)."""
     queries = queries or {}
     L, _, H_kv, T, _ = keys.shape
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
-    layered = any(cfg is not None and get_policy(cfg.kind).layer for cfg, _ in runs)
+    stepped = [cfg for cfg, _ in runs if isinstance(cfg, PolicyConfig) and cfg.kind != FULL]
+    layered = any(get_policy(cfg.kind).layer for cfg in stepped)
     for layer in full.global_layers:
         stack = full.layer_attention(layer, prompt_len) if layered else None
         for j in range(H_kv):
             prompt = stack[j] if layered else full.prompt_attention(layer, j, prompt_len) \
-                if any(cfg is not None for cfg, _ in runs) else None
+                if stepped else None
             for c, (cfg, budget) in enumerate(runs):
                 if cfg is None or cfg.kind == FULL:  # the reference, or a full KIVI cache
                     out[c][layer][j] = FullCache(prompt_len)
+                elif isinstance(cfg, PressRun):
+                    out[c][layer][j] = cfg.cache(layer, j)
                 else:
                     out[c][layer][j] = Stepper(
                         cfg.kind, budget, cfg.params,
@@ -120,7 +128,8 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
     keys, values = stores(full, len(runs), prompt_len)
     queries = query_stores(full, query_runs(runs), prompt_len)
     steppers = make_steppers(full, runs, prompt_len, keys, values, gqa, seed, queries)
-    width = max(T if cfg is None else budget for cfg, budget in runs)
+    width = max(T if cfg is None else budget + (T - prompt_len if isinstance(cfg, PressRun)
+                                                else 0) for cfg, budget in runs)
     decoder = Decoder(net, full, prompt_len, steppers, keys, values, width, queries,
                       [None if cfg is None else quantize for cfg, _ in runs])
     steps = T - prompt_len
@@ -265,6 +274,12 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
                                      ol[b].mass.mean(axis=(0, 1)),
                                      metrics.open_metrics(ol[b].mass, ol[b].error, weights)))
                 runs.append((pc, b))
+        for press, b in press_runs(net, full, cfg.presses, cfg.budgets, P):
+            mass, error = press_open_loop(full, P, press)
+            series.append(Series(press.label, press.kind, b, None, None,
+                                 mass.mean(axis=(0, 1)),
+                                 metrics.open_metrics(mass, error, weights)))
+            runs.append((press, b))
         # the full cache alone (it attends over every position), then the others by budget,
         # so that a batch gathers about as many keys as its caches hold
         order = [0] + sorted(range(1, len(runs)), key=lambda c: runs[c][1])

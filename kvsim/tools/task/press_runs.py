@@ -11,11 +11,10 @@ check before any model loads, are in :mod:`kvsim.tools.task.presses`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.tools.closed_loop.model import Kept
 from kvsim.tools.task.presses import MATCH, PROTOCOL, SDPA, make, ratio
 from kvsim.tools.task.run import empty_caches, predict, protocol_rows
 
@@ -71,25 +70,6 @@ def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
     (:func:`positions`)."""
     return positions(press_prefill(net, press, context_ids), context_keys, layers,
                      type(press).__name__)
-
-
-@dataclass
-class Kept:
-    """A cache that holds the positions a press kept and every later one (no eviction):
-    kvpress's decode after its prefill, as a :class:`~kvsim.tools.closed_loop.model.CachePolicy`."""
-
-    positions: list
-
-    @property
-    def cache(self) -> np.ndarray:
-        return np.asarray(self.positions, np.int64)
-
-    def admit(self, t: int) -> int:
-        self.positions.append(t)
-        return -1
-
-    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
-        """Nothing to learn: kvpress does not evict after the prefill."""
 
 
 def press_rows(net, full, prompt, cfg, rows_of: dict) -> list[dict]:

@@ -100,12 +100,14 @@ def press_class(name: str):
 
 
 def read_presses(chk, doc: dict, compress: list[str], family: str | None = None,
-                 shortest: int = 0, budgets=()) -> dict[str, PolicyConfig]:
+                 shortest: int = 0, budgets=(), context: int | None = None
+                 ) -> dict[str, PolicyConfig]:
     """The ``[policies.NAME]`` tables with a ``press`` key, removed from ``doc`` (the rest
     are kvsim's policies), each a :class:`PolicyConfig` whose kind is the press's class
     name and whose params are its keyword arguments; every problem one line on ``chk``.
     With the model's ``family`` and the ``shortest`` length known, each press is rehearsed
-    at every one of ``budgets`` (:func:`rehearsal_problem`)."""
+    at every one of ``budgets`` (:func:`rehearsal_problem`) on the shortest length less
+    :data:`QUESTION_ROOM`, or on ``context`` tokens where given (a closed loop's prompt)."""
     tables = doc.get("policies")
     if not isinstance(tables, dict):
         return {}
@@ -119,7 +121,8 @@ def read_presses(chk, doc: dict, compress: list[str], family: str | None = None,
             chk.add(f"{where}.{KEY}", f"expected task.compress to include '{PROTOCOL}': a "
                                       f"press runs under kvpress's protocol only")
         try:
-            problem = _check(table, family, shortest - QUESTION_ROOM, budgets)
+            problem = _check(table, family, shortest - QUESTION_ROOM, budgets) \
+                if context is None else _check(table, family, context, budgets, "the prompt")
         except KvsimError as exc:
             chk.add(f"{where}.{KEY}", str(exc))
             continue
@@ -134,7 +137,8 @@ def _params(table: dict) -> dict:
     return {k: v for k, v in table.items() if k != KEY}
 
 
-def _check(table: dict, family: str | None, context: int, budgets) -> tuple[str, str] | None:
+def _check(table: dict, family: str | None, context: int, budgets,
+           why: str = f"the shortest length less {QUESTION_ROOM}") -> tuple[str, str] | None:
     """(key, message) of the first problem of a press table, or None; its rehearsal
     (:func:`rehearsal_problem`) where the ``family`` and a ``context`` are known."""
     name = table[KEY]
@@ -166,16 +170,18 @@ def _check(table: dict, family: str | None, context: int, budgets) -> tuple[str,
         make(pc, 0.5)
     except Exception as exc:  # the press's own check of its arguments
         return "", f"expected arguments {name} accepts: {type(exc).__name__}: {exc}".rstrip(": ")
-    problem = rehearsal_problem(pc, family, context, budgets) \
+    problem = rehearsal_problem(pc, family, context, budgets, why) \
         if family and context > 0 and budgets else None
     return ("", problem) if problem else None
 
 
-def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> str | None:
+def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets,
+                      why: str = f"the shortest length less {QUESTION_ROOM}") -> str | None:
     """Why the press of ``pc`` cannot run in a task on a model of ``family`` (one line),
     found by running it as :func:`~kvsim.tools.task.press_runs.kept` does at every one of ``budgets`` on ``context``
     tokens of a tiny random model of the family (its architecture, no weights): it must
-    run and keep exactly ``min(B, context)`` keys in every global layer. None if it can."""
+    run and keep exactly ``min(B, context)`` keys in every global layer (``why``: what the
+    context's length is, for the message). None if it can."""
     import torch
     from transformers import DynamicCache
 
@@ -184,8 +190,7 @@ def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets) -> s
     net = tiny_model(family, context)
     ids = torch.as_tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], context)[None])
     types = getattr(net.config, "layer_types", None) or ["full_attention"] * len(net.model.layers)
-    where = (f"rehearsed on a tiny random one at a context of {context} tokens, the "
-             f"shortest length less {QUESTION_ROOM}")
+    where = f"rehearsed on a tiny random one at a context of {context} tokens, {why}"
     quiet = logging.getLogger("kvpress")
     level = quiet.level
     quiet.setLevel(logging.ERROR)  # its notices ("not tested" on Gemma3ForCausalLM)
