@@ -1,8 +1,9 @@
 """``python -m kvsim.tools.task.parity`` (kvsim's policies against their kvpress twins) on a
 tiny random Llama: every exact twin keeps the same positions in every layer and KV head and
 answers the same tokens; TOVA, knorm and chunkkv (run inside the model, its chunks chosen
-per layer), whose rules differ on purpose, agree once switched to kvpress's; the report has a row per policy and results.csv one per run; a policy without
-a twin is one line, exit 2, before any model loads. Skips without the kvpress extra."""
+per layer), whose rules differ on purpose, agree once switched to kvpress's; the report
+has a row per policy and results.csv one per run; a policy without a twin is one line,
+exit 2, before any model loads. Skips without the kvpress extra."""
 
 from __future__ import annotations
 

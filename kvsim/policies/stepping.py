@@ -93,7 +93,8 @@ class Stepper:
     seed : the seed of seeded policies (``random``).
     capacity_T : the largest position + 1 that will ever be admitted.
     rope : for policies that need them (``expected_attention``): the (G, P, d) queries of
-        the prompt before RoPE (with ``kv_head``: the layer's, (H_kv * G, P, d)), the RoPE inverse frequencies (n,) and the cos/sin factor
+        the prompt before RoPE (with ``kv_head``: the layer's, (H_kv * G, P, d)), the RoPE
+        inverse frequencies (n,) and the cos/sin factor
         (see :class:`kvsim.numerics.field.FieldData`).
     passes : a memo of the full passes over ``prompt_attention``, shared by the steppers
         built on the very same array (each policy and budget of one KV head; with
