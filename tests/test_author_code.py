@@ -195,16 +195,22 @@ def test_chunkkv_matches_the_code(seed):
             assert kept.tolist() == pinned + list(range(T - w, T)), (seed, budget, kv)
 
 
+def chunkkv_layer(rng, shortest: int, longest: int):
+    """A random several-KV-head layer of ``shortest`` to ``longest`` tokens, its reference
+    sources and chunkkv's parameters: (field, sources, params, T, KV heads)."""
+    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
+    T = int(rng.integers(shortest, longest))
+    field = model_field(rng, T, G, kv_heads=kv_heads)
+    params = {"window": int(rng.integers(1, 5)), "kernel": 3, "pooling": "avg",
+              "chunk": int(rng.integers(1, 6))}
+    return field, layer_sources(field), params, T, kv_heads
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_chunkkv_layer_reference(seed):
     """Every KV head of a several-head layer against the plain reference, step by step."""
     rng = np.random.default_rng(500 + seed)
-    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
-    T = int(rng.integers(10, 40))
-    field = model_field(rng, T, G, kv_heads=kv_heads)
-    sources = layer_sources(field)
-    params = {"window": int(rng.integers(1, 5)), "kernel": 3, "pooling": "avg",
-              "chunk": int(rng.integers(1, 6))}
+    field, sources, params, T, kv_heads = chunkkv_layer(rng, 10, 40)
     for P in sorted({0, int(rng.integers(0, T + 1)), T}):
         for budget in sorted({params["window"] + 1, int(rng.integers(params["window"] + 1, T + 2))}):
             for kv in range(kv_heads):
@@ -226,12 +232,7 @@ def test_chunkkv_steps_inside_a_model_as_the_layer_reference(seed):
     caches at every step, the same chunks pinned in every KV head of the layer. Without the
     layer's attention the Stepper refuses it in one line."""
     rng = np.random.default_rng(700 + seed)
-    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
-    T = int(rng.integers(20, 50))
-    field = model_field(rng, T, G, kv_heads=kv_heads)
-    sources = layer_sources(field)
-    params = {"window": int(rng.integers(1, 5)), "kernel": 3, "pooling": "avg",
-              "chunk": int(rng.integers(1, 6))}
+    field, sources, params, T, kv_heads = chunkkv_layer(rng, 20, 50)
     layer = np.stack([s.probs for s in sources])  # (H_kv, G, T, T)
     for P in sorted({int(rng.integers(params["window"] + 1, T)), T}):
         for budget in sorted({params["window"] + 1, int(rng.integers(params["window"] + 1, P + 1))}):
