@@ -133,4 +133,4 @@ def test_a_press_runs_through_kvsim_closed_loop_on_smollm2(tmp_path, real_model_
         ("sink", "StreamingLLMPress"), ("sink", "StreamingLLMPress")]
     assert all(float(r["kl"]) > 1e-4 and 0 < float(r["mass_mean"]) < 1 for r in rows[1:])
     text = (out / "report.md").read_text()
-    assert "sink (`StreamingLLMPress`) run under kvpress's protocol" in text
+    assert "presses, sink (`StreamingLLMPress`), run under kvpress's protocol" in text
