@@ -161,7 +161,7 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.adapter import attach  # noqa: E402
-from kvsim.tools.closed_loop.model import prefill  # noqa: E402
+from kvsim.tools.study.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
 from kvsim.tools.task.press_runs import held_caches, press_caches  # noqa: E402

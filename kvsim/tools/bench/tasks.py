@@ -34,7 +34,7 @@ def floor_seconds(net, full, prompt, cfg, runs: int) -> float:
     protocol's steps as :func:`kvsim.tools.task.run.answer` takes them) and the full
     cache's own answer; the prefill is not included."""
     from kvsim.protocols.question import plan
-    from kvsim.tools.closed_loop.model import Decoder, FullCache, stores
+    from kvsim.tools.study.model import Decoder, FullCache, stores
     from kvsim.tools.task.run import decode_answers
 
     P, Q = prompt.ids.size, prompt.question_len
@@ -83,7 +83,7 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     from kvsim.policies.run import get_policy
     from kvsim.tools.capture import load_model
     from kvsim.tools.adapter import attach
-    from kvsim.tools.closed_loop.model import prefill
+    from kvsim.tools.study.model import prefill
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.config import load_config

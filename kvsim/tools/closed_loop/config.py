@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.errors import ScenarioError
-from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import preflight
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.reader import PolicyConfig, read_budgets, read_quantize
-from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
-                               read_model, read_output, read_steppable_policies,
-                               read_study_file)
+from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
+                                    read_model, read_output, read_steppable_policies,
+                                    read_study_file)
+from kvsim.tools.study.report import settings_of
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
 
@@ -39,8 +39,7 @@ SETTINGS = {
                         expect="an integer >= 1"),
     "focus_budget": Param(int, 0, "budget whose KL over decode steps is drawn (0: the "
                           "second smallest)"),
-    "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
-                 choices=tuple(GQA_MODES)),
+    "gqa": GQA,
     "batch": Param(int, 0, "caches decoded together in one forward pass (0: all); only "
                    "memory and speed depend on it", check=lambda v: v >= 0,
                    expect="an integer >= 0"),
@@ -106,3 +105,8 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                             s["prompt_len"], tuple(budgets), focus, tuple(configs.values()),
                             s["gqa"], s["batch"], s["bootstrap"], s["seed"], tuple(formats), dpi,
                             quantize)
+
+
+def saved_settings(cfg: ClosedLoopConfig) -> dict:
+    """The settings a report saves in closed_loop.json: the text by its file name."""
+    return {**settings_of(cfg), "text": cfg.text.name}

@@ -30,6 +30,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import PolicyConfig
+from kvsim.tools.study.workers import FORKED, forked_map
 
 
 def tova_all_heads(full, at: int, budget: int, layer: int) -> np.ndarray:
@@ -223,7 +224,7 @@ def kvsim_seconds(net, cfg, prompt, pc: PolicyConfig, budget: int) -> float:
     """The seconds of one compressed run of kvsim: the full prefill, the policy's
     selection at ``budget`` and the answer's decode."""
     from kvsim.policies.run import get_policy
-    from kvsim.tools.closed_loop.model import prefill
+    from kvsim.tools.study.model import prefill
     from kvsim.tools.task import run
 
     start = time.perf_counter()
@@ -297,13 +298,10 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     return rows
 
 
-_FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
-
-
 def _trial(index: int) -> list[dict]:
     from kvsim.tools.task.run import cells
 
-    net, tokenizer, cfg, text_ids, form = _FORKED["job"]
+    net, tokenizer, cfg, text_ids, form = FORKED["job"]
     grid = cells(cfg)
     return trial_rows(net, tokenizer, cfg, grid[index], text_ids, form,
                       timed=index == 0)
@@ -314,21 +312,13 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
     ``workers`` forked processes (the longest first); the grid's first trial times one run
     of each side at the largest budget."""
     from kvsim.tools.adapter import attach
-    from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.run import cells
 
     attach(net)
-    _FORKED["job"] = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer))
     order = list(range(len(cells(cfg))))[::-1]
-    try:
-        if workers <= 1:
-            done = [_trial(i) for i in order]
-        else:
-            with forked_pool(min(workers, len(order))) as pool:
-                done = list(pool.map(_trial, order))
-    finally:
-        _FORKED.clear()
+    done = forked_map(_trial, order, workers, (net, tokenizer, cfg, filler_ids(cfg, tokenizer),
+                                               prompt_frame(cfg, tokenizer)))
     if progress:
         print(f"{cfg.name}: {len(order)} trials", file=sys.stderr)
     return [r for rows in done[::-1] for r in rows]

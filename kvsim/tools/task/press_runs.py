@@ -76,7 +76,7 @@ def kept(net, press, context_ids: np.ndarray, context_keys: np.ndarray,
 @dataclass
 class Kept:
     """A cache that holds the positions a press kept and every later one (no eviction):
-    kvpress's decode after its prefill, as a :class:`~kvsim.tools.closed_loop.model.CachePolicy`."""
+    kvpress's decode after its prefill, as a :class:`~kvsim.tools.study.model.CachePolicy`."""
 
     positions: list
 
