@@ -118,3 +118,7 @@ def test_a_closed_loop_report_whose_figures_fail_keeps_its_results(tmp_path, mon
          "kl_over_steps.png"])
     assert main(["closed-loop", str(study), "--out", str(out), "--quiet"]) == 0  # replaced
     assert (out / "report.md").is_file() and _beside(tmp_path) == ["c.toml", "m", "r"]
+    csvs = {name: (out / name).read_bytes() for name in
+            ("results.csv", "steps.csv", "predictors.csv")}
+    assert main(["closed-loop", str(study), "--out", str(out), "--redraw"]) == 0
+    assert {name: (out / name).read_bytes() for name in csvs} == csvs  # byte for byte

@@ -2,8 +2,8 @@
 its ``--help`` and its ``validate`` entry.
 
 A study type is a package of ``kvsim/tools/`` whose ``command`` module declares ``STUDY``,
-a :class:`StudyType`; :data:`BUILT_IN` names the packages that ship with kvsim, and
-:func:`register` adds one from outside at run time.
+a :class:`StudyType`: the table finds it there (:data:`BUILT_IN`), and :func:`register`
+adds one from outside kvsim at run time.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from typing import Callable
 
 from kvsim.tools.study.report import settings_of
 
-BUILT_IN = ("closed_loop", "task")
-"""The study packages of ``kvsim/tools/``, in the order the command line lists them."""
+BUILT_IN = tuple(sorted(p.parent.name for p in Path(__file__).resolve().parents[1].glob(
+    "*/command.py")))
+"""The study packages of ``kvsim/tools/``: those with a ``command`` module (found by its
+file, imported only when the table is asked for), in the order the command line lists
+them."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ def studies() -> dict[str, StudyType]:
     registered."""
     built = {}
     for name in BUILT_IN:
-        study = importlib.import_module(f"kvsim.tools.{name}.command").STUDY
-        built[study.command] = study
+        study = getattr(importlib.import_module(f"kvsim.tools.{name}.command"), "STUDY", None)
+        if study is not None:
+            built[study.command] = study
     return {**built, **_REGISTERED}
 
 
