@@ -1181,6 +1181,76 @@ def kivi_metrics(src, P, caches, bits, group, residual):
     return mass, error
 
 
+# ================================================================ openvino
+# OpenVINO GenAI's CacheEvictionAlgorithm (openvino.genai da1db86, cache_eviction.cpp):
+# start | evictable middle | recent, whole blocks, one decision for the layer's KV heads.
+def forward_max_pool(values, width):
+    """out[i] = max(values[i .. i + width - 1]), clipped at the end (the code's _max_pool)."""
+    return [max(values[i:i + width]) for i in range(len(values))]
+
+
+def policy_openvino(src, P, T, B, gqa, mode, block, start_blocks, recent_blocks, snapkv_window,
+                    pool, layer=None):
+    """OpenVINO's block eviction over a layer (``layer``: its KV heads' sources in order,
+    default this one alone). Scores of the keys past the start area: the layer's attention
+    (observed rows summed over each KV head's query heads, then over the KV heads), pooled
+    forward over cached neighbours, accumulated (norm_sum: divided by the registered queries
+    that saw the key). Before key t joins, if the cache with it exceeds A + S - 1, the
+    lowest-scoring blocks of the middle go (ties: the lower block), leaving A - start -
+    recent tokens of middle; ``gqa`` does not apply (the code sums the heads)."""
+    sources = layer or [src]
+    S, start, recent = block, block * start_blocks, block * recent_blocks
+    A = S * ((B + 1) // S) - S
+    acc, seen = {}, {}
+    cache = list(range(P))
+    if P > start:
+        lo = P - min(snapkv_window, P) if snapkv_window else 0
+        row = [sum_seq([sum_seq([sum_seq(s.probs[g, lo:P, k]) for g in range(s.G)])
+                        for s in sources]) for k in range(P)]
+        tracked = list(range(start, P))
+        seen_by = P if snapkv_window == 0 else min(snapkv_window, P)
+        for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
+            acc[k], seen[k] = v, min(P - k, seen_by)
+
+    def evict(n):
+        """Free the lowest blocks of the middle when n keys (the incoming one counted)
+        exceed the arena."""
+        if n <= A + S - 1:
+            return
+        blocks = [cache[start + i * S:start + (i + 1) * S]
+                  for i in range(n // S - recent // S - start // S)]
+        count = len(blocks) - (A - start - recent) // S
+        score = []
+        for b in blocks:
+            total = 0.0
+            for k in b:
+                total += acc[k] / seen[k] if mode == "norm_sum" else acc[k]
+            score.append(total)
+        order = sorted(range(len(blocks)), key=lambda i: (score[i], i))
+        if 0 < count < len(order):
+            _note_boundary(score[order[count - 1]], score[order[count]], "evict")
+        for i in order[:count]:
+            for k in blocks[i]:
+                cache.remove(k)
+                del acc[k], seen[k]
+
+    evict(P)
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        evict(len(cache) + 1)
+        cache.append(t)
+        steps.append(list(cache))
+        if len(cache) > start:
+            per_kv = [head_observed(s, t, cache) for s in sources]
+            row = {k: sum_seq([sum_seq([obs[k] for obs in heads]) for heads in per_kv])
+                   for k in cache}
+            tracked = cache[start:]
+            for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
+                acc[k], seen[k] = acc.get(k, 0.0) + v, seen.get(k, 0) + 1
+    return prefill, steps
+
+
 # ================================================================ the table of policy cases
 SOURCE_FIELDS = {"keys": "keys", "values": "values", "queries": "queries",
                  "rope": "pre_rope_queries"}
@@ -1263,6 +1333,13 @@ REFERENCES = {
         {"n_sink": 1, "vnorm": False, "n_future": 1}), small={"n_sink": 1}),
     "cake": Reference(policy_cake, ({"window": 3}, {"window": 2, "gamma": 0.0},
                                     {"window": 4, "gamma": 5.0}), small={"window": 2}),
+    "openvino": Reference(policy_openvino, (
+        {"block": 1, "start_blocks": 1, "recent_blocks": 1},
+        {"block": 2, "mode": "sum", "snapkv_window": 0},
+        {"block": 1, "start_blocks": 2, "recent_blocks": 1, "pool": 1, "snapkv_window": 3},
+        {"block": 3, "start_blocks": 1, "recent_blocks": 1, "mode": "sum", "pool": 2},
+        {"block": 2, "start_blocks": 1, "recent_blocks": 2, "snapkv_window": 1, "pool": 4}),
+        small={"block": 1, "start_blocks": 1, "recent_blocks": 1}),
     # docs/adding-a-policy.md's example, registered by its test
     "vnorm": Reference(policy_vnorm, ({"recent_ratio": 0.4},)),
 }
