@@ -149,7 +149,8 @@ def test_neutral_settings_give_the_per_step_rule(name):
     field = qkv_field(2, 1, seed=4)
     T, P, B = field.T, 14, 6
     policy = POLICIES[name]
-    small = {k: 2 for k in ("window", "page_size") if k in policy.params}  # fit B = 6
+    small = {k: 2 if k != "block" else 1 for k in ("window", "page_size", "block")
+             if k in policy.params}  # fit B = 6
     params = resolve_params(policy, small)
     group = make_group(field, 0, P, np.zeros((2, T), bool), {})
     base = run_policy(policy, group, B, params)

@@ -227,7 +227,7 @@ POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per l
                                            "layer, from all of their attention, and the closed "
                                            "loop steps each KV head on its own",
                 presentation=Presentation(
-                    family="heavy hitters", color="#8c2d04", marker="s",
+                    family="engine", color="#0077ee", marker="D",
                     reads="attention (every KV head of the layer)",
                     rule=("OpenVINO GenAI's CacheEvictionAlgorithm (SUM / NORM_SUM): whole blocks of "
                           "the middle, lowest pooled accumulated attention of the layer first; one "
