@@ -745,14 +745,15 @@ def _join(rule, cache, t, steps):
     rule.learn(t, cache)
 
 
-def protocol_caches(p, policy, P, T, B, params):
+def protocol_caches(p, policy, P, T, B, params, rule=None):
     """(prefill selection, [C_t for t = P .. T-1]) of ``policy`` under the protocol of
-    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``)."""
+    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``); ``rule``:
+    a ranking other than the policy's own on ``p`` (a layer's, :class:`LayerRule`)."""
     N = params.get("interval", 1)
     ratio = params.get("target_ratio", 1.0)
     Q = params.get("question_len", 0) if params.get("compress") == "before_question" else 0
     P0 = P - Q  # the prompt the prefill sees
-    rule = _Rule(policy, p, P0, T, B, params)
+    rule = rule or _Rule(policy, p, P0, T, B, params)
     cache = rule.prefill(P0, B)
     prefill = list(cache)
     for t in range(P0, P):  # the question joins without eviction; the policy learns
@@ -778,13 +779,13 @@ def _page_score(rule, cache, j, S, reduce):
     return max(values) if reduce == "max" else sum_seq(values) / S
 
 
-def paged_caches(p, policy, P, T, B, params):
+def paged_caches(p, policy, P, T, B, params, rule=None):
     """(prefill selection, [C_t]) under ``page = S``: at most floor(B / S) pages held (the
     receiving page included); a key opening a page at the cap evicts the lowest-ranked
     complete unprotected page (lowest score, then highest page index) first."""
     S, reduce = params["page"], params.get("page_reduce", "mean")
     cap = B // S
-    rule = _Rule(policy, p, P, T, B, params)
+    rule = rule or _Rule(policy, p, P, T, B, params)
     pages = sorted({k // S for k in range(P)})
     guarded = {j for j in pages if any(k >= P - rule.recent or k < rule.sinks
                                        for k in range(j * S, min(j * S + S, P)))}
@@ -806,6 +807,36 @@ def paged_caches(p, policy, P, T, B, params):
             cache = [k for k in cache if k // S != worst]
         _join(rule, cache, t, steps)
     return prefill, steps
+
+
+class LayerRule(_Rule):
+    """``heads = "uniform"``: the rules of a layer's KV heads (one query head each, all
+    over the one cache), ranked by the sum of their scores in KV-head order."""
+
+    def __init__(self, rules):
+        self.rules, self.policy = rules, rules[0].policy
+        self.recent, self.sinks = rules[0].recent, rules[0].sinks
+
+    @property
+    def score(self):
+        return {k: sum_seq([r.score[k] for r in self.rules]) for k in self.rules[0].score}
+
+    def joins(self, t):
+        for r in self.rules:
+            r.joins(t)
+
+    def learn(self, t, cache):
+        for r in self.rules:
+            r.learn(t, cache)
+
+
+def uniform_caches(ps, policy, P, T, B, params):
+    """(prefill selection, [C_t]) of ``policy`` with ``heads = "uniform"`` on a layer whose
+    KV heads have the (T, T) attention ``ps`` (per step, or in pages of ``page``)."""
+    rule = LayerRule([_Rule(policy, p, P, T, B, params) for p in ps])
+    if params.get("page", 1) != 1:
+        return paged_caches(ps[0], policy, P, T, B, params, rule)
+    return protocol_caches(ps[0], policy, P, T, B, params, rule)
 
 
 def threshold_caches(p, policy, P, T, params):
