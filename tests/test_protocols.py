@@ -341,7 +341,8 @@ def test_target_ratio_with_question_len_is_refused_by_validate(tmp_path):
     status, out, err = cli(["validate", path])
     assert status == 2 and out == ""
     assert err.strip() == (f"{path}: policies.h2o.question_len: expected one protocol (only "
-                           "question_len combines with interval), got target_ratio and "
+                           "question_len combines with interval, and heads with page), got "
+                           "target_ratio and "
                            "question_len (experiment 'experiment0', budget 8)")
 
 
