@@ -839,6 +839,38 @@ def uniform_caches(ps, policy, P, T, B, params):
     return protocol_caches(ps[0], policy, P, T, B, params, rule)
 
 
+def filtering_caches(ps, policy, P, T, B, params):
+    """(prefill selection, [C_t]) of KV head 0 of a layer whose KV heads have the (T, T)
+    attention ``ps`` (one query head each) under ``filtering`` (kvpress PR 258): each KV
+    head's own prefill at B; key t joins, query t attends and teaches the rules, then key t
+    stays iff its score is >= the n_kept-th highest of the cache (ties keep it): per head
+    (FilteringPress, n_kept = round(float32(t + 1) * float32(1 - r))) or by the majority
+    of the KV heads (UniformFilteringPress, n_kept = int(n * (1 - r)))."""
+    r, majority = params["filter_ratio"], params["filtering"] == "majority"
+    rules = [_Rule(policy, p, P, T, B, params) for p in (ps if majority else ps[:1])]
+    caches = [rule.prefill(P, B) for rule in rules]
+    prefill = list(caches[0])
+    steps = []
+    for t in range(P, T):
+        votes = []
+        for rule, cache in zip(rules, caches):
+            cache.append(t)
+            rule.joins(t)
+            rule.learn(t, cache)
+            n = len(cache)
+            if majority:
+                n_kept = max(1, int(n * (1 - r)))
+            else:
+                n_kept = max(1, int(np.round(np.float32(t + 1) * np.float32(1 - r))))
+            scores = sorted((rule.score[k] for k in cache), reverse=True)
+            votes.append(n_kept >= n or rule.score[t] >= scores[n_kept - 1])
+        if 2 * sum(votes) < len(votes):
+            for cache in caches:
+                cache.remove(t)
+        steps.append(list(caches[0]) + ([] if t in caches[0] else [t]))
+    return prefill, steps
+
+
 def threshold_caches(p, policy, P, T, params):
     """(prefill selection, [C_t]) under ``threshold = tau``: the ``w`` newest keys held; key
     ``t - w`` (at the prefill, every key before ``P - w``) stays iff its score >= tau."""

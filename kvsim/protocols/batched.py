@@ -40,7 +40,8 @@ from kvsim.protocols.settings import before_question, split
 def peak_limit(budget: int, params: dict, T: int) -> int:
     """The most keys a run at ``budget`` may hold at once under the protocol of ``params``."""
     _, proto = split(params)
-    if proto["target_ratio"] != 1.0 or proto["threshold"] is not None:
+    if proto["target_ratio"] != 1.0 or proto["threshold"] is not None \
+            or proto["filtering"] != "off":
         return T
     return budget + before_question(proto) + proto["interval"] - 1
 
@@ -159,6 +160,10 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     if proto["heads"] == "uniform":
         from kvsim.protocols.uniform import run_uniform  # it builds on this module
         return run_uniform(policy, group, budget, cap, own, proto)
+    if proto["filtering"] != "off":
+        from kvsim.protocols.filtering import run_filtering  # it builds on this module
+        return run_filtering(policy, group, budget, cap, own, proto["filtering"],
+                             proto["filter_ratio"])
     P, T = group.prompt_len, group.T
     plan = question.plan(proto["compress"], P, proto["question_len"], cap)  # shared with tasks
     Q = plan.free

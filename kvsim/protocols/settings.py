@@ -13,6 +13,7 @@ from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS
 
 HEADS = ("per_head", "uniform")
+FILTERING = ("off", "per_head", "majority")
 """``heads``: a ranking per KV head (the default), or one for a whole layer."""
 
 PROTOCOL_PARAMS: dict[str, Param] = {
@@ -32,6 +33,12 @@ PROTOCOL_PARAMS: dict[str, Param] = {
                           high=2**31, expect="an integer >= 0"),
     "compress": Param(str, "after_question", "compress the prompt before or after the question",
                       choices=COMPRESS),
+    "filtering": Param(str, "off", "append-only keep-or-drop of each decode key: per KV head "
+                       "(kvpress FilteringPress) or by the layer's majority "
+                       "(UniformFilteringPress)", choices=FILTERING),
+    "filter_ratio": Param(float, 0.5, "the fraction of the tokens seen a filter removes "
+                          "(kvpress's target_compression_ratio)",
+                          check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)"),
     "heads": Param(str, "per_head", "one ranking per KV head, or one for every KV head of a "
                    "layer (the sum of their scores)", choices=HEADS),
 }
@@ -49,6 +56,7 @@ def is_neutral(proto: dict) -> bool:
     """True when the settings give exactly the per-step rule."""
     return (proto["interval"] == 1 and proto["target_ratio"] == 1.0 and proto["page"] == 1
             and proto["threshold"] is None and proto["heads"] == "per_head"
+            and proto["filtering"] == "off"
             and (proto["question_len"] == 0 or proto["compress"] == "after_question"))
 
 
@@ -75,6 +83,8 @@ def label(params: dict) -> str:
         parts.append(f"before_question(Q={proto['question_len']})")
     if proto["heads"] != "per_head":
         parts.append(f"heads={proto['heads']}")
+    if proto["filtering"] != "off":
+        parts.append(f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}")
     return "+".join(parts) or "per_step"
 
 
@@ -112,6 +122,10 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
         return "refresh", (f"expected refresh = 0 with a protocol ({named[0]}): refresh is "
                            f"itself a decode-time compression protocol")
     position_rule = layout.position_rule
+    if "filtering" in named and (policy.steps.rank is None or position_rule):
+        return "filtering", (f"{policy.name} takes no filtering: "
+                             + ("a position rule keeps no key for its score" if position_rule
+                                else "it gives no per-key scores to judge (Steps.rank)"))
     if "heads" in named and (policy.steps.rank is None or position_rule
                              or policy.name == "random"):
         return "heads", (f"{policy.name} takes no heads = \"uniform\": "
@@ -162,6 +176,8 @@ def asked(params: dict) -> list[str]:
         out.append("question_len")
     if proto["heads"] != "per_head":
         out.append("heads")
+    if proto["filtering"] != "off":
+        out.append("filtering")
     return out
 
 

@@ -65,15 +65,16 @@ class LayerRun(_Run):
             run.span(member, member_out, t, stop)
 
 
-def _member(policy: Policy, group: Group, budget: int, cap: int,
-            params: dict) -> tuple[_Run, Outputs, Trace]:
-    """One KV head started with the whole prompt (every prompt key scored), its outputs."""
+def member(policy: Policy, group: Group, first: int, cap: int, params: dict,
+           recent: int | None = None) -> tuple[_Run, Outputs, Trace]:
+    """One KV head started at budget ``first`` (the policy's own prefill; the recent count
+    ``recent`` where given), room for every decode key, its outputs (cache snapshots at
+    ``cap``)."""
     P, T, layout = group.prompt_len, group.T, policy.layout
-    first = max(P, 1)
     kept, state = policy.steps.start(group, first, params, T)
-    if layout.recent is not None:
-        state = state._replace(recent=layout.recent(budget, params))
-    capacity = first + T - P
+    if recent is not None and layout.recent is not None:
+        state = state._replace(recent=recent)
+    capacity = max(first, len(kept)) + T - P
     state = widen(state, layout, params, first, capacity - first, group.seed)
     cache = np.zeros(capacity, np.int64)
     cache[:len(kept)] = kept
@@ -103,7 +104,9 @@ def run_uniform(policy: Policy, group: Group, budget: int, cap: int, params: dic
     fixed parts of ``budget`` (pages of ``proto["page"]`` where given); the trace of
     ``group``'s KV head."""
     members = group.layer_groups()
-    started = [_member(policy, m, budget, cap, params) for m in members]
+    recent = policy.layout.recent(budget, params) if policy.layout.recent is not None else None
+    started = [member(policy, m, max(group.prompt_len, 1), cap, params, recent)
+               for m in members]  # every prompt key scored
     run = LayerRun([s[0] for s in started], members, [s[1] for s in started], group.kv_head)
     own_out, trace = started[group.kv_head][1:]
     P, T = group.prompt_len, group.T
