@@ -844,8 +844,9 @@ def filtering_caches(ps, policy, P, T, B, params):
     attention ``ps`` (one query head each) under ``filtering`` (kvpress PR 258): each KV
     head's own prefill at B; key t joins, query t attends and teaches the rules, then key t
     stays iff its score is >= the n_kept-th highest of the cache (ties keep it): per head
-    (FilteringPress, n_kept = round(float32(t + 1) * float32(1 - r))) or by the majority
-    of the KV heads (UniformFilteringPress, n_kept = int(n * (1 - r)))."""
+    (FilteringPress, n_kept = int((t + 1) * (1 - r))) or by the majority of the KV heads
+    (UniformFilteringPress, n_kept = int(n * (1 - r))), at least 1 (kvpress PR 258 at
+    48cc0e2)."""
     r, majority = params["filter_ratio"], params["filtering"] == "majority"
     rules = [_Rule(policy, p, P, T, B, params) for p in (ps if majority else ps[:1])]
     caches = [rule.prefill(P, B) for rule in rules]
@@ -861,7 +862,7 @@ def filtering_caches(ps, policy, P, T, B, params):
             if majority:
                 n_kept = max(1, int(n * (1 - r)))
             else:
-                n_kept = max(1, int(np.round(np.float32(t + 1) * np.float32(1 - r))))
+                n_kept = max(1, int((t + 1) * (1 - r)))
             scores = sorted((rule.score[k] for k in cache), reverse=True)
             votes.append(n_kept >= n or rule.score[t] >= scores[n_kept - 1])
         if 2 * sum(votes) < len(votes):

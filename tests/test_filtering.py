@@ -62,11 +62,12 @@ def test_append_only(seed, kv_heads, T, B, name, mode, ratio, data):
 
 
 def test_targets_are_the_codes():
-    """n_kept in float32, rounded half to even (FilteringPress); floored (Uniform...)."""
-    assert per_head_target(0, 0.5) == 1  # round(0.5) = 0, at least 1
-    assert per_head_target(2, 0.5) == 2  # round(1.5) = 2
-    assert per_head_target(4, 0.5) == 2  # round(2.5) = 2, half to even
-    assert per_head_target(9, 0.7) == int(np.round(np.float32(10) * np.float32(0.3)))
+    """n_kept floored from the tokens seen (FilteringPress) or the cache (Uniform...), at
+    least 1, in double precision as Python computes it (kvpress at 48cc0e2)."""
+    assert per_head_target(0, 0.5) == 1  # int(0.5) = 0, at least 1
+    assert per_head_target(2, 0.5) == 1 and per_head_target(3, 0.5) == 2
+    assert per_head_target(9, 0.9) == 1  # 10 * (1 - 0.9) = 0.9999999999999998: 0, at least 1
+    assert per_head_target(19, 0.9) == 1  # 20 * (1 - 0.9) = 1.9999999999999996
     assert majority_target(10, 0.75) == 2 and majority_target(3, 0.9) == 1
 
 

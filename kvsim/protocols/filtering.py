@@ -1,5 +1,5 @@
-"""``filtering``: kvpress's append-only decode filters (kvpress pull request 258,
-``FilteringPress`` and ``UniformFilteringPress``): one keep-or-drop decision per new decode
+"""``filtering``: kvpress's append-only decode filters (kvpress pull request 258 at its head
+``48cc0e2``: ``FilteringPress`` and ``UniformFilteringPress``): one keep-or-drop decision per new decode
 key, nothing older ever evicted.
 
 The prefill is the policy's own at ``B``. At decode step ``t`` key ``t`` joins and query
@@ -9,8 +9,8 @@ included) judge key ``t`` against the ``n_kept``-th highest score; it stays iff 
 ``>=`` that threshold (ties keep it), or when ``n_kept`` reaches the cache:
 
 - ``"per_head"`` (FilteringPress): each KV head decides for itself, ``n_kept =
-  round_half_even(float32(t + 1) * float32(1 - filter_ratio))``, at least 1 (the tokens
-  seen: the cache tracks ``(1 - r)`` of them, whatever it holds now);
+  max(1, int((t + 1) * (1 - filter_ratio)))`` (the tokens seen: the cache tracks ``(1 - r)``
+  of them, whatever it holds now);
 - ``"majority"`` (UniformFilteringPress): ``n_kept = max(1, int(n * (1 - filter_ratio)))``,
   ``n`` the cache with key ``t``; each KV head of the layer votes, and key ``t`` leaves every
   KV head unless at least half vote to keep it (a joint run of the layer, as
@@ -38,8 +38,8 @@ def survives(value: np.ndarray, n_kept: int) -> bool:
 
 def per_head_target(t: int, ratio: float) -> int:
     """FilteringPress's ``n_kept`` at token ``t``: ``(1 - ratio)`` of the ``t + 1`` tokens
-    seen, in float32, rounded half to even, at least 1."""
-    return max(1, int(np.round(np.float32(t + 1) * np.float32(1.0 - ratio))))
+    seen, floored, at least 1."""
+    return max(1, int((t + 1) * (1.0 - ratio)))
 
 
 def majority_target(n: int, ratio: float) -> int:
