@@ -57,6 +57,12 @@ def arena(budget: int, block: int) -> int:
     return block * ((budget + 1) // block) - block
 
 
+def _saturation(T: int, params: dict) -> int:
+    """The smallest budget whose arena holds ``T`` keys (``A + block - 1 >= T``)."""
+    S = params["block"]
+    return S * -(-(T + 1) // S) - 1
+
+
 def _min_budget(params: dict) -> int:
     """The arena must hold one evictable block beside the start and recent areas."""
     return params["block"] * (params["start_blocks"] + params["recent_blocks"] + 2) - 1
@@ -220,7 +226,7 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
 
 POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per layer, whole "
                 "blocks of the middle by pooled accumulated attention", PARAMS, run=_run,
-                min_budget=_min_budget,
+                min_budget=_min_budget, saturation=_saturation,
                 floor_reason="start, recent and one evictable block, less 1 (block * "
                              "(start_blocks + recent_blocks + 2) - 1)",
                 closed_loop=lambda params: "it evicts the same blocks in every KV head of a "
