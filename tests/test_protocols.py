@@ -149,7 +149,8 @@ def test_neutral_settings_give_the_per_step_rule(name):
     field = qkv_field(2, 1, seed=4)
     T, P, B = field.T, 14, 6
     policy = POLICIES[name]
-    small = {k: 2 for k in ("window", "page_size") if k in policy.params}  # fit B = 6
+    small = {k: 2 if k != "block" else 1 for k in ("window", "page_size", "block")
+             if k in policy.params}  # fit B = 6
     params = resolve_params(policy, small)
     group = make_group(field, 0, P, np.zeros((2, T), bool), {})
     base = run_policy(policy, group, B, params)
@@ -340,7 +341,8 @@ def test_target_ratio_with_question_len_is_refused_by_validate(tmp_path):
     status, out, err = cli(["validate", path])
     assert status == 2 and out == ""
     assert err.strip() == (f"{path}: policies.h2o.question_len: expected one protocol (only "
-                           "question_len combines with interval), got target_ratio and "
+                           "question_len combines with interval, and heads with page), got "
+                           "target_ratio and "
                            "question_len (experiment 'experiment0', budget 8)")
 
 
