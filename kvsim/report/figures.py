@@ -433,6 +433,10 @@ def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, l
     return layers, kvs, caps, mass
 
 
+PYRAMID_NOTE = ("\ncaps differ by policy: the last layer's cap is the policy's fixed part "
+                "(recent keys, window) + ceil((B - fixed) / beta)")
+
+
 @figure(Needs.DECODE | Needs.ALLOCATION, by_default=lambda exp: exp.allocation != "uniform")
 def allocation(ctx, exp, rows, steps, colors, out):
     """Per policy at the focus budget: each KV head's cap b_h (layer x KV head), beside the
@@ -463,7 +467,7 @@ def allocation(ctx, exp, rows, steps, colors, out):
             ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
     fig.suptitle(f"{ctx.name}, {exp.name}: allocation '{exp.allocation}' at mean "
                  f"budget B = {exp.focus_budget}\none colour scale per column, shared by "
-                 f"every policy", fontsize=10)
+                 f"every policy" + PYRAMID_NOTE * (exp.allocation == "pyramid"), fontsize=10)
     return save(fig, out, f"{exp.name}_allocation", ctx)
 
 

@@ -8,6 +8,7 @@ import enum
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -295,6 +296,18 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(_DecimalLogFormatter())
 
 
+def at_least_a_decade(ax, top: float | None = None) -> None:
+    """Widen a log y axis spanning less than a decade to one decade about its geometric
+    middle (kept at or below ``top``, a bound the values cannot pass, such as 1 for a mass
+    lost): an axis zoomed to 0.596-0.608 draws a difference of 0.01 as a large gap."""
+    low, high = ax.get_ylim()
+    if 0 < low and high < 10 * low:
+        upper = math.sqrt(low * high * 10)
+        if top is not None and high <= top:
+            upper = min(upper, top)
+        ax.set_ylim(upper / 10, upper)
+
+
 def budget_axis(ax, budgets, log_y: bool) -> None:
     """A budget x axis (log2, a tick at each budget, slanted past five) over a y axis of
     mass: logarithmic loss (:func:`log_axis`) if ``log_y``, else mass kept in [0, 1.03]."""
@@ -467,6 +480,54 @@ def _twin_label(policy: str, per_panel: list, panels: int) -> str:
     return f"{policy} (≈ {', '.join(others)} where dashed)"
 
 
+CROWD = 3  # curves of a panel on one line from this many: named in the panel
+
+
+def crowds(twin: dict, order: list[str]) -> list[list[str]]:
+    """Groups of at least :data:`CROWD` curves of one panel that lie on one line, each in
+    the drawing ``order``: ``twin`` maps a curve to the earlier one it cannot be told from
+    (:meth:`Curves.twins`), and the groups are those links joined."""
+    root: dict[str, str] = {}
+
+    def find(p: str) -> str:
+        while root.get(p, p) != p:
+            p = root[p]
+        return p
+
+    for policy, (earlier, _) in twin.items():
+        root[find(policy)] = find(earlier)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for p in order:
+        groups[find(p)].append(p)
+    return [g for g in groups.values() if len(g) >= CROWD]
+
+
+def _name_crowd(ax, group: list[str], curves: dict, log: bool) -> None:
+    """Write in the panel the names of the curves of ``group``, which lie on one line: beside
+    that line, on the side (left or right, above or below) where the other curves keep
+    furthest from it (compared as log10 on a log axis)."""
+    def scale(y):
+        y = np.asarray(y, float)
+        return np.log10(np.where(y > 0, y, np.nan)) if log else y
+
+    y0 = float(np.nanmedian(np.concatenate([scale(curves[p][1]) for p in group])))
+    others = [scale(y) for p, (_, y) in curves.items() if p not in group]
+
+    def room(half: int) -> float:  # distance from the line to the other curves in that half
+        ys = [v for y in others for v in (y[: (len(y) + 1) // 2] if half == 0
+                                          else y[len(y) // 2:]) if np.isfinite(v)]
+        return min((abs(v - y0) for v in ys), default=math.inf)
+
+    right = room(1) >= room(0)
+    below = bool(others) and y0 >= float(np.nanmedian(np.concatenate(others)))
+    text = textwrap.fill(f"on one line: {', '.join(group)}", 42)
+    ax.annotate(text, xy=(0.98 if right else 0.02, 10 ** y0 if log else y0),
+                xycoords=ax.get_yaxis_transform(), xytext=(0, -6 if below else 6),
+                textcoords="offset points", ha="right" if right else "left",
+                va="top" if below else "bottom", fontsize=7, zorder=5,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.7", alpha=0.85))
+
+
 def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: dict | None = None,
                marker_every: int | None = None, lw: float = 1.3,
                log: bool = False) -> tuple[list, list]:
@@ -490,6 +551,8 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
             if bands and (panel, policy) in bands:
                 lo, hi = bands[panel, policy]
                 ax.fill_between(x, lo, hi, color=colors[policy], alpha=0.15, lw=0)
+        for group in crowds(twin[panel], list(per_policy)):
+            _name_crowd(ax, group, per_policy, log)
     handles, labels = [], []
     for policy in curves.order():
         everywhere = len(found[policy]) == present[policy]
