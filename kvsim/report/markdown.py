@@ -279,7 +279,7 @@ def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
                 continue
             order, means = _order(rows, exp, metric)
             heads = plural(len({r["head"] for r in rows}), "head")
-            layers = len({r["layer"] for r in rows})
+            layers = len(scenario.layers)
             heads += f" x {plural(layers, 'layer')}" if layers > 1 else ""
             text = (f"{source}, the policies rank by {what} at B = {exp.focus_budget} "
                     f"(experiment `{exp.name}`, mean over {heads} and "
