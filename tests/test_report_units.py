@@ -120,9 +120,9 @@ def test_curves_on_one_line_are_named_in_their_panel():
     fig, axes = plt.subplots(1, 2)
     colors = dict.fromkeys(["window", "h2o", "tova", "snapkv", "oracle"], "black")
     draw_lines(dict(enumerate(axes)), curves, colors, dict.fromkeys(colors, "o"), log=True)
-    notes = [t.get_text().replace("\n", " ") for t in axes[0].texts]
+    notes = [t.get_text().replace("\n", " ") for t in axes[0].get_legend().get_texts()]
     assert notes == ["on one line: window, h2o, tova, snapkv"]
-    assert len(axes[1].texts) == 0
+    assert axes[1].get_legend() is None
     plt.close(fig)
 
 

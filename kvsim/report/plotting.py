@@ -502,30 +502,12 @@ def crowds(twin: dict, order: list[str]) -> list[list[str]]:
     return [g for g in groups.values() if len(g) >= CROWD]
 
 
-def _name_crowd(ax, group: list[str], curves: dict, log: bool) -> None:
-    """Write in the panel the names of the curves of ``group``, which lie on one line: beside
-    that line, on the side (left or right, above or below) where the other curves keep
-    furthest from it (compared as log10 on a log axis)."""
-    def scale(y):
-        y = np.asarray(y, float)
-        return np.log10(np.where(y > 0, y, np.nan)) if log else y
-
-    y0 = float(np.nanmedian(np.concatenate([scale(curves[p][1]) for p in group])))
-    others = [scale(y) for p, (_, y) in curves.items() if p not in group]
-
-    def room(half: int) -> float:  # distance from the line to the other curves in that half
-        ys = [v for y in others for v in (y[: (len(y) + 1) // 2] if half == 0
-                                          else y[len(y) // 2:]) if np.isfinite(v)]
-        return min((abs(v - y0) for v in ys), default=math.inf)
-
-    right = room(1) >= room(0)
-    below = bool(others) and y0 >= float(np.nanmedian(np.concatenate(others)))
-    text = textwrap.fill(f"on one line: {', '.join(group)}", 42)
-    ax.annotate(text, xy=(0.98 if right else 0.02, 10 ** y0 if log else y0),
-                xycoords=ax.get_yaxis_transform(), xytext=(0, -6 if below else 6),
-                textcoords="offset points", ha="right" if right else "left",
-                va="top" if below else "bottom", fontsize=7, zorder=5,
-                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="0.7", alpha=0.85))
+def _name_crowds(ax, groups: list[list[str]]) -> None:
+    """Write in the panel the names of the curves of each group, which lie on one line, in
+    a box where it covers the fewest drawn points (matplotlib's ``loc="best"``)."""
+    notes = [textwrap.fill(f"on one line: {', '.join(group)}", 42) for group in groups]
+    ax.legend([Line2D([], [], ls="none")] * len(notes), notes, loc="best", fontsize=7,
+              handlelength=0, handletextpad=0, borderpad=0.3, framealpha=0.85)
 
 
 def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: dict | None = None,
@@ -551,8 +533,9 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
             if bands and (panel, policy) in bands:
                 lo, hi = bands[panel, policy]
                 ax.fill_between(x, lo, hi, color=colors[policy], alpha=0.15, lw=0)
-        for group in crowds(twin[panel], list(per_policy)):
-            _name_crowd(ax, group, per_policy, log)
+        groups = crowds(twin[panel], list(per_policy))
+        if groups:
+            _name_crowds(ax, groups)
     handles, labels = [], []
     for policy in curves.order():
         everywhere = len(found[policy]) == present[policy]
