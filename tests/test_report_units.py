@@ -179,3 +179,16 @@ def test_an_allocation_headline_of_one_seed_says_it_is_not_replicated(layered):
     assert scenario.seeds == (0,) or list(scenario.seeds) == [0]
     line = (out / "report.md").read_text().splitlines()[2]
     assert line.startswith("At equal memory") and "One seed, so no interval" in line
+
+
+def test_a_budget_below_the_peak_says_the_peak():
+    from kvsim.report.figures import peak_note
+
+    rows = [{"budget": 193, "peak_size": 256, "kind": "h2o", "protocol": "interval=64"},
+            {"budget": 193, "peak_size": 256, "kind": "tova", "protocol": "interval=64"},
+            {"budget": 193, "peak_size": 2048, "kind": "full", "protocol": "per_step"}]
+    assert peak_note(rows, 193) == " (peak 256)"
+    rows.append({"budget": 193, "peak_size": 271, "kind": "h2o", "protocol": "target_ratio"})
+    assert peak_note(rows, 193) == " (peak 256 to 271)"
+    assert peak_note([{"budget": 64, "peak_size": 64, "kind": "h2o", "protocol": "per_step"}],
+                     64) == ""
