@@ -447,7 +447,7 @@ def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, l
     return layers, kvs, caps, mass
 
 
-PYRAMID_NOTE = ("\ncaps differ by policy: the last layer's cap is the policy's fixed part "
+PYRAMID_NOTE = ("\ncaps differ by policy: the last layer's cap is the policy's fixed part\n"
                 "(recent keys, window) + ceil((B - fixed) / beta)")
 
 
