@@ -380,7 +380,9 @@ def test_report_opens_with_the_cost_of_each_protocol_at_equal_peak():
     assert lines[2] == "| policy | `interval=16`, peak 64 |"
     assert "| `h2o` | -0.050 (1 of 1 below 0, -0.050 to -0.050) |" in lines
     assert "| `tova` | -0.100 (1 of 1 below 0, -0.100 to -0.100) |" in lines
-    assert "interval=8" not in "\n".join(lines) and "-0.075" not in "\n".join(lines)
+    table = "\n".join(line for line in lines if line.startswith("|"))
+    assert "interval=8" not in table and "-0.075" not in "\n".join(lines)
+    assert lines[-2].startswith("Not in the table") and "`interval=8` (peak 56)" in lines[-2]
     assert protocol_summary.lines(rows[:1]) == []
 
 
@@ -394,6 +396,8 @@ def test_threshold_study_compares_with_top_k_at_equal_mean_size():
     points = protocol_study.points(rows)[0]
     assert points["h2o (threshold)"][0].tolist() == [96.0, 200.0]  # one point per label
     assert protocol_study.gaps(rows) == {"h2o": pytest.approx(0.75 - 0.7)}  # 200: outside
+    (inside, total), = protocol_study._differences(rows).values()  # the section counts them
+    assert inside == [pytest.approx(0.05)] and total == 2
 
 
 def test_protocols_compose_with_a_capped_head():
