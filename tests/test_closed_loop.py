@@ -30,9 +30,10 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import make_group, resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.engine.experiments import random_seed  # noqa: E402
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, causal_softmax,  # noqa: E402
+from kvsim.tools.study.model import (Decoder, FullCache, causal_softmax,  # noqa: E402
                                            query_stores, stores)
-from kvsim.tools.closed_loop.run import make_steppers, query_runs  # noqa: E402
+from kvsim.tools.closed_loop.run import make_steppers  # noqa: E402
+from kvsim.tools.study.grid import query_runs  # noqa: E402
 from tiny_models import P, T, Watched, tiny_llama  # noqa: E402
 
 @pytest.fixture(scope="module")
@@ -166,8 +167,12 @@ def test_kl_smoothing_averages_only_the_points_that_exist():
 
 
 def test_a_closed_loop_report_of_another_study_is_replaced_only_with_force(tmp_path):
-    from kvsim.tools.closed_loop.command import _check_out
+    from functools import partial
 
+    from kvsim.tools.closed_loop.command import STUDY
+    from kvsim.tools.study.run import check_out
+
+    _check_out = partial(check_out, STUDY)
     report = tmp_path / "report"
     report.mkdir()
     (report / "closed_loop.json").write_text(json.dumps({"settings": {"name": "a"},
@@ -198,7 +203,7 @@ def _dead(pid: int) -> bool:
 
 
 def test_an_interrupt_stops_the_forked_workers_at_once():
-    from kvsim.tools.closed_loop.run import forked_pool
+    from kvsim.tools.study.workers import forked_pool
 
     with pytest.raises(KeyboardInterrupt):
         with forked_pool(2) as pool:

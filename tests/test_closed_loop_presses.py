@@ -26,8 +26,8 @@ from kvsim.tools.adapter import attach  # noqa: E402
 from kvsim.tools.closed_loop import metrics  # noqa: E402
 from kvsim.tools.closed_loop.presses import press_runs  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop  # noqa: E402
-from kvsim.tools.task.press_runs import press_prefill  # noqa: E402
-from kvsim.tools.task.presses import make, ratio  # noqa: E402
+from kvsim.tools.study.press_prefill import press_prefill  # noqa: E402
+from kvsim.tools.study.presses import make, ratio  # noqa: E402
 from tiny_models import P, T, tiny_llama  # noqa: E402
 
 PRESSES = [PolicyConfig("snap", "SnapKVPress", {"window_size": 4}),

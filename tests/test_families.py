@@ -33,8 +33,9 @@ from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools import models  # noqa: E402
 from kvsim.tools.adapter import UnsupportedFamilyWarning, attach, windows  # noqa: E402
 from kvsim.tools.capture import check, record  # noqa: E402
-from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, query_stores, stores  # noqa: E402
-from kvsim.tools.closed_loop.run import make_steppers, query_runs  # noqa: E402
+from kvsim.tools.study.model import Decoder, FullCache, prefill, query_stores, stores  # noqa: E402
+from kvsim.tools.closed_loop.run import make_steppers  # noqa: E402
+from kvsim.tools.study.grid import query_runs  # noqa: E402
 from tiny_models import Watched  # noqa: E402
 
 T, P, BUDGET = 40, 16, 8

@@ -21,7 +21,7 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.adapter import attach  # noqa: E402
-from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, stores  # noqa: E402
+from kvsim.tools.study.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop, make_steppers  # noqa: E402
 from tiny_models import WINDOW, Watched, tiny_gemma  # noqa: E402
 

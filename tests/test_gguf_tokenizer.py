@@ -83,7 +83,7 @@ def test_what_task_files_are_checked_against_holds_for_the_named_models(name):
     from kvsim.texts import SHIPPED, shipped_text
     from kvsim.tools.task import inputs
     from kvsim.tools.task.config import MIN_LENGTH
-    from kvsim.tools.task.presses import QUESTION_ROOM
+    from kvsim.tools.study.presses import QUESTION_ROOM
 
     if not installed(name):
         pytest.skip(f"needs the {models.preset(name).package} wheel")

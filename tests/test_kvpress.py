@@ -23,7 +23,7 @@ import pytest
 from kvsim.errors import ScenarioError
 from kvsim.tools import models
 from kvsim.tools.task.config import load_config
-from kvsim.tools.task.presses import ratio
+from kvsim.tools.study.presses import ratio
 
 kvpress = pytest.importorskip("kvpress")
 
@@ -122,7 +122,7 @@ def test_presses_that_run_pass_their_rehearsal_on_every_family(tmp_path, capsys,
 def test_a_press_that_keeps_other_than_the_budget_in_a_layer_fails_its_rehearsal(monkeypatch):
     """The rehearsal's own check of the kept counts (PyramidKVPress keeps 17 keys at budget
     16 on 480 tokens: kvpress rounds 16.500000000000004 up), beside its table."""
-    from kvsim.tools.task import presses
+    from kvsim.tools.study import presses
 
     problem = presses.rehearsal_problem(PolicyConfig("p", "PyramidKVPress", {}), "llama", 480,
                                         (16,))
@@ -136,7 +136,7 @@ def test_the_presses_refused_for_the_hub_fetch_from_it():
     reaches the Hub (a pretrained model, a hub file or a URL) for what it needs of the model."""
     import inspect
 
-    from kvsim.tools.task.presses import HUB, press_class
+    from kvsim.tools.study.presses import HUB, press_class
 
     for name in HUB:
         source = "".join(inspect.getsource(inspect.getmodule(cls))
@@ -161,11 +161,11 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.adapter import attach  # noqa: E402
-from kvsim.tools.closed_loop.model import prefill  # noqa: E402
+from kvsim.tools.study.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
 from kvsim.tools.task.press_runs import held_caches, press_caches  # noqa: E402
-from kvsim.tools.task.presses import make, press_text  # noqa: E402
+from kvsim.tools.study.presses import make, press_text  # noqa: E402
 from test_task import BARE, N, CharTokenizer, task_config, tiny_net  # noqa: E402
 
 from kvsim.tools.task.parity import (chunkkv_whole_context, kept_sets,  # noqa: E402

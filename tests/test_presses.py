@@ -11,7 +11,7 @@ import pytest
 
 from kvsim.errors import ScenarioError
 from kvsim.tools.task.config import load_config
-from kvsim.tools.task.presses import n_kept, ratio
+from kvsim.tools.study.presses import n_kept, ratio
 
 TASK = """name = "t"
 [task]
@@ -53,7 +53,7 @@ def test_a_transformers_outside_kvpress_pin_is_one_line_before_kvpress_imports(
     press is refused in one line saying how to install the extra, kvpress never imported."""
     from importlib import metadata
 
-    from kvsim.tools.task import presses
+    from kvsim.tools.study import presses
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: real("json")
@@ -81,7 +81,7 @@ def test_a_transformers_outside_kvpress_pin_is_one_line_before_kvpress_imports(
 def test_the_transformers_pin_is_the_kvpress_extras():
     import tomllib
 
-    from kvsim.tools.task.presses import TRANSFORMERS
+    from kvsim.tools.study.presses import TRANSFORMERS
 
     root = __import__("pathlib").Path(__file__).parents[1]
     extra = tomllib.loads((root / "pyproject.toml").read_text())["project"][

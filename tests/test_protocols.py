@@ -149,7 +149,8 @@ def test_neutral_settings_give_the_per_step_rule(name):
     field = qkv_field(2, 1, seed=4)
     T, P, B = field.T, 14, 6
     policy = POLICIES[name]
-    small = {k: 2 for k in ("window", "page_size") if k in policy.params}  # fit B = 6
+    small = {k: 2 if k != "block" else 1 for k in ("window", "page_size", "block")
+             if k in policy.params}  # fit B = 6
     params = resolve_params(policy, small)
     group = make_group(field, 0, P, np.zeros((2, T), bool), {})
     base = run_policy(policy, group, B, params)
@@ -340,7 +341,8 @@ def test_target_ratio_with_question_len_is_refused_by_validate(tmp_path):
     status, out, err = cli(["validate", path])
     assert status == 2 and out == ""
     assert err.strip() == (f"{path}: policies.h2o.question_len: expected one protocol (only "
-                           "question_len combines with interval), got target_ratio and "
+                           "question_len combines with interval, and heads with page), got "
+                           "target_ratio and "
                            "question_len (experiment 'experiment0', budget 8)")
 
 
@@ -378,7 +380,9 @@ def test_report_opens_with_the_cost_of_each_protocol_at_equal_peak():
     assert lines[2] == "| policy | `interval=16`, peak 64 |"
     assert "| `h2o` | -0.050 (1 of 1 below 0, -0.050 to -0.050) |" in lines
     assert "| `tova` | -0.100 (1 of 1 below 0, -0.100 to -0.100) |" in lines
-    assert "interval=8" not in "\n".join(lines) and "-0.075" not in "\n".join(lines)
+    table = "\n".join(line for line in lines if line.startswith("|"))
+    assert "interval=8" not in table and "-0.075" not in "\n".join(lines)
+    assert lines[-2].startswith("Not in the table") and "`interval=8` (peak 56)" in lines[-2]
     assert protocol_summary.lines(rows[:1]) == []
 
 
@@ -392,6 +396,8 @@ def test_threshold_study_compares_with_top_k_at_equal_mean_size():
     points = protocol_study.points(rows)[0]
     assert points["h2o (threshold)"][0].tolist() == [96.0, 200.0]  # one point per label
     assert protocol_study.gaps(rows) == {"h2o": pytest.approx(0.75 - 0.7)}  # 200: outside
+    (inside, total), = protocol_study._differences(rows).values()  # the section counts them
+    assert inside == [pytest.approx(0.05)] and total == 2
 
 
 def test_protocols_compose_with_a_capped_head():

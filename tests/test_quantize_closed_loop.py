@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvsim.numerics.quantize import Quantize  # noqa: E402
-from kvsim.tools.closed_loop.model import Decoder, FullCache, kivi_store, stores  # noqa: E402
+from kvsim.tools.study.model import Decoder, FullCache, kivi_store, stores  # noqa: E402
 from tiny_models import P, T, tiny_llama  # noqa: E402
 
 

@@ -106,9 +106,19 @@ def test_a_closed_loop_report_whose_figures_fail_keeps_its_results(tmp_path, mon
     assert main(["closed-loop", str(study), "--out", str(out), "--quiet"]) == 2
     line = _one_line(capsys)
     assert line.startswith(f"kvsim: {out}: writing the report failed (ValueError: ")
-    assert line.endswith("(the figures and text need a new run)")
+    assert line.endswith(f"--out {out} --redraw`")
     assert sorted(p.name for p in out.iterdir()) == sorted(report.KEPT)
     assert _beside(tmp_path) == ["c.toml", "m", "r"]
+    results = (out / "results.csv").read_bytes()
     monkeypatch.setattr(report, "_figures", real_figures)
+    assert main(["closed-loop", str(study), "--out", str(out), "--redraw"]) == 0  # the advice
+    assert (out / "report.md").is_file() and (out / "results.csv").read_bytes() == results
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*report.KEPT, "predictors.csv", "report.md", "scatter_mass_vs_kl.png",
+         "kl_over_steps.png"])
     assert main(["closed-loop", str(study), "--out", str(out), "--quiet"]) == 0  # replaced
     assert (out / "report.md").is_file() and _beside(tmp_path) == ["c.toml", "m", "r"]
+    csvs = {name: (out / name).read_bytes() for name in
+            ("results.csv", "steps.csv", "predictors.csv")}
+    assert main(["closed-loop", str(study), "--out", str(out), "--redraw"]) == 0
+    assert {name: (out / name).read_bytes() for name in csvs} == csvs  # byte for byte

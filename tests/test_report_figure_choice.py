@@ -180,17 +180,63 @@ def test_the_first_sentence_says_when_recall_ranks_the_policies_the_other_way(tm
         "important tokens (0.000 against 1.000)" in text
 
 
-def test_the_closed_loop_names_no_best_predictor_whose_interval_overlaps_another():
+def _closed_loop_rows(n: int = 40) -> list[dict]:
+    """Runs whose layer-weighted mass and output error share one noise (the output error
+    with a little more of its own), the other metrics noisier."""
+    rng = np.random.default_rng(1)
+    kl, shared = rng.random(n), rng.normal(0, 0.15, n)
+    return [dict(kl=kl[i], mass_layer_weighted=-(kl[i] + shared[i]),
+                 output_error=kl[i] + shared[i] + rng.normal(0, 0.08),
+                 mass_mean=-(kl[i] + rng.normal(0, 0.1)), mass_min=-(kl[i] + rng.normal(0, 0.6)),
+                 mass_p10=-(kl[i] + rng.normal(0, 0.6)),
+                 neg_log_mass=kl[i] + rng.normal(0, 0.6)) for i in range(n)]
+
+
+def test_the_closed_loop_headline_names_every_metric_a_paired_bootstrap_cannot_separate():
+    from kvsim.tools.closed_loop import metrics
     from kvsim.tools.closed_loop.report import headline
 
-    def rank(name, rho, lo, hi):
-        return dict(predictor=name, rho=rho, ci_low=lo, ci_high=hi)
-    ranks = [rank("mass_layer_weighted", 0.928, 0.870, 0.957),
-             rank("output_error", 0.917, 0.847, 0.953), rank("mass_mean", 0.891, 0.802, 0.936)]
-    text = headline(ranks, 52, 0.83)
-    assert "no open-loop metric predicts" in text and "best predicts" not in text
-    assert "output error ρ = 0.917 [0.847, 0.953]" in text
-    clear = [rank("mass_layer_weighted", 0.95, 0.93, 0.97), rank("mass_mean", 0.6, 0.4, 0.7)]
+    rows = _closed_loop_rows()
+    ranks = metrics.rank_predictors(rows, "kl", 1000, 0)
+    gaps = metrics.gaps_from_best(rows, ranks, 1000, 0)
+    by = {g["predictor"]: g for g in gaps}
+    # output error's interval overlaps the best's, but the paired difference is clear of 0
+    assert by["output_error"]["ci_high"] > by["mass_mean"]["ci_low"]
+    assert by["output_error"]["gap_low"] > 0 >= by["mass_layer_weighted"]["gap_low"]
+    text = headline(gaps, 40, 0.8)
+    assert text.startswith("Across 40 policy × budget runs, 2 of the 6 open-loop metrics "
+                           "predict the model's own next-token KL about equally well")
+    assert "**mean mass** ρ = 0.956 [0.895, 0.975]; **mass weighted by layer** ρ = 0.912" \
+        in text
+    assert "output error" not in text and "plain mean mass" not in text  # it leads
+    for g in gaps[1:]:  # the paired difference, resample by resample, as its definition
+        diff, lo, hi = metrics.paired_difference(
+            metrics.PREDICTORS[gaps[0]["predictor"]] * np.array([r[gaps[0]["predictor"]]
+                                                                 for r in rows]),
+            metrics.PREDICTORS[g["predictor"]] * np.array([r[g["predictor"]] for r in rows]),
+            np.array([r["kl"] for r in rows]), 1000, 0)
+        assert diff == pytest.approx(gaps[0]["rho"] - g["rho"]) and lo <= diff <= hi
+
+
+def test_the_closed_loop_names_a_single_best_only_clear_of_all_and_every_leader_else():
+    from kvsim.tools.closed_loop.report import headline
+
+    def gap(name, rho, lo, hi, gap_low):
+        return dict(predictor=name, rho=rho, ci_low=lo, ci_high=hi, gap=0.01,
+                    gap_low=gap_low, gap_high=0.05)
+    four = [gap("neg_log_mass", 0.986, 0.955, 0.995, 0.0),
+            gap("output_error", 0.986, 0.956, 0.994, -0.007),
+            gap("mass_p10", 0.983, 0.948, 0.994, -0.005),
+            gap("mass_mean", 0.981, 0.944, 0.991, 0.001),
+            gap("mass_layer_weighted", 0.979, 0.939, 0.989, -0.001)]
+    text = headline(four, 40, 0.86)
+    assert "4 of the 5 open-loop metrics" in text and "..." not in text
+    for name in ("KL of renormalised attention", "output error", "10th-percentile mass",
+                 "mass weighted by layer"):
+        assert f"**{name}" in text
+    assert "plain mean mass has ρ = 0.981 [0.944, 0.991]" in text
+    clear = [gap("mass_layer_weighted", 0.95, 0.93, 0.97, 0.0),
+             gap("mass_mean", 0.6, 0.4, 0.7, 0.2)]
     text = headline(clear, 52, 0.83)
     assert "best predicts the model's own next-token KL is **mass weighted by layer**" in text
     assert "plain mean mass has ρ = 0.600 [0.400, 0.700]" in text

@@ -68,7 +68,7 @@ def test_every_way_into_a_run_calls_the_one_check(monkeypatch, tmp_path, caller)
     def planted(*args, **kwargs):
         return [RunProblem("policy", "planted", "expected the planted problem")]
 
-    for module in ("kvsim.api.simulate", "kvsim.scenario.load", "kvsim.tools.study"):
+    for module in ("kvsim.api.simulate", "kvsim.scenario.load", "kvsim.tools.study.file"):
         monkeypatch.setattr(importlib.import_module(module), "run_problems", planted)
     if caller == "api":
         with pytest.raises(KvsimError, match="^window.planted: expected the planted problem$"):

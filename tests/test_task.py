@@ -192,7 +192,7 @@ from kvsim.policies import POLICIES  # noqa: E402
 from kvsim.policies.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.adapter import attach  # noqa: E402
-from kvsim.tools.closed_loop.model import Decoder, FullCache, prefill, stores  # noqa: E402
+from kvsim.tools.study.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
 from tiny_models import Watched, tiny_llama_net  # noqa: E402
@@ -414,7 +414,8 @@ def test_smollm2_passkey_report(tmp_path):
 
 def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
     import kvsim.tools.capture
-    from kvsim.tools.task.command import check_task_out, task_report
+    from kvsim.tools.study.run import check_out
+    from kvsim.tools.task.command import STUDY, task_report
 
     monkeypatch.setattr(kvsim.tools.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
@@ -445,7 +446,7 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
         assert (out / f"{name}.png").is_file()
     assert (out / "accuracy_vs_budget.png").is_file() == (passing > 0)
     with pytest.raises(Exception, match="use --force"):
-        check_task_out(tmp_path / "r", False, "another")
+        check_out(STUDY, tmp_path / "r", False, "another")
     again = task_report(tmp_path / "t.toml", tmp_path / "r", progress=False,
                         command="kvsim task t.toml")  # its own earlier report: replaced
     with open(again / "results.csv") as f:
@@ -458,7 +459,10 @@ def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
 
 
 def test_redraw_refuses_other_settings_and_a_missing_report(tmp_path, monkeypatch):
-    import kvsim.tools.task.command as command
+    from dataclasses import replace
+
+    from kvsim.tools.study.run import redraw_report
+    from kvsim.tools.task.command import STUDY
     from kvsim.tools.task.report import write_files
 
     cfg = task_config(configs(8))
@@ -467,16 +471,15 @@ def test_redraw_refuses_other_settings_and_a_missing_report(tmp_path, monkeypatc
              "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
     (tmp_path / "r").mkdir()
     write_files(cfg, synthetic_rows(cfg), facts, tmp_path / "r")
-    monkeypatch.setattr(command, "load_config",
-                        lambda path: type(cfg)(**{**vars(cfg), "trials": cfg.trials + 1}))
+    study = replace(STUDY, load_config=lambda path: type(cfg)(**{**vars(cfg),
+                                                                  "trials": cfg.trials + 1}))
     with pytest.raises(KvsimError, match=r"t.toml: trials differ from the settings"):
-        command.redraw_report("t.toml", tmp_path / "r")
-    monkeypatch.setattr(command, "load_config",  # an output setting only: allowed
-                        lambda path: type(cfg)(**{**vars(cfg), "dpi": 60}))
-    command.redraw_report("t.toml", tmp_path / "r")
+        redraw_report(study, "t.toml", tmp_path / "r")
+    study = replace(STUDY, load_config=lambda path: type(cfg)(**{**vars(cfg), "dpi": 60}))
+    redraw_report(study, "t.toml", tmp_path / "r")  # an output setting only: allowed
     assert "redrawn from results.csv" in (tmp_path / "r" / "report.md").read_text()
     with pytest.raises(KvsimError, match="expected a task report to redraw"):
-        command.redraw_report("t.toml", tmp_path / "empty")
+        redraw_report(study, "t.toml", tmp_path / "empty")
 
 
 def synthetic_rows(cfg) -> list[dict]:

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from kvsim.tools.adapter import attach
-from kvsim.tools.closed_loop.model import prefill
+from kvsim.tools.study.model import prefill
 
 T, P = 40, 16
 """The tiny Llama's sequence and prompt lengths."""

@@ -268,8 +268,8 @@ def _capacities(configs: list[PolicyConfig], budgets: list[int], T: int, P: int,
                 where = name if name == "budget" else f"{name}[{problem.budget}]"
                 raise KvsimError(f"{where}: {problem.message}")
             raise KvsimError(problem.message, f"{config.label}.{problem.key}")
-        out[config.label] = [(budget, min(budget, max(T, spec.min_budget(config.params))))
-                             for budget in budgets]
+        full = max(spec.saturation(T, config.params), spec.min_budget(config.params))
+        out[config.label] = [(budget, min(budget, full)) for budget in budgets]
     return out
 
 

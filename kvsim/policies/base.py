@@ -267,6 +267,9 @@ class Policy:
     ``rkv``, from the newest queries); None where it has nothing to re-score from (the
     per-step ranking then applies). A score of ``+inf`` keeps a key.
 
+    ``saturation(T, params)``: the smallest budget at which the policy keeps every key of
+    ``T`` tokens (a larger budget runs as this one; default ``T``).
+
     ``presentation``: its family, table row, colour and marker (:class:`Presentation`).
     ``layout`` declares what the protocols read of the step state and the fixed parts
     (:class:`~kvsim.policies.layout.StateLayout`); a policy with step code and no layout
@@ -293,6 +296,7 @@ class Policy:
     rescore: Callable[[Group, np.ndarray, int, int, dict], np.ndarray | None] | None = None
     presentation: Presentation = Presentation()
     layout: StateLayout | None = None  # what protocols read (kvsim.policies.layout)
+    saturation: Callable[[int, dict], int] = lambda T, params: T
 
     def __post_init__(self):
         if not self.needs <= NEEDS:

@@ -40,7 +40,8 @@ from kvsim.protocols.settings import before_question, split
 def peak_limit(budget: int, params: dict, T: int) -> int:
     """The most keys a run at ``budget`` may hold at once under the protocol of ``params``."""
     _, proto = split(params)
-    if proto["target_ratio"] != 1.0 or proto["threshold"] is not None:
+    if proto["target_ratio"] != 1.0 or proto["threshold"] is not None \
+            or proto["filtering"] != "off":
         return T
     return budget + before_question(proto) + proto["interval"] - 1
 
@@ -51,6 +52,11 @@ class _Run:
     def __init__(self, policy: Policy, state, cache: np.ndarray, n: int, slots: frozenset):
         self.policy, self.state, self.cache, self.n, self.slots = policy, state, cache, n, slots
         self.ring, self.slot_of = policy.layout.ring, policy.layout.slot_of
+
+    def span(self, group: Group, out: Outputs, t: int, stop: int) -> None:
+        """The policy's own decode loop over tokens ``t .. stop-1`` (the cache never full)."""
+        self.n = self.policy.steps.decode(context(group, t, stop), out, self.cache, self.n,
+                                          self.state)
 
     def remove(self, drop: np.ndarray) -> None:
         """Remove the keys in slots ``drop``; the others keep their slot order."""
@@ -151,6 +157,13 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     ``budget``."""
     own, proto = split(params)
     cap = budget if cap is None else cap
+    if proto["heads"] == "uniform":
+        from kvsim.protocols.uniform import run_uniform  # it builds on this module
+        return run_uniform(policy, group, budget, cap, own, proto)
+    if proto["filtering"] != "off":
+        from kvsim.protocols.filtering import run_filtering  # it builds on this module
+        return run_filtering(policy, group, budget, cap, own, proto["filtering"],
+                             proto["filter_ratio"])
     P, T = group.prompt_len, group.T
     plan = question.plan(proto["compress"], P, proto["question_len"], cap)  # shared with tasks
     Q = plan.free
@@ -201,7 +214,7 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
 
 def _span(run: _Run, group: Group, out: Outputs, t: int, stop: int) -> None:
     """The policy's own decode loop over tokens ``t .. stop-1`` (the cache never full)."""
-    run.n = run.policy.steps.decode(context(group, t, stop), out, run.cache, run.n, run.state)
+    run.span(group, out, t, stop)
 
 
 def _batched(run: _Run, group: Group, out: Outputs, B: int, N: int, ratio: float,

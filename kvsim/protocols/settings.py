@@ -12,6 +12,10 @@ from __future__ import annotations
 from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS
 
+HEADS = ("per_head", "uniform")
+FILTERING = ("off", "per_head", "majority")
+"""``heads``: a ranking per KV head (the default), or one for a whole layer."""
+
 PROTOCOL_PARAMS: dict[str, Param] = {
     "interval": Param(int, 1, "compress every N steps down to B - 1 keys (peak B + N - 1)",
                       low=1, high=2**31, expect="an integer >= 1"),
@@ -29,6 +33,14 @@ PROTOCOL_PARAMS: dict[str, Param] = {
                           high=2**31, expect="an integer >= 0"),
     "compress": Param(str, "after_question", "compress the prompt before or after the question",
                       choices=COMPRESS),
+    "filtering": Param(str, "off", "append-only keep-or-drop of each decode key: per KV head "
+                       "(kvpress FilteringPress) or by the layer's majority "
+                       "(UniformFilteringPress)", choices=FILTERING),
+    "filter_ratio": Param(float, 0.5, "the fraction of the tokens seen a filter removes "
+                          "(kvpress's target_compression_ratio)",
+                          check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)"),
+    "heads": Param(str, "per_head", "one ranking per KV head, or one for every KV head of a "
+                   "layer (the sum of their scores)", choices=HEADS),
 }
 """Protocol settings, with their neutral defaults (the per-step rule)."""
 
@@ -43,7 +55,8 @@ def split(params: dict) -> tuple[dict, dict]:
 def is_neutral(proto: dict) -> bool:
     """True when the settings give exactly the per-step rule."""
     return (proto["interval"] == 1 and proto["target_ratio"] == 1.0 and proto["page"] == 1
-            and proto["threshold"] is None
+            and proto["threshold"] is None and proto["heads"] == "per_head"
+            and proto["filtering"] == "off"
             and (proto["question_len"] == 0 or proto["compress"] == "after_question"))
 
 
@@ -68,6 +81,10 @@ def label(params: dict) -> str:
         parts.append(f"threshold={proto['threshold']:g}/window={proto['threshold_window']}")
     if before_question(proto):
         parts.append(f"before_question(Q={proto['question_len']})")
+    if proto["heads"] != "per_head":
+        parts.append(f"heads={proto['heads']}")
+    if proto["filtering"] != "off":
+        parts.append(f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}")
     return "+".join(parts) or "per_step"
 
 
@@ -98,13 +115,25 @@ def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple
     if layout is None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it declares no state "
                           f"layout (Policy.layout) for the protocol to move")
-    if len(named) > 1 and named != ["interval", "question_len"]:
-        return named[1], (f"expected one protocol (only question_len combines with interval), "
-                          f"got {' and '.join(named)}")
+    if len(named) > 1 and named not in (["interval", "question_len"], ["page", "heads"]):
+        return named[1], (f"expected one protocol (only question_len combines with interval, "
+                          f"and heads with page), got {' and '.join(named)}")
     if params.get("refresh"):
         return "refresh", (f"expected refresh = 0 with a protocol ({named[0]}): refresh is "
                            f"itself a decode-time compression protocol")
     position_rule = layout.position_rule
+    if "filtering" in named and (policy.steps.rank is None or position_rule):
+        return "filtering", (f"{policy.name} takes no filtering: "
+                             + ("a position rule keeps no key for its score" if position_rule
+                                else "it gives no per-key scores to judge (Steps.rank)"))
+    if "heads" in named and (policy.steps.rank is None or position_rule
+                             or policy.name == "random"):
+        return "heads", (f"{policy.name} takes no heads = \"uniform\": "
+                         + ("a position rule already decides alike for every KV head"
+                            if position_rule else "its random orders, seeded per KV head, "
+                            "have no sum to rank a layer by" if policy.name == "random"
+                            else "it gives no per-key scores to sum over the layer's KV heads "
+                            "(Steps.rank)"))
     if "page" in named:
         if policy.steps.rank is None and not position_rule:
             return "page", (f"{policy.name} takes no page: it gives no per-key scores to reduce "
@@ -145,6 +174,10 @@ def asked(params: dict) -> list[str]:
         out.append("threshold")
     if before_question(proto):
         out.append("question_len")
+    if proto["heads"] != "per_head":
+        out.append("heads")
+    if proto["filtering"] != "off":
+        out.append("filtering")
     return out
 
 

@@ -74,6 +74,10 @@ def lines(scenario: Scenario, rows: list[dict]) -> list[str]:
                 "seeds: " + "; ".join(verdicts) + ".")
     if shortfalls:
         sentence += " Where it does not: " + ". ".join(shortfalls) + "."
+    if len(scenario.seeds) == 1:
+        widest = max(abs(p.other - p.uniform) for p in pairs)
+        sentence += (f" One seed, so no interval: these changes (at most {widest:.4f} in "
+                     f"mass) are measured once, not replicated.")
     table = ["| allocation | policy | B | mass uniform | mass allocated | change |",
              "| --- | --- | --- | --- | --- | --- |"]
     table += [f"| {RULE_NAMES[p.rule]} | `{p.policy}` | {p.budget} | {p.uniform:.4f} | "

@@ -86,6 +86,18 @@ def _threshold_note(rows: list[dict], what: str) -> str:
     return ""
 
 
+def peak_note(rows: list[dict], budget: int) -> str:
+    """" (peak 256)" after "B = 193" when the budgeted runs at ``budget`` held more keys
+    at their peak than B (an interval, a ratio, a question kept), so that B is not read
+    as their memory; "" when the peak is B."""
+    peaks = {r["peak_size"] for r in rows if r["budget"] == budget and r.get("kind") != "full"
+             and not is_threshold(str(r.get("protocol", "")))}
+    if not peaks or peaks == {budget}:
+        return ""
+    low, high = min(peaks), max(peaks)
+    return f" (peak {low})" if low == high else f" (peak {low} to {high})"
+
+
 def _full_labels(exp: Experiment) -> list[str]:
     """The ``full`` policies of ``exp`` (mass 1), none under KIVI storage (mass below 1)."""
     return [p.label for p in exp.policies if p.kind == "full" and exp.quantize is None]
@@ -318,6 +330,7 @@ def _over_time(ctx, exp, rows, steps, colors, out, series, ylabel, stem, log_y=F
         how = f"rolling mean over {window} steps (per-step series not drawn: steps.npz)"
     others = [b for b in exp.budgets if b not in exp.time_budgets]
     shown = f"B = {', '.join(map(str, exp.time_budgets))}" + (
+        peak_note(rows, exp.time_budgets[0]) if len(exp.time_budgets) == 1 else "") + (
         f" (of {', '.join(map(str, exp.budgets))})" if others else "")
     layout.finish(fig, figure_title(ctx, exp, f"{ylabel} over decoding, {shown}\n"
                               f"{how}; " + _seeds_note(ctx)
@@ -407,7 +420,8 @@ def kept_raster(ctx, exp, rows, steps, colors, out):
         ax.add_patch(Rectangle((0, 1.025), 0.05, 0.05, transform=ax.transAxes,
                                color=colors[label], clip_on=False))
         ax.set(xlabel="decode step t", ylabel="key position")
-    layout.finish(fig, figure_title(ctx, exp, f"cached positions at B = {exp.focus_budget}\n"
+    layout.finish(fig, figure_title(ctx, exp, f"cached positions at B = {exp.focus_budget}"
+                                    f"{peak_note(rows, exp.focus_budget)}\n"
                               f"seed {seed}, KV head 0; red line: the current token t;\n"
                               f"strip below 0: positions 0-{width - 1} enlarged"
                               + _threshold_note(rows, "B does not apply to their panels"),
@@ -431,6 +445,10 @@ def allocation_grids(rows: list[dict], label: str, budget: int) -> tuple[list, l
             caps[i, j] = np.mean([r["b_h"] for r in cell])
             mass[i, j] = np.mean([r["mass_mean"] for r in cell])
     return layers, kvs, caps, mass
+
+
+PYRAMID_NOTE = ("\ncaps differ by policy: the last layer's cap is the policy's fixed part\n"
+                "(recent keys, window) + ceil((B - fixed) / beta)")
 
 
 @figure(Needs.DECODE | Needs.ALLOCATION, by_default=lambda exp: exp.allocation != "uniform")
@@ -463,7 +481,7 @@ def allocation(ctx, exp, rows, steps, colors, out):
             ax.set_yticks(ticks, [str(layers[t]) for t in ticks])
     fig.suptitle(f"{ctx.name}, {exp.name}: allocation '{exp.allocation}' at mean "
                  f"budget B = {exp.focus_budget}\none colour scale per column, shared by "
-                 f"every policy", fontsize=10)
+                 f"every policy" + PYRAMID_NOTE * (exp.allocation == "pyramid"), fontsize=10)
     return save(fig, out, f"{exp.name}_allocation", ctx)
 
 

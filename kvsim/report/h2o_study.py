@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import matplotlib.pyplot as plt
 import numpy as np
 
-from kvsim.report.plotting import (FigureContext, Target, figure_title, log_axis, policy_colors,
-                                   save)
+from kvsim.report.plotting import (FigureContext, Target, at_least_a_decade, figure_title,
+                                   log_axis, policy_colors, save)
 from kvsim.report.stats import plural
 from kvsim.scenario.load import Experiment, Scenario
 
@@ -174,6 +174,7 @@ def figures(ctx: FigureContext, exp: Experiment, rows: list[dict], steps, out: T
                 marker="s" if label in _labels(exp, OFFLINE) else "o", ms=5,
                 color=colors[label], label=label)
     log_axis(ax)
+    at_least_a_decade(ax, top=1.0)
     names = ctx.head_names
     ax.set_xticks(range(len(heads)), [
         "\n".join([str(h), *textwrap.wrap(names[h], 10)]) if h < len(names) and names[h]

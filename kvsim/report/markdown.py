@@ -97,24 +97,43 @@ class FigureNotes:
         return out
 
 
-def _groups(rows: list[dict], metric: str) -> dict:
-    """``{(policy, budget, head): {seed: value}}`` of one metric (the mean over the layers
-    run jointly), NaN left out."""
+def _unit(scenario: Scenario, row: dict) -> int | tuple:
+    """What a table's column holds: the row's head when one layer runs; with several layers
+    its layer (``("layer", i)``, the mean over that layer's heads), since head i of one
+    layer and head i of another are unlike heads and are never pooled."""
+    return row["head"] if len(scenario.layers) <= 1 else ("layer", row["layer"])
+
+
+def _unit_label(scenario: Scenario, unit: int | tuple) -> str:
+    return f"layer {unit[1]}" if isinstance(unit, tuple) else \
+        head_label(figure_context(scenario), unit)
+
+
+def _units_text(scenario: Scenario) -> str:
+    """What a table's columns are: "per head", or per layer with what it averages."""
+    if len(scenario.layers) <= 1:
+        return "per head"
+    return f"per layer (each the mean over its {plural(scenario.heads, 'head')})"
+
+
+def _groups(scenario: Scenario, rows: list[dict], metric: str) -> dict:
+    """``{(policy, budget, unit): {seed: value}}`` of one metric (a unit: see
+    :func:`_unit`), NaN left out."""
     values: dict = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if not math.isnan(r[metric]):
-            values[r["policy"], r["budget"], r["head"]][r["seed"]].append(r[metric])
+            values[r["policy"], r["budget"], _unit(scenario, r)][r["seed"]].append(r[metric])
     return {key: {seed: float(np.mean(v)) for seed, v in per_seed.items()}
             for key, per_seed in values.items()}
 
 
-def _over_heads(groups: dict, policy: str, budget: int, heads: list[int]):
-    """Estimate of the mean over heads: per seed the heads' mean, then over seeds."""
+def _over_units(groups: dict, policy: str, budget: int, units: list):
+    """Estimate of the mean over units: per seed the units' mean, then over seeds."""
     per_seed: dict = defaultdict(list)
-    for h in heads:
-        for seed, v in groups.get((policy, budget, h), {}).items():
+    for u in units:
+        for seed, v in groups.get((policy, budget, u), {}).items():
             per_seed[seed].append(v)
-    return estimate([np.mean(v) for v in per_seed.values() if len(v) == len(heads)])
+    return estimate([np.mean(v) for v in per_seed.values() if len(v) == len(units)])
 
 
 def _table(header: list[str], body: list[list[str]]) -> list[str]:
@@ -122,57 +141,72 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
             *("| " + " | ".join(row) + " |" for row in body), ""]
 
 
+MAX_COLUMNS = 9  # units past this: the table turns, a row per unit and a column per policy
+
+
+def _unit_table(units: list[str], labels: list[str], cells: list[list[str]],
+                pooled: str | None) -> list[str]:
+    """A policy x unit table (``cells[policy][unit]``, a last column ``pooled`` when given),
+    turned to unit x policy past :data:`MAX_COLUMNS` units."""
+    if len(units) <= MAX_COLUMNS:
+        return _table(["policy", *units, *([pooled] if pooled else [])],
+                      [[f"`{label}`", *row] for label, row in zip(labels, cells)])
+    names = [*units, *([pooled] if pooled else [])]
+    return _table(["", *(f"`{label}`" for label in labels)],
+                  [[name, *(row[i] for row in cells)] for i, name in enumerate(names)])
+
+
 def _metric_tables(scenario: Scenario, exp: Experiment, rows: list[dict], metric: str,
                    what: str) -> list[str]:
-    """At the focus budget a policy x head table (with the mean over heads), then per head a
-    policy x budget table."""
-    groups = _groups(rows, metric)
-    heads = sorted({h for (_, _, h) in groups})
-    if not heads:
+    """At the focus budget a policy x unit table (heads, or layers: :func:`_unit`, with the
+    mean over them), then per unit a policy x budget table."""
+    groups = _groups(scenario, rows, metric)
+    units = sorted({u for (_, _, u) in groups})
+    if not units:
         return []
     labels = [p.label for p in exp.policies]
     seeds = len(scenario.seeds)
     how = (f"mean over {seeds} seeds ± 95 % Student-t interval" if seeds > 1
            else "one seed, so no interval")
     focus = exp.focus_budget
-    ctx = figure_context(scenario)
-    header = ["policy", *(head_label(ctx, h) for h in heads)]
-    if len(heads) > 1:
-        header.append("**mean over heads**")
-    body = []
-    for label in labels:
-        cells = [estimate(groups.get((label, focus, h), {}).values()).text() for h in heads]
-        if len(heads) > 1:
-            cells.append(_over_heads(groups, label, focus, heads).text())
-        body.append([f"`{label}`", *cells])
-    lines = [f"**{what} at B = {focus}, per head: {how}**", "", *_table(header, body)]
+    names = [_unit_label(scenario, u) for u in units]
+    pooled = None
+    if len(units) > 1:
+        pooled = "**mean over heads**" if len(scenario.layers) <= 1 else "**mean over layers**"
+    cells = [[estimate(groups.get((label, focus, u), {}).values()).text() for u in units]
+             + ([_over_units(groups, label, focus, units).text()] if pooled else [])
+             for label in labels]
+    lines = [f"**{what} at B = {focus}, {_units_text(scenario)}: {how}**", "",
+             *_unit_table(names, labels, cells, pooled)]
     if len(exp.budgets) > 1:
-        per_head = []
-        for h in heads:
-            per_head += [f"*{what}, {head_label(ctx, h)}*", "", *_table(
+        per_unit = []
+        for u, name in zip(units, names):
+            per_unit += [f"*{what}, {name}*", "", *_table(
                 ["policy", *(f"B = {b}" for b in exp.budgets)],
-                [[f"`{label}`", *(estimate(groups.get((label, b, h), {}).values()).text()
+                [[f"`{label}`", *(estimate(groups.get((label, b, u), {}).values()).text()
                                   for b in exp.budgets)] for label in labels])]
-        if len(heads) > INLINE_HEADS:
-            lines += ["<details><summary>" + f"{what} at every budget, per head</summary>", "",
-                      *per_head, "</details>", ""]
+        if len(units) > INLINE_HEADS:
+            lines += ["<details><summary>" + f"{what} at every budget, "
+                      f"{_units_text(scenario)}</summary>", "", *per_unit, "</details>", ""]
         else:
-            lines += per_head
+            lines += per_unit
     return lines
 
 
 def _minimum_mass(scenario: Scenario, exp: Experiment, rows: list[dict]) -> list[str]:
-    heads = sorted({r["head"] for r in rows})
+    units = sorted({_unit(scenario, r) for r in rows})
     low: dict = {}
     for r in rows:
         if r["budget"] == exp.focus_budget and not math.isnan(r["mass_min"]):
-            key = r["policy"], r["head"]
+            key = r["policy"], _unit(scenario, r)
             low[key] = min(low.get(key, math.inf), r["mass_min"])
-    body = [[f"`{p.label}`", *(f"{low[p.label, h]:.3f}" if (p.label, h) in low else "n/a"
-                               for h in heads)] for p in exp.policies]
-    ctx = figure_context(scenario)
-    return [f"**Lowest attention mass at any decode step, B = {exp.focus_budget} (over every "
-            f"seed)**", "", *_table(["policy", *(head_label(ctx, h) for h in heads)], body)]
+    cells = [[f"{low[p.label, u]:.3f}" if (p.label, u) in low else "n/a" for u in units]
+             for p in exp.policies]
+    where = "" if len(scenario.layers) <= 1 else ", of any of the layer's heads"
+    return [f"**Lowest attention mass at any decode step{where}, B = {exp.focus_budget} "
+            f"(over every seed)**", "",
+            *_unit_table([_unit_label(scenario, u) for u in units],
+                         [p.label for p in exp.policies], cells, None)]
 
 
 def _flat(value, prefix: str = "") -> list[str]:
@@ -191,19 +225,44 @@ def variant_text(scenario: Scenario) -> str:
                      for path, value in scenario.variant.items())
 
 
-def _order(rows: list[dict], exp: Experiment, metric: str) -> tuple[list[str], dict]:
-    """The policies of ``exp`` by their mean ``metric`` in ``rows`` (highest first)."""
+def _order(rows: list[dict], exp: Experiment, metric: str,
+           lowest: bool = False) -> tuple[list[str], dict]:
+    """The policies of ``exp`` by their mean ``metric`` in ``rows`` (highest first, or
+    ``lowest`` first)."""
     means = {p.label: float(np.mean([r[metric] for r in rows if r["policy"] == p.label]))
              for p in exp.policies if any(r["policy"] == p.label for r in rows)}
-    return sorted(means, key=lambda label: -means[label]), means
+    return sorted(means, key=lambda label: means[label] if lowest else -means[label]), means
 
 
-def _ranked(order: list[str], means: dict) -> str:
+def _ranked(order: list[str], means: dict, sign: str = " > ") -> str:
     text = f"`{order[0]}` {means[order[0]]:.3f}"
     for a, b in zip(order, order[1:]):
-        text += (" = " if f"{means[a]:.3f}" == f"{means[b]:.3f}" else " > ") + \
+        text += (" = " if f"{means[a]:.3f}" == f"{means[b]:.3f}" else sign) + \
             f"`{b}` {means[b]:.3f}"
     return text
+
+
+ERROR_APART = 1.05  # output errors this many times apart rank two policies apart
+
+
+def _error_disagreement(rows: list[dict], exp: Experiment, order: list[str],
+                        means: dict) -> str:
+    """Where ranking by mean relative output error (lowest first) puts a policy that keeps
+    more mass behind one that keeps less: that order and the widest such pair; else ""."""
+    rows = [r for r in rows if not math.isnan(r["error_mean"])]
+    if not rows:
+        return ""
+    by_error, errors = _order(rows, exp, "error_mean", lowest=True)
+    swapped = [(a, b) for i, a in enumerate(order) for b in order[i + 1:]
+               if a in errors and b in errors and errors[a] > ERROR_APART * errors[b]]
+    if not swapped:
+        return ""
+    a, b = max(swapped, key=lambda s: errors[s[0]] / errors[s[1]])
+    return (f". By relative output error (lowest first) the order is another, in "
+            f"{plural(len(swapped), 'pair')} (mass measures what the queries attend to, output "
+            f"error what the cache's attention returns): {_ranked(by_error, errors, ' < ')}; "
+            f"`{a}` keeps more mass than `{b}` ({means[a]:.3f} against {means[b]:.3f}) but its "
+            f"output error is larger ({errors[a]:.3f} against {errors[b]:.3f})")
 
 
 def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
@@ -219,9 +278,11 @@ def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
             if not rows:
                 continue
             order, means = _order(rows, exp, metric)
-            heads = len({r["head"] for r in rows})
+            heads = plural(len({r["head"] for r in rows}), "head")
+            layers = len(scenario.layers)
+            heads += f" x {plural(layers, 'layer')}" if layers > 1 else ""
             text = (f"{source}, the policies rank by {what} at B = {exp.focus_budget} "
-                    f"(experiment `{exp.name}`, mean over {plural(heads, 'head')} and "
+                    f"(experiment `{exp.name}`, mean over {heads} and "
                     f"{plural(len(scenario.seeds), 'seed')}): {_ranked(order, means)}")
             recall = [r for r in res.rows if r["experiment"] == exp.name
                       and r["budget"] == exp.focus_budget and not math.isnan(r["final_recall"])]
@@ -240,6 +301,8 @@ def _ranking(scenario: Scenario, res: ScenarioResults) -> str:
                              f"`{a}` keeps more mass than `{b}` ({means[a]:.3f} against "
                              f"{means[b]:.3f}) but fewer of the important tokens "
                              f"({recalls[a]:.3f} against {recalls[b]:.3f})")
+            if metric == "mass_mean" and not recall:
+                text += _error_disagreement(rows, exp, order, means)
             return text + "."
     return f"{source}, no experiment has decode steps or ground truth to rank the policies by."
 
@@ -276,10 +339,16 @@ def _reading(variants: list[Scenario], results: list[ScenarioResults]) -> list[s
                     "the mass can point far from o, and o itself is short when the value vectors "
                     "cancel out.")
     text.append(protocol_summary.CONVENTION)
-    text.append(f"Tables are per head: means over {plural(seeds, 'seed')}"
+    layers = len(variants[0].layers)
+    text.append(("Tables are per head" if layers <= 1 else
+                 f"Tables are per layer (head i of one layer and head i of another are unlike "
+                 f"heads, never pooled; a layer's column is the mean over its "
+                 f"{plural(variants[0].heads, 'head')})")
+                + f": means over {plural(seeds, 'seed')}"
                 + (" with a 95 % Student-t interval (± half-width), rounded to the interval's "
                    "second significant digit" if seeds > 1 else ", without an interval")
-                + "; a column pooling heads is labelled *mean over heads*."
+                + ("; a column pooling heads is labelled *mean over heads*." if layers <= 1
+                   else "; a column pooling layers is labelled *mean over layers*.")
                 + (" Figure bands show the range over seeds." if seeds > 1 else "")
                 + " A curve drawn dashed, with hollow markers, cannot be told from another in "
                   "that panel: the legend says `(= other)` where it equals it, `(≈ other)` "
@@ -321,10 +390,15 @@ def _what_was_run(scenario: Scenario) -> list[str]:
              f"({plural(len(scenario.seeds), 'seed')}); {plural(count_runs(scenario), 'run')}"]
     if len(scenario.layers) > 1:
         lines.append(f"- layers run jointly: {', '.join(map(str, scenario.layers))}")
-    for h, comps in enumerate(scenario.attention.get("per_head", [])):
+    per_head = scenario.attention.get("per_head", [])
+    differ = _differing(per_head)
+    for h, comps in enumerate(per_head):
         names = [n for n in comps if n != "boost" and comps[n]] + ["boost"] * len(comps["boost"])
+        own = [f"{c}.{k} = {_value(comps[c][k])}" for c, k in differ
+               if comps.get(c) and k in comps[c]]
         lines.append(f"  - {head_label(figure_context(scenario), h)}: "
-                     f"{', '.join(names) or 'no components'}")
+                     f"{', '.join(names) or 'no components'}"
+                     + (f" ({'; '.join(own)})" if own else ""))
     for exp in scenario.experiments:
         steps = scenario.T - exp.prompt_len
         lines.append(f"- experiment `{exp.name}`: prompt of {plural(exp.prompt_len, 'token')}, "
@@ -333,6 +407,15 @@ def _what_was_run(scenario: Scenario) -> list[str]:
                      + (f" (focus {exp.focus_budget})" if len(exp.budgets) > 1 else "")
                      + f"; {_policy_text(exp)}" + _allocation_note(exp))
     return lines
+
+
+def _differing(per_head: list[dict]) -> list[tuple[str, str]]:
+    """The (component, parameter) pairs whose values differ between the heads that have
+    the component: what tells heads with the same components apart."""
+    keys = dict.fromkeys((c, k) for comps in per_head for c, params in comps.items()
+                         if isinstance(params, dict) for k in params)
+    return [(c, k) for c, k in keys
+            if len({repr(comps[c].get(k)) for comps in per_head if comps.get(c)}) > 1]
 
 
 def _allocation_note(exp: Experiment) -> str:

@@ -8,6 +8,7 @@ import enum
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
+import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -295,6 +296,18 @@ def log_axis(ax) -> None:
     ax.yaxis.set_minor_formatter(_DecimalLogFormatter())
 
 
+def at_least_a_decade(ax, top: float | None = None) -> None:
+    """Widen a log y axis spanning less than a decade to one decade about its geometric
+    middle (kept at or below ``top``, a bound the values cannot pass, such as 1 for a mass
+    lost): an axis zoomed to 0.596-0.608 draws a difference of 0.01 as a large gap."""
+    low, high = ax.get_ylim()
+    if 0 < low and high < 10 * low:
+        upper = math.sqrt(low * high * 10)
+        if top is not None and high <= top:
+            upper = min(upper, top)
+        ax.set_ylim(upper / 10, upper)
+
+
 def budget_axis(ax, budgets, log_y: bool) -> None:
     """A budget x axis (log2, a tick at each budget, slanted past five) over a y axis of
     mass: logarithmic loss (:func:`log_axis`) if ``log_y``, else mass kept in [0, 1.03]."""
@@ -467,6 +480,36 @@ def _twin_label(policy: str, per_panel: list, panels: int) -> str:
     return f"{policy} (≈ {', '.join(others)} where dashed)"
 
 
+CROWD = 3  # curves of a panel on one line from this many: named in the panel
+
+
+def crowds(twin: dict, order: list[str]) -> list[list[str]]:
+    """Groups of at least :data:`CROWD` curves of one panel that lie on one line, each in
+    the drawing ``order``: ``twin`` maps a curve to the earlier one it cannot be told from
+    (:meth:`Curves.twins`), and the groups are those links joined."""
+    root: dict[str, str] = {}
+
+    def find(p: str) -> str:
+        while root.get(p, p) != p:
+            p = root[p]
+        return p
+
+    for policy, (earlier, _) in twin.items():
+        root[find(policy)] = find(earlier)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for p in order:
+        groups[find(p)].append(p)
+    return [g for g in groups.values() if len(g) >= CROWD]
+
+
+def _name_crowds(ax, groups: list[list[str]]) -> None:
+    """Write in the panel the names of the curves of each group, which lie on one line, in
+    a box where it covers the fewest drawn points (matplotlib's ``loc="best"``)."""
+    notes = [textwrap.fill(f"on one line: {', '.join(group)}", 42) for group in groups]
+    ax.legend([Line2D([], [], ls="none")] * len(notes), notes, loc="best", fontsize=7,
+              handlelength=0, handletextpad=0, borderpad=0.3, framealpha=0.85)
+
+
 def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: dict | None = None,
                marker_every: int | None = None, lw: float = 1.3,
                log: bool = False) -> tuple[list, list]:
@@ -490,6 +533,9 @@ def draw_lines(axes: dict, curves: Curves, colors: dict, markers: dict, bands: d
             if bands and (panel, policy) in bands:
                 lo, hi = bands[panel, policy]
                 ax.fill_between(x, lo, hi, color=colors[policy], alpha=0.15, lw=0)
+        groups = crowds(twin[panel], list(per_policy))
+        if groups:
+            _name_crowds(ax, groups)
     handles, labels = [], []
     for policy in curves.order():
         everywhere = len(found[policy]) == present[policy]

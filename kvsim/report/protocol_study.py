@@ -48,27 +48,35 @@ def points(rows: list[dict]) -> dict:
             for h, per in out.items()}
 
 
-def gaps(rows: list[dict]) -> dict:
-    """``{kind: mean over heads and threshold points of mass(threshold) - mass(top-k)}``, the
-    kind's first per-step series interpolated at each threshold run's mean size (points
-    outside the sizes the top-k runs held are left out)."""
+def _differences(rows: list[dict]) -> dict:
+    """``{kind: (differences, threshold points)}``: each threshold point's mass minus the
+    kind's first per-step series interpolated at its mean size, for the points inside the
+    sizes the top-k runs held (the others are left out), and how many points there were."""
     topk: dict = {}
     for r in rows:
         if r["protocol"] == "per_step":
             topk.setdefault(r["kind"], r["policy"])
-    out: dict = defaultdict(list)
+    out: dict = defaultdict(lambda: ([], [0]))
     for per in points(rows).values():
         for kind, label in topk.items():
             if f"{kind} (threshold)" in per and label in per:
                 (x, y), (bx, by) = per[f"{kind} (threshold)"], per[label]
                 inside = (x >= bx.min()) & (x <= bx.max())
-                out[kind] += list(y[inside] - np.interp(x[inside], bx, by))
-    return {k: float(np.mean(v)) for k, v in out.items() if v}
+                out[kind][0].extend(y[inside] - np.interp(x[inside], bx, by))
+                out[kind][1][0] += x.size
+    return {k: (v, n[0]) for k, (v, n) in out.items()}
+
+
+def gaps(rows: list[dict]) -> dict:
+    """``{kind: mean over heads and threshold points of mass(threshold) - mass(top-k)}`` at
+    equal mean size (see :func:`_differences`), for the kinds with a point inside."""
+    return {k: float(np.mean(v)) for k, (v, _) in _differences(rows).items() if v}
 
 
 def section(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> list[str]:
     """A sentence on thresholds against top-k at equal mean size, and how to read the figure."""
     found = gaps(rows)
+    counted = _differences(rows)
     heads = len({r["head"] for r in rows})
     lines = [f"#### Thresholds against top-k at equal mean size (`{exp.name}`)", ""]
     if found:
@@ -76,7 +84,9 @@ def section(scenario: Scenario, exp: Experiment, rows: list[dict], steps) -> lis
                      "threshold run's mean size, mean over "
                      f"{plural(heads, 'head')}): " + "; ".join(
                          f"`{k}` under a threshold keeps {v:+.3f} of the attention mass against "
-                         f"its top-k" for k, v in sorted(found.items())) + ".")
+                         f"its top-k ({len(counted[k][0])} of {counted[k][1]} (head, threshold) "
+                         f"points within the sizes its top-k runs held; the others left out)"
+                         for k, v in sorted(found.items())) + ".")
     else:
         lines.append("No threshold run's mean size falls within the sizes its policy's top-k "
                      "runs held, so none is compared at equal size.")

@@ -36,6 +36,20 @@ def deltas(rows: list[dict]) -> dict:
     return out
 
 
+def unmatched(rows: list[dict]) -> dict:
+    """``{protocol: sorted peaks}`` of the protocols (thresholds aside: their size is an
+    outcome) that :func:`deltas` cannot compare: no per-step run of the same policy holds
+    their peak memory."""
+    base = {(r["kind"], r["peak_size"]) for r in rows if r.get("protocol") == "per_step"}
+    out: dict = defaultdict(set)
+    for r in rows:
+        protocol = r.get("protocol")
+        if protocol and protocol != "per_step" and not protocol.startswith("threshold") \
+                and (r["kind"], r["peak_size"]) not in base:
+            out[protocol].add(r["peak_size"])
+    return {p: sorted(peaks) for p, peaks in sorted(out.items())}
+
+
 def lines(rows: list[dict]) -> list[str]:
     """A table of the mass each protocol changes against per-step eviction of the same
     policy at the same peak, a column per protocol and a row per policy (the mean over
@@ -71,12 +85,26 @@ def lines(rows: list[dict]) -> list[str]:
             f"each cell is the change in mass kept (mean over {what}, one per policy: "
             f"not averaged over policies), in how many of the {what} it is negative, and its "
             f"range.", "",
-            *table, ""]
+            *table, "", *_unmatched_note(rows)]
+
+
+def _unmatched_note(rows: list[dict]) -> list[str]:
+    left = unmatched(rows)
+    if not left:
+        return []
+    return ["Not in the table, no per-step run of the same policy holding their peak: "
+            + "; ".join(f"`{p}` (peak {', '.join(map(str, peaks))})"
+                        for p, peaks in left.items())
+            + ". They differ from per-step eviction in memory as well as in protocol.", ""]
+
+
+SPREAD = 0.12  # half-width of a policy's per-head points about its tick (ticks 1 apart)
 
 
 def figure(ctx, rows: list[dict], out) -> list:
-    """Change in mass kept against per-step eviction at equal peak memory: a group per
-    protocol, a column of points per policy (small: each head; large: their mean)."""
+    """Change in mass kept against per-step eviction at equal peak memory: a panel per
+    protocol (one y scale), a tick per policy with its points at it (small: each head, spread
+    by at most :data:`SPREAD`; large: their mean)."""
     found = deltas(rows)
     if not found:
         return []
@@ -84,28 +112,28 @@ def figure(ctx, rows: list[dict], out) -> list:
     kinds = sorted({k for per in found.values() for k in per})
     colors = color_map(kinds)
     marks = markers(kinds)
-    fig, axes, layout = grid(1, ctx, panel=(7.2, 3.4))
-    ax = axes[0]
-    width = 0.8 / len(kinds)
-    for i, col in enumerate(columns):
-        for j, kind in enumerate(kinds):
-            per_head = found[col].get(kind)
-            if not per_head:
-                continue
-            x = i - 0.4 + width * (j + 0.5)
-            values = np.array(list(per_head.values()))
-            jitter = np.linspace(-0.25, 0.25, values.size) * width
-            ax.plot(x + jitter, values, ls="none", marker=marks[kind], ms=3.5, alpha=0.55,
-                    color=colors[kind])
+    fig, axes, layout = grid(len(columns), ctx, panel=(max(2.2, 0.75 * len(kinds) + 0.8), 2.8))
+    every = [v for per in found.values() for d in per.values() for v in d.values()]
+    low, high = min(0.0, *every), max(0.0, *every)
+    pad = 0.06 * (high - low or 1.0)
+    for ax, col in zip(axes, columns):
+        shown = [k for k in kinds if found[col].get(k)]
+        for x, kind in enumerate(shown):
+            values = np.array(list(found[col][kind].values()))
+            spread = np.linspace(-SPREAD, SPREAD, values.size) if values.size > 1 else [0.0]
+            ax.plot(x + np.asarray(spread), values, ls="none", marker=marks[kind], ms=3.5,
+                    alpha=0.55, color=colors[kind])
             ax.plot([x], [values.mean()], ls="none", marker=marks[kind], ms=9,
                     color=colors[kind], mec="black", mew=0.6)
-    ax.axhline(0, color="0.3", lw=0.8)
-    ax.set_xticks(range(len(columns)), [f"{p}\npeak {peak}" for p, peak in columns])
-    ax.set(ylabel="mass kept: protocol minus per-step", xlabel="protocol (peak memory, keys)")
-    ax.grid(True, axis="y", alpha=0.3)
+        ax.axhline(0, color="0.3", lw=0.8)
+        ax.set_xticks(range(len(shown)), shown, rotation=30 if len(shown) > 3 else 0)
+        ax.set_xlim(-0.5, len(shown) - 0.5)
+        ax.set_ylim(low - pad, high + pad)
+        ax.set(title=f"{col[0]}, peak {col[1]}", ylabel="mass kept: protocol minus per-step")
+        ax.grid(True, axis="y", alpha=0.3)
     handles = [Line2D([], [], ls="none", marker=marks[k], ms=7, color=colors[k]) for k in kinds]
     layout.finish(fig, f"{ctx.name}: protocols against per-step eviction at equal peak "
-                       f"memory\nabove 0: the protocol keeps more; small points: each head"
-                       + (" and seed" if len(ctx.seeds) > 1 else "") + "; large: their mean",
-                  handles, kinds)
+                       f"memory (keys)\nabove 0: the protocol keeps more; small points: each "
+                       f"head" + (" and seed" if len(ctx.seeds) > 1 else "")
+                  + "; large: their mean", handles, kinds)
     return save(fig, out, "protocols_vs_per_step", ctx)

@@ -119,6 +119,12 @@ def _read_allocation(chk: Checker, table: dict, where: str, layers: int, prompt_
     if rule == "pyramid" and layers < 2:
         chk.add(f"{where}.allocation", f"expected a source with several layers run jointly "
                                        f"for 'pyramid' (attention.layers), got {layers}")
+    for config in chosen if rule == "ada" else ():
+        if config.params.get("heads", "per_head") != "per_head" \
+                or config.params.get("filtering", "off") == "majority":
+            chk.add(f"{where}.allocation", f"expected one cap for every KV head of a layer "
+                                           f"with heads = \"uniform\" or filtering = "
+                                           f"\"majority\" (not 'ada'), got {config.label!r}")
     for config in chosen if rule == "ada" and "floor_share" in values else ():
         policy = get_policy(config.kind)
         if not policy.budgeted:

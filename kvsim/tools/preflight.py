@@ -15,6 +15,8 @@ WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.gguf")
 INSTALL = ("without a GPU, pip install torch --index-url https://download.pytorch.org/whl/cpu "
            'first; then pip install -e ".[capture]"')
 """How to install the capture extra (a CPU-only torch first: the default wheel is CUDA's)."""
+NEEDS = f"Needs the capture extra: {INSTALL}."
+"""The line of a command's ``--help`` that needs the capture extra."""
 
 
 def missing_extra(gguf: bool) -> list[str]:

@@ -34,7 +34,7 @@ def floor_seconds(net, full, prompt, cfg, runs: int) -> float:
     protocol's steps as :func:`kvsim.tools.task.run.answer` takes them) and the full
     cache's own answer; the prefill is not included."""
     from kvsim.protocols.question import plan
-    from kvsim.tools.closed_loop.model import Decoder, FullCache, stores
+    from kvsim.tools.study.model import Decoder, FullCache, stores
     from kvsim.tools.task.run import decode_answers
 
     P, Q = prompt.ids.size, prompt.question_len
@@ -59,7 +59,7 @@ def kvpress_seconds(net, prompt, cfg) -> tuple[float, int]:
     budget (the twin's required settings imposed), and how many runs that is."""
     from kvsim.scenario.load import PolicyConfig
     from kvsim.tools.task.parity import TWINS, kvpress_answer, twin_press
-    from kvsim.tools.task.presses import make, ratio
+    from kvsim.tools.study.presses import make, ratio
 
     at = prompt.ids.size - prompt.question_len
     seconds, runs = 0.0, 0
@@ -83,7 +83,7 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     from kvsim.policies.run import get_policy
     from kvsim.tools.capture import load_model
     from kvsim.tools.adapter import attach
-    from kvsim.tools.closed_loop.model import prefill
+    from kvsim.tools.study.model import prefill
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.config import load_config

@@ -3,8 +3,8 @@
 A closed-loop file holds a ``[closed_loop]`` table (the model, the text, its length, the
 prompt length and the budgets) and ``[policies.NAME]`` tables read exactly as in a
 scenario, or, with a ``press`` key, kvpress's presses read as in a task file
-(:mod:`kvsim.tools.closed_loop.presses`). Every problem is one line ``FILE: key.path:
-expected ..., got ...``.
+(:mod:`kvsim.tools.study.presses`; run by :mod:`kvsim.tools.closed_loop.presses`). Every
+problem is one line ``FILE: key.path: expected ..., got ...``.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.errors import ScenarioError
-from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import models, preflight
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.reader import PolicyConfig, read_budgets, read_quantize
-from kvsim.tools.task.presses import PROTOCOL, read_presses
-from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
-                               read_model, read_output, read_steppable_policies,
-                               read_study_file)
+from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
+                                    read_model, read_output, read_steppable_policies,
+                                    read_study_file)
+from kvsim.tools.study.presses import PROTOCOL, read_presses
+from kvsim.tools.study.report import settings_of
 
 TOP_KEYS = ("name", "description", "closed_loop", "policies", "output")
 
@@ -42,8 +42,7 @@ SETTINGS = {
                         expect="an integer >= 1"),
     "focus_budget": Param(int, 0, "budget whose KL over decode steps is drawn (0: the "
                           "second smallest)"),
-    "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
-                 choices=tuple(GQA_MODES)),
+    "gqa": GQA,
     "batch": Param(int, 0, "caches decoded together in one forward pass (0: all); only "
                    "memory and speed depend on it", check=lambda v: v >= 0,
                    expect="an integer >= 0"),
@@ -116,3 +115,8 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                             s["prompt_len"], tuple(budgets), focus, tuple(configs.values()),
                             s["gqa"], s["batch"], s["bootstrap"], s["seed"], tuple(formats), dpi,
                             quantize, tuple(presses.values()))
+
+
+def saved_settings(cfg: ClosedLoopConfig) -> dict:
+    """The settings a report saves in closed_loop.json: the text by its file name."""
+    return {**settings_of(cfg), "text": cfg.text.name}

@@ -82,12 +82,49 @@ def spearman_ci(x: np.ndarray, y: np.ndarray, reps: int, seed: int) -> tuple[flo
     """
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     rho = float(_rowwise_spearman(x, y))
-    rng, rows = np.random.default_rng(seed), max(1, CHUNK // max(x.size, 1))
-    boots = np.concatenate([
-        _rowwise_spearman(x[idx], y[idx]) for idx in
-        (rng.integers(0, x.size, (min(rows, reps - i), x.size)) for i in range(0, reps, rows))])
+    boots = np.concatenate([_rowwise_spearman(x[idx], y[idx])
+                            for idx in _resamples(x.size, reps, seed)])
     lo, hi = np.nanquantile(boots, [0.025, 0.975])
     return rho, float(lo), float(hi)
+
+
+def _resamples(n: int, reps: int, seed: int):
+    """``reps`` resamples with replacement of ``n`` points, as index arrays of up to
+    :data:`CHUNK` values, drawn from ``seed``."""
+    rng, rows = np.random.default_rng(seed), max(1, CHUNK // max(n, 1))
+    for i in range(0, reps, rows):
+        yield rng.integers(0, n, (min(rows, reps - i), n))
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, y: np.ndarray, reps: int,
+                      seed: int) -> tuple[float, float, float]:
+    """Spearman rho of ``a`` with ``y`` minus that of ``b`` with ``y``, and its 95%
+    percentile bootstrap interval: both from the same resamples of the points (a paired
+    bootstrap, :func:`spearman_ci`'s draws)."""
+    a, b, y = (np.asarray(v, np.float64) for v in (a, b, y))
+    diff = float(_rowwise_spearman(a, y) - _rowwise_spearman(b, y))
+    boots = np.concatenate([_rowwise_spearman(a[idx], y[idx]) - _rowwise_spearman(b[idx], y[idx])
+                            for idx in _resamples(y.size, reps, seed)])
+    lo, hi = np.nanquantile(boots, [0.025, 0.975])
+    return diff, float(lo), float(hi)
+
+
+def gaps_from_best(rows: list[dict], ranks: list[dict], reps: int, seed: int) -> list[dict]:
+    """Each predictor of ``ranks`` (one target's, best first) with its rho's difference from
+    the best's and that difference's 95% interval by a paired bootstrap (``gap``,
+    ``gap_low``, ``gap_high``; 0 for the best itself): a predictor whose ``gap_low`` is 0
+    or below cannot be told from the best."""
+    best, target = ranks[0]["predictor"], ranks[0]["target"]
+    y = np.array([r[target] for r in rows])
+
+    def oriented(name: str) -> np.ndarray:
+        return PREDICTORS[name] * np.array([r[name] for r in rows])
+    out = [{**ranks[0], "gap": 0.0, "gap_low": 0.0, "gap_high": 0.0}]
+    for r in ranks[1:]:
+        gap, lo, hi = paired_difference(oriented(best), oriented(r["predictor"]), y, reps,
+                                        seed)
+        out.append({**r, "gap": gap, "gap_low": lo, "gap_high": hi})
+    return out
 
 
 def rank_predictors(rows: list[dict], target: str, reps: int, seed: int) -> list[dict]:

@@ -1,6 +1,6 @@
 """The open loop on the full-cache run: kvsim's own simulator on every global layer.
 
-Each layer's post-RoPE queries, keys and values from :func:`~kvsim.tools.closed_loop.model.prefill`
+Each layer's post-RoPE queries, keys and values from :func:`~kvsim.tools.study.model.prefill`
 become a trace field (:func:`kvsim.attention.trace.layer_field`), and every policy runs on it
 through the simulator's code path (:func:`kvsim.policies.run.run_budgets`, invariants
 checked), exactly as ``kvsim`` runs a recorded trace. Sliding-window layers are left out:

@@ -1,11 +1,11 @@
 """kvpress's presses in ``kvsim closed-loop`` (the optional extra ``kvpress``).
 
 A ``[policies.NAME]`` table with a ``press`` key is a kvpress press, read and checked as in
-a task file (:mod:`kvsim.tools.task.presses`), and runs under kvpress's own protocol: per
+a task file (:mod:`kvsim.tools.study.presses`), and runs under kvpress's own protocol: per
 budget ``B``, the press compresses the prompt (its ``P`` tokens) once, in kvpress's own
 prefill, at the ``compression_ratio`` that keeps exactly ``B`` keys per layer and KV head;
 the positions it kept are read back from its cache (:func:`press_runs`), and the text's
-decode tokens then join them with no eviction (a :class:`~kvsim.tools.closed_loop.model.Kept`
+decode tokens then join them with no eviction (a :class:`~kvsim.tools.study.model.Kept`
 cache per global layer and KV head, which grows by one key per step: ``B + t - P + 1`` at
 step ``t``). Its open loop (:func:`open_loop`) is the same cache read on the full run's
 attention: the mass the full-cache rows put on it and the output error of renormalising
@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.scenario.load import PolicyConfig
-from kvsim.tools.closed_loop.model import FullRun, Kept
+from kvsim.scenario.reader import PolicyConfig
+from kvsim.tools.study.model import FullRun, Kept
+from kvsim.tools.study.press_prefill import kept
+from kvsim.tools.study.presses import make, ratio
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,6 @@ def press_runs(net, full: FullRun, presses, budgets, prompt_len: int
                ) -> list[tuple[PressRun, int]]:
     """(run, budget) for every press of ``presses`` x budget: kvpress's prefill of the
     prompt under the press at the ratio that keeps the budget, and the positions it kept."""
-    from kvsim.tools.task.press_runs import kept
-    from kvsim.tools.task.presses import make, ratio
-
     ids = full.token_ids[:prompt_len]
     context_keys = full.keys[:, :, :prompt_len]
     return [(PressRun(pc, kept(net, make(pc, ratio(prompt_len, b)), ids, context_keys,

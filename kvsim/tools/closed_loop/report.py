@@ -3,17 +3,20 @@ closed_loop.json and two figures, written atomically (a temporary folder renamed
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
 
+from kvsim.errors import KvsimError
 from kvsim.report.lock import replace_folder
 from kvsim.tools.closed_loop import metrics
-from kvsim.tools.closed_loop.config import ClosedLoopConfig
+from kvsim.tools.closed_loop.metrics import gaps_from_best
+from kvsim.tools.closed_loop.config import ClosedLoopConfig, saved_settings
 from kvsim.tools.closed_loop.run import FULL, Series
-from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
+from kvsim.tools.study.report import (cache_words, figure_lines, layer_words, machine_words,
+                                      read_csv, redrawn_lines, version_lines,
+                                      write_csv)
 
 TARGETS = {"kl": "closed-loop KL", "delta_nll": "closed-loop ΔNLL"}
 NAMES = {"mass_mean": "mean mass", "mass_min": "minimum mass (over steps)",
@@ -65,25 +68,27 @@ def _interval(r: dict) -> str:
     return f"ρ = {r['rho']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
 
 
-def headline(kl_ranks: list[dict], n: int, within: float) -> str:
-    """The report's first sentence: the metric with the highest ρ against the model's KL is
-    named the best predictor only when its interval clears every other metric's; else the
-    metrics are said to be indistinguishable, with the intervals that overlap."""
-    best, others = kl_ranks[0], kl_ranks[1:]
-    tied = [r for r in others if r["ci_high"] >= best["ci_low"]]
-    mean = next(r for r in kl_ranks if r["predictor"] == "mass_mean")
-    if not tied:
+def headline(gaps: list[dict], n: int, within: float) -> str:
+    """The report's first sentence: the open-loop metrics that predict the model's KL best.
+    ``gaps``: every metric against KL, best first, with its ρ's paired-bootstrap difference
+    from the best's (:func:`~kvsim.tools.closed_loop.metrics.gaps_from_best`). Every metric
+    whose difference is not clear of 0 is named beside the best; a single best only when
+    it is clear of every other."""
+    best = gaps[0]
+    leading = [r for r in gaps if r["gap_low"] <= 0.0]
+    if len(leading) == 1:
         text = (f"Across {n} policy × budget runs, the open-loop metric that best predicts the "
                 f"model's own next-token KL is **{NAMES[best['predictor']]}** (Spearman "
-                f"{_interval(best)}, 95% bootstrap CI, clear of every other metric's)")
+                f"{_interval(best)}, 95% bootstrap CI; a paired bootstrap puts its ρ above "
+                f"every other metric's)")
     else:
-        text = (f"Across {n} policy × budget runs, no open-loop metric predicts the model's own "
-                f"next-token KL distinguishably better than the others: the highest Spearman "
-                f"ρ, {NAMES[best['predictor']]}'s ({_interval(best)}, 95% bootstrap CI), "
-                f"overlaps the intervals of {len(tied)} of the {len(others)} others ("
-                + "; ".join(f"{NAMES[r['predictor']]} {_interval(r)}" for r in tied[:2])
-                + ("; ..." if len(tied) > 2 else "") + ")")
-    if mean is not best and mean not in tied[:2]:
+        text = (f"Across {n} policy × budget runs, {len(leading)} of the {len(gaps)} "
+                f"open-loop metrics predict the model's own next-token KL about equally well "
+                f"(Spearman ρ with 95% bootstrap CI; a paired bootstrap of each ρ's "
+                f"difference from the highest reaches 0): "
+                + "; ".join(f"**{NAMES[r['predictor']]}** {_interval(r)}" for r in leading))
+    mean = next(r for r in gaps if r["predictor"] == "mass_mean")
+    if mean not in leading:
         text += f"; plain mean mass has {_interval(mean)}"
     return f"{text}: {_verdict(best['rho'], within)}."
 
@@ -182,40 +187,15 @@ def _save(fig, folder: Path, stem: str, cfg: ClosedLoopConfig) -> list[str]:
     return names
 
 
-def _csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _fmt(x: float) -> str:
     return "n/a" if not np.isfinite(x) else (f"{x:.2e}" if 0 < abs(x) < 1e-3 else f"{x:.4f}")
-
-
-def _layers(facts: dict) -> str:
-    """The model's layers, global and sliding-window."""
-    n, glob = facts["layers"], facts.get("global_layers", range(facts["layers"]))
-    if len(glob) == n:
-        return f"{n} layers"
-    return (f"{n} layers ({len(glob)} global: {', '.join(map(str, glob))}; the others "
-            f"sliding-window, window {'/'.join(map(str, facts['windows']))})")
-
-
-def _caches(facts: dict) -> str:
-    """What holds a cache under the budget."""
-    n, glob = facts["layers"], facts.get("global_layers", range(facts["layers"]))
-    if len(glob) == n:
-        return "Every layer and KV head holds its own cache under the hard budget"
-    return ("Every global layer and KV head holds its own cache under the hard budget (budgets "
-            "are per global layer); every sliding-window layer keeps exactly its window, as "
-            "the stock model does, under every policy")
 
 
 def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts: dict,
               figures: list[str]) -> str:
     policy_rows = [r for r in rows if r["policy"] != FULL]
-    kl_ranks = [r for r in ranks if r["target"] == "kl"]
+    kl_ranks = gaps_from_best(policy_rows, [r for r in ranks if r["target"] == "kl"],
+                              cfg.bootstrap, cfg.seed)
     best = kl_ranks[0]
     n = len(policy_rows)
     within = within_budget_rho(policy_rows, best["predictor"], "kl")
@@ -223,15 +203,16 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
     lines += ["", f"{cfg.description}".strip(), ""] if cfg.description else [""]
     lines += [
         *version_lines(facts),
+        *redrawn_lines(facts, "results.csv and steps.csv", "the runs"),
         f"- Model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{_layers(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
+        f"{layer_words(facts)}, {facts['heads']} query heads sharing {facts['kv_heads']} "
         f"KV head{'s' if facts['kv_heads'] > 1 else ''}; text: `{cfg.text.name}` "
         f"(SHA-256 `{facts['text_sha256'][:16]}…`), first "
         f"T = {cfg.tokens} tokens, prompt P = {cfg.prompt_len}, {cfg.tokens - cfg.prompt_len} "
         f"decode steps teacher-forced."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence")
            else ""),
-        f"- {_caches(facts)} (GQA `{cfg.gqa}`); prefill is full attention, then each policy "
+        f"- {cache_words(facts)} (GQA `{cfg.gqa}`); prefill is full attention, then each policy "
         f"compresses and decodes.",
         f"- Full-cache reference decoded the same way: mean KL {_fmt(rows[0]['kl'])} per step "
         f"(numerical floor: float32 attention over the whole cache versus the full prefill "
@@ -242,16 +223,22 @@ def _markdown(cfg: ClosedLoopConfig, rows: list[dict], ranks: list[dict], facts:
         "Spearman ρ between each open-loop metric (oriented so that larger predicts more "
         "damage) and the closed-loop mean KL or ΔNLL, over every policy × budget run; 95% "
         f"percentile bootstrap interval from {cfg.bootstrap} resamples of the runs. "
+        "*Below the best*: how far each metric's ρ vs KL falls below the highest, with the "
+        "95% interval of a paired bootstrap (the same resamples for both; an interval "
+        "reaching 0 cannot tell the two apart). "
         "*Within budgets*: the mean over budgets of ρ across policies at equal memory "
         "(budget alone drives much of the overall ρ).", "",
-        "| open-loop metric | ρ vs KL [95% CI] | within budgets | ρ vs ΔNLL [95% CI] |",
-        "| --- | --- | --- | --- |"]
+        "| open-loop metric | ρ vs KL [95% CI] | below the best [95% CI] | within budgets "
+        "| ρ vs ΔNLL [95% CI] |",
+        "| --- | --- | --- | --- | --- |"]
     by = {(r["predictor"], r["target"]): r for r in ranks}
     for r in kl_ranks:
         d = by[r["predictor"], "delta_nll"]
+        gap = "—" if r is best else \
+            f"{r['gap']:.3f} [{r['gap_low']:.3f}, {r['gap_high']:.3f}]"
         lines.append(
             f"| {NAMES[r['predictor']]} | {r['rho']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] "
-            f"| {_fmt(within_budget_rho(policy_rows, r['predictor'], 'kl'))} "
+            f"| {gap} | {_fmt(within_budget_rho(policy_rows, r['predictor'], 'kl'))} "
             f"| {d['rho']:.3f} [{d['ci_low']:.3f}, {d['ci_high']:.3f}] |")
     lines += ["", "## Policy × budget", "",
               "Open loop: the simulator on the full-cache run's attention (mean over the "
@@ -286,25 +273,55 @@ def write_report(cfg: ClosedLoopConfig, series: list[Series], facts: dict, out: 
     """Write the report folder ``out`` in one rename (the caller checked that it may); if
     the predictors, figures or text fail, ``out`` holds the files of :data:`KEPT` alone."""
     replace_folder(out, lambda tmp: _write_files(cfg, series, facts, tmp), keep=KEPT,
-                   advice=" (the figures and text need a new run)")
+                   advice=f": draw the report from them with `python -m kvsim closed-loop "
+                          f"{cfg.path} --out {out} --redraw`")
     return out
+
+
+def read_series(folder: Path) -> list[Series]:
+    """The runs of a closed-loop report folder, as its run gave them, from its results.csv
+    (each run's open-loop metrics) and steps.csv (its closed-loop KL and NLL and open-loop
+    mass per decode step): written again, they give the same files."""
+    rows = read_csv(folder / "results.csv", {"policy": str, "kind": str, "budget": int}, float)
+    steps = read_csv(folder / "steps.csv", {"policy": str, "budget": int, "t": int}, float)
+    if not rows or list(rows[0])[:6] != ["policy", "kind", "budget", "kl", "delta_nll", "nll"] \
+            or not steps or list(steps[0]) != ["policy", "budget", "t", "kl", "nll", "open_mass"]:
+        raise ValueError("expected the columns of a closed-loop report")
+    per_run: dict = {}
+    for step in steps:
+        per_run.setdefault((step["policy"], step["budget"]), []).append(step)
+    series = []
+    for r in rows:
+        run = per_run[r["policy"], r["budget"]]
+        series.append(Series(r["policy"], r["kind"], r["budget"],
+                             np.array([s["kl"] for s in run]), np.array([s["nll"] for s in run]),
+                             np.array([s["open_mass"] for s in run]),
+                             {k: v for k, v in list(r.items())[6:]}))
+    return series
+
+
+def redraw(cfg: ClosedLoopConfig, out: Path, facts: dict, tmp: Path) -> None:
+    """The report anew into ``tmp`` from the files of ``out``, without the model."""
+    try:
+        series = read_series(out)
+    except (ValueError, KeyError) as exc:
+        raise KvsimError(f"{out}: {exc}") from None
+    _write_files(cfg, series, facts, tmp)
 
 
 def _write_files(cfg: ClosedLoopConfig, series: list[Series], facts: dict, tmp: Path) -> None:
     rows = result_rows(series)
-    _csv(tmp / "results.csv", rows)
+    write_csv(tmp / "results.csv", rows)
     steps = [{"policy": s.label, "budget": s.budget, "t": cfg.prompt_len + i,
               "kl": float(s.kl[i]), "nll": float(s.nll[i]), "open_mass": float(s.mass[i])}
              for s in series for i in range(s.kl.shape[0])]
-    _csv(tmp / "steps.csv", steps)
-    settings = settings_of(cfg)
-    settings["text"] = cfg.text.name
-    info = {"settings": settings, **{k: v for k, v in facts.items() if k != "token_ids"},
+    write_csv(tmp / "steps.csv", steps)
+    info = {"settings": saved_settings(cfg), **{k: v for k, v in facts.items() if k != "token_ids"},
             "token_ids_sha256": facts["token_ids_sha256"]}
     (tmp / "closed_loop.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
     policy_rows = [r for r in rows if r["policy"] != FULL]
     ranks = [r for target in TARGETS for r in
              metrics.rank_predictors(policy_rows, target, cfg.bootstrap, cfg.seed)]
-    _csv(tmp / "predictors.csv", ranks)
+    write_csv(tmp / "predictors.csv", ranks)
     figures = _figures(cfg, series, rows, tmp)
     (tmp / "report.md").write_text(_markdown(cfg, rows, ranks, facts, figures))

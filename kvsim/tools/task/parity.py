@@ -30,6 +30,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import PolicyConfig
+from kvsim.tools.study.workers import FORKED, forked_map
 
 
 def tova_all_heads(full, at: int, budget: int, layer: int) -> np.ndarray:
@@ -61,12 +62,12 @@ def chunkkv_whole_context(full, at: int, budget: int, layer: int, params: dict) 
     over the layer's KV heads, the whole context cut into chunks of ``chunk`` from position
     0 (the last one partial, at the context's end), each scored by its mean in float32; the
     top ``max(1, int(n_chunks * (1 - r)))`` by ``torch.topk`` at the ratio ``r`` that keeps
-    ``budget`` keys (:func:`~kvsim.tools.task.presses.ratio`), the same for every KV head."""
+    ``budget`` keys (:func:`~kvsim.tools.study.presses.ratio`), the same for every KV head."""
     import torch
     from torch.nn import functional as F
 
     from kvsim.policies import snapkv
-    from kvsim.tools.task.presses import n_kept, ratio
+    from kvsim.tools.study.presses import n_kept, ratio
 
     H_kv, w, chunk = full.keys.shape[1], params["window"], params["chunk"]
     r = ratio(at, budget)
@@ -194,7 +195,7 @@ def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = No
     import torch
 
     from kvsim.tools.adapter import attach
-    from kvsim.tools.task.press_runs import positions, press_prefill
+    from kvsim.tools.study.press_prefill import positions, press_prefill
 
     at = prompt.ids.size - prompt.question_len
     start = time.perf_counter()
@@ -223,7 +224,7 @@ def kvsim_seconds(net, cfg, prompt, pc: PolicyConfig, budget: int) -> float:
     """The seconds of one compressed run of kvsim: the full prefill, the policy's
     selection at ``budget`` and the answer's decode."""
     from kvsim.policies.run import get_policy
-    from kvsim.tools.closed_loop.model import prefill
+    from kvsim.tools.study.model import prefill
     from kvsim.tools.task import run
 
     start = time.perf_counter()
@@ -242,7 +243,7 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     from kvsim.policies.run import get_policy
     from kvsim.tools.task import inputs, run
     from kvsim.tools.task.press_runs import held_caches
-    from kvsim.tools.task.presses import make, ratio
+    from kvsim.tools.study.presses import make, ratio
 
     prompt, full, full_tokens = run.full_trial(
         net, tokenizer, cfg, cell, text_ids, form,
@@ -297,13 +298,10 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     return rows
 
 
-_FORKED: dict = {}  # what forked workers inherit: the model, the tokenizer, the settings
-
-
 def _trial(index: int) -> list[dict]:
     from kvsim.tools.task.run import cells
 
-    net, tokenizer, cfg, text_ids, form = _FORKED["job"]
+    net, tokenizer, cfg, text_ids, form = FORKED["job"]
     grid = cells(cfg)
     return trial_rows(net, tokenizer, cfg, grid[index], text_ids, form,
                       timed=index == 0)
@@ -314,21 +312,13 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
     ``workers`` forked processes (the longest first); the grid's first trial times one run
     of each side at the largest budget."""
     from kvsim.tools.adapter import attach
-    from kvsim.tools.closed_loop.run import forked_pool
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.run import cells
 
     attach(net)
-    _FORKED["job"] = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer))
     order = list(range(len(cells(cfg))))[::-1]
-    try:
-        if workers <= 1:
-            done = [_trial(i) for i in order]
-        else:
-            with forked_pool(min(workers, len(order))) as pool:
-                done = list(pool.map(_trial, order))
-    finally:
-        _FORKED.clear()
+    done = forked_map(_trial, order, workers, (net, tokenizer, cfg, filler_ids(cfg, tokenizer),
+                                               prompt_frame(cfg, tokenizer)))
     if progress:
         print(f"{cfg.name}: {len(order)} trials", file=sys.stderr)
     return [r for rows in done[::-1] for r in rows]
@@ -354,7 +344,7 @@ def _share(rows: list[dict], column: str) -> str:
 
 def report_lines(cfg, rows: list[dict], facts: dict) -> list[str]:
     """The Markdown of the parity report."""
-    from kvsim.tools.task.presses import press_text
+    from kvsim.tools.study.presses import press_text
 
     load = ", ".join(f"{x:.2f}" for x in facts["load_average"])
     timed = {r["policy"]: r for r in rows if r["kvsim_seconds"] != ""}
@@ -443,7 +433,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
     from kvsim.tools.capture import load_model
     from kvsim.tools.study import provenance
     from kvsim.tools.task.config import load_config
-    from kvsim.tools.task.presses import presses_module
+    from kvsim.tools.study.presses import presses_module
 
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)

@@ -10,7 +10,6 @@ Brier score beside the base rate's).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections import defaultdict
@@ -18,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.tools.closed_loop.report import _caches, _csv, _layers
-from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
+from kvsim.tools.study.report import (cache_words, figure_lines, layer_words, machine_words,
+                                      read_csv, redrawn_lines, settings_of, version_lines,
+                                      write_csv)
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.prediction import GATE, PREDICTORS, gate, gated, prediction_quality
 from kvsim.tools.task.run import FULL
@@ -41,11 +41,7 @@ LOOKS = {  # per protocol: marker face and line style in the retention figure
 def read_rows(path: Path) -> list[dict]:
     """The rows of a task's ``results.csv``, with the types the run gave them (written back,
     they give the same file)."""
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if reader.fieldnames != list(ROW_TYPES):
-            raise ValueError(f"expected the columns {', '.join(ROW_TYPES)}")
-        return [{k: ROW_TYPES[k](v) for k, v in r.items()} for r in reader]
+    return read_csv(path, ROW_TYPES)
 
 
 def retention_bins(rows: list[dict], protocol: str) -> list[dict]:
@@ -355,16 +351,13 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
     lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
-    redrawn = facts.get("redrawn")
     lines += [
         *version_lines(facts),
-        *([f"- figures and text redrawn from results.csv by `{redrawn['command']}`, kvsim "
-           f"{redrawn['kvsim']}, commit `{redrawn['commit']}`; {redrawn['date']} (the trials "
-           f"are those of the run above)"] if redrawn else []),
+        *redrawn_lines(facts, "results.csv", "the trials"),
         f"- wall time {machine_words(facts)}",
         f"- model: `{cfg.model.name}`{f' (`{cfg.gguf_file}`)' if cfg.gguf_file else ''}, "
-        f"{_layers(facts)}, {facts['heads']} query heads sharing "
-        f"{_count(facts['kv_heads'], 'KV head')}. {_caches(facts)} (GQA `{cfg.gqa}`)."
+        f"{layer_words(facts)}, {facts['heads']} query heads sharing "
+        f"{_count(facts['kv_heads'], 'KV head')}. {cache_words(facts)} (GQA `{cfg.gqa}`)."
         + (f" Weights licence: {facts['licence']}." if facts.get("licence") else ""),
         f"- grid: lengths {list(cfg.lengths)} tokens (the whole prompt in the model's "
         f"`{cfg.prompt}` format: its special tokens, the task description, filler, needle and "
@@ -447,9 +440,9 @@ def write_files(cfg: TaskConfig, rows: list[dict], facts: dict, folder: Path) ->
     cells = gate(rows)
     kept = gated(rows, cells)
     acc = accuracy_rows(kept)
-    _csv(folder / "results.csv", rows)
+    write_csv(folder / "results.csv", rows)
     if acc:
-        _csv(folder / "accuracy.csv", acc)
+        write_csv(folder / "accuracy.csv", acc)
     else:  # no cell passes the gate: the columns alone
         (folder / "accuracy.csv").write_text("protocol,policy,budget,trials,successes,accuracy,"
                                              "ci_low,ci_high,retention\n")

@@ -3,7 +3,7 @@
 Per trial (a length ``n``, a depth ``d``, a trial index):
 
 1. The prompt (:mod:`~kvsim.tools.task.inputs`) runs once with full attention
-   (:func:`~kvsim.tools.closed_loop.model.prefill`); its last logits give the first answer
+   (:func:`~kvsim.tools.study.model.prefill`); its last logits give the first answer
    token of the full cache and of ``after_question`` (whose compression follows the prefill).
 2. Per protocol (:mod:`kvsim.protocols.question`), every policy x budget is a
    :class:`~kvsim.policies.stepping.Stepper` per layer and KV head, its prefill selection
@@ -24,12 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.policies.run import get_policy
-from kvsim.engine.experiments import random_seed
-from kvsim.policies.stepping import Stepper
 from kvsim.protocols.question import plan
-from kvsim.tools.closed_loop.model import (Decoder, FullCache, FullRun, prefill,
-                                           query_stores, stores)
-from kvsim.tools.closed_loop.run import query_runs, stepper_attention
+from kvsim.tools.study.grid import grid_stepper, needing, query_runs
+from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 
@@ -106,11 +103,6 @@ class Caches:
     queries: dict = field(default_factory=dict)
 
 
-def _needing(runs: list, vector: str) -> list[int]:
-    """The indices of the runs whose policy reads ``vector`` ("keys", "values")."""
-    return [c for c, (pc, _) in enumerate(runs) if vector in get_policy(pc.kind).needs]
-
-
 def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
                  configs=None) -> Caches:
     """The stores and result arrays of every policy x budget under ``protocol``, before
@@ -123,8 +115,8 @@ def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol
     at = plans[0].compress_at
     capacity = P + cfg.answer_tokens
     keys, values = stores(full, len(runs), at, capacity,
-                          _needing(runs, "keys") if own else [],
-                          _needing(runs, "values") if own else [])
+                          needing(runs, "keys") if own else [],
+                          needing(runs, "values") if own else [])
     L, H_kv = full.keys.shape[:2]
     shape = (len(runs), len(full.global_layers), H_kv)
     return Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
@@ -163,15 +155,11 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
                 passes: dict = {}  # the column sums of ``attention``, computed once for all
                 for c, (pc, b) in enumerate(caches.runs):
                     layer_wide = get_policy(pc.kind).layer
-                    s = Stepper(pc.kind, b, pc.params,
-                                **stepper_attention(pc.kind, attention, stacks.get(caches.at), j),
-                                keys=caches.keys[layer, c, j], values=caches.values[layer, c, j],
-                                queries=caches.queries[c][layer, j] if c in caches.queries
-                                else None,
-                                scaling=full.geometry[layer].scaling, gqa=cfg.gqa,
-                                seed=random_seed(cfg.seed, j, layer), capacity_T=P + cfg.answer_tokens,
-                                rope=full.prompt_rope(layer, j, caches.at),
-                                passes=layer_passes[caches.at] if layer_wide else passes)
+                    s = grid_stepper(full, pc, b, c, layer, j, attention, caches.at,
+                                     caches.keys, caches.values, caches.queries, cfg.gqa,
+                                     cfg.seed, P + cfg.answer_tokens,
+                                     layer_passes[caches.at] if layer_wide else passes,
+                                     stacks.get(caches.at))
                     predict(caches, (c, i, j), s.cache, prompt.digits, on_digits)
                     if caches.free:
                         s.widen(caches.free)

@@ -1,20 +1,16 @@
-"""What the study commands (``closed-loop``, ``task``) share: reading their file (the model,
-the policies that must step, the output, the focus budget), the report folder checked and
-locked around the run, and the run's provenance (the facts and the report's lines on it)."""
+"""A study file's parts that every study type reads alike: the file and its top-level keys,
+the model, the policies that must step, the output, the focus budget, and the settings
+every study has (:data:`MODEL_SETTINGS`, :data:`GQA`, :data:`BOOTSTRAP`)."""
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
-from typing import Callable
 
-from kvsim._version import __version__
 from kvsim.errors import KvsimError
+from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
 from kvsim.policies.run import get_policy, run_problems
-from kvsim.report.lock import ReportLock, clean_leftovers
 from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_document,
                                    read_name, read_policies)
 from kvsim.tools import models, preflight
@@ -45,6 +41,9 @@ MODEL_SETTINGS = {
                        "its own"),
 }
 
+
+GQA = Param(str, "mean", "how a KV head's query heads combine their scores",
+            choices=tuple(GQA_MODES))
 
 # Resamples of a bootstrap interval: its 2.5% and 97.5% quantiles are settled long before.
 BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=100,
@@ -138,77 +137,3 @@ def read_focus(chk: Checker, where: str, focus: int, budgets) -> int:
     elif not focus and budgets:
         focus = sorted(budgets)[min(1, len(budgets) - 1)]
     return focus
-
-
-# ---------------------------------------------------------------- the run and its report
-
-
-def write_study(path: str | Path, out: Path | None, force: bool, command: str, workers: int,
-                load_config: Callable, check_out: Callable[[Path, bool, str], str | None],
-                work: Callable[[object, Path, Callable[[], dict]], None]) -> Path:
-    """Read a study file with ``load_config`` (every problem before a model loads), check its
-    report folder ``out`` (default ``reports/<name>``) with ``check_out(out, force, name)``,
-    and, holding the folder's lock, call ``work(cfg, out, provenance)`` to run the study and
-    write the folder; ``provenance()`` gives the facts of :func:`provenance` at that moment
-    (the wall time counts from the call of this function). The note of a replaced report
-    goes to stderr at the end. Returns the folder."""
-    start, started = time.perf_counter(), time.time()
-    cfg = load_config(path)
-    out = Path("reports") / cfg.name if out is None else Path(out)
-    check_out(out, force, cfg.name)
-    with ReportLock(out):
-        clean_leftovers(out, keep_units=False)
-        note = check_out(out, force, cfg.name)  # again, under the lock
-        work(cfg, out, lambda: provenance(command, workers, start, started))
-    if note:
-        print(note, file=sys.stderr)
-    return out
-
-
-def provenance(command: str, workers: int, start: float, started: float) -> dict:
-    """The command line, kvsim's version and commit, the date of ``started``
-    (``time.time()``), the wall time since ``start`` (``time.perf_counter()``), the
-    machine's cores, the worker processes and the load average (1, 5 and 15 minutes) now."""
-    from kvsim.report.writer import git_commit  # the report writer and its figures: on demand
-
-    return {"command": command, "kvsim": __version__, "commit": git_commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-            "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
-            "workers": workers, "load_average": os.getloadavg()}
-
-
-def version_lines(facts: dict) -> list[str]:
-    """The report's lines naming the command, kvsim's version and commit, and the date."""
-    commit = f"commit `{facts['commit']}`" if facts.get("commit") else "no git checkout"
-    return [f"- command: `{facts['command']}`",
-            f"- kvsim {facts['kvsim']}, {commit}; {facts['date']}"]
-
-
-def machine_words(facts: dict, covers: str = "") -> str:
-    """The wall time (``covers``: what the command did, in words), cores, worker processes
-    and load average of the run."""
-    one, _, fifteen = facts["load_average"]
-    workers = facts["workers"]
-    return (f"{facts['wall_seconds']:.0f} s ({facts['wall_seconds'] / 60:.1f} min) for the "
-            f"whole command{f' ({covers})' if covers else ''}, on {facts['cores']} cores with "
-            f"{workers} worker "
-            f"process{'es' if workers > 1 else ''} (torch on one thread each); load average "
-            f"{one:.1f} over the last minute and {fifteen:.1f} over 15 minutes, at the end")
-
-
-def figure_lines(figures: list[str]) -> list[str]:
-    """The report's section showing its image files among ``figures``."""
-    return ["", "## Figures", "", *(f"![{f}]({f})" for f in figures
-                                    if f.endswith((".png", ".svg")))]
-
-
-def settings_of(cfg) -> dict:
-    """A study's settings for its JSON file: file paths by name, policies (and kvpress's
-    presses) by label."""
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(cfg).items()
-                if k not in ("policies", "path")}
-    settings["model"] = cfg.model.name
-    settings["policies"] = {p.label: {"kind": p.kind, **p.params} for p in cfg.policies}
-    if getattr(cfg, "presses", ()):  # kvpress's, by label: the press and its arguments
-        settings["presses"] = {p.label: {"press": p.kind, **p.params} for p in cfg.presses}
-    return settings

@@ -1,21 +1,21 @@
-"""kvpress presses as policies of ``kvsim task`` (the optional extra ``kvpress``).
+"""kvpress presses as policies of a study (``kvsim task``, ``kvsim closed-loop``; the
+optional extra ``kvpress``).
 
 A ``[policies.NAME]`` table with a ``press`` key names a kvpress press class; its other keys
-are the press's own keyword arguments (``window_size = 64``). Per trial and budget ``B`` the
-press compresses the context (the prompt minus its question) inside the model exactly as
-kvpress does (its forward hooks on an eager prefill into a ``DynamicCache``), at the
+are the press's own keyword arguments (``window_size = 64``). Per budget ``B`` the press
+compresses the context (a task's prompt minus its question, a closed loop's prompt) inside
+the model exactly as kvpress does (:func:`kvsim.tools.study.press_prefill.kept`), at the
 ``compression_ratio`` that makes kvpress keep exactly ``B`` keys per layer and KV head
-(:func:`ratio`); the positions it kept are then read back from the cache
-(:func:`kvsim.tools.task.press_runs.kept`),
-and the question and the greedy answer join them with no eviction, in kvsim's decoder, as
-kvpress's pipeline does. A press therefore runs under kvpress's own protocol,
+(:func:`ratio`); what follows joins the positions it kept with no eviction, in kvsim's
+decoder, as kvpress's pipeline does. A press therefore runs under kvpress's own protocol,
 ``prefill_only``, only. On Gemma-3 kvsim reads the global layers' kept positions (the
 sliding-window layers keep the model's window, as for kvsim's own policies).
 
 Before any model loads, a press table is checked (:func:`read_presses`): its class and
 keywords, the extra and its transformers, no press that fetches from the Hub (:data:`HUB`)
-or shares the budget across layers (:data:`ACROSS_LAYERS`), and a rehearsal (:func:`rehearsal_problem`) of the press at every budget on a tiny random
-model of the file's family, which must run and keep exactly the budget.
+or shares the budget across layers (:data:`ACROSS_LAYERS`), and a rehearsal
+(:func:`rehearsal_problem`) of the press at every budget on a tiny random model of the
+file's family, which must run and keep exactly the budget.
 """
 
 from __future__ import annotations
@@ -177,11 +177,12 @@ def _check(table: dict, family: str | None, context: int, budgets,
 
 def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets,
                       why: str = f"the shortest length less {QUESTION_ROOM}") -> str | None:
-    """Why the press of ``pc`` cannot run in a task on a model of ``family`` (one line),
-    found by running it as :func:`~kvsim.tools.task.press_runs.kept` does at every one of ``budgets`` on ``context``
-    tokens of a tiny random model of the family (its architecture, no weights): it must
-    run and keep exactly ``min(B, context)`` keys in every global layer (``why``: what the
-    context's length is, for the message). None if it can."""
+    """Why the press of ``pc`` cannot run in a study on a model of ``family`` (one line),
+    found by running it as :func:`~kvsim.tools.study.press_prefill.kept` does at every one
+    of ``budgets`` on ``context`` tokens of a tiny random model of the family (its
+    architecture, no weights): it must run and keep exactly ``min(B, context)`` keys in
+    every global layer (``why``: what the context's length is, for the message). None if
+    it can."""
     import torch
     from transformers import DynamicCache
 

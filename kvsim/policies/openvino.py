@@ -1,0 +1,241 @@
+"""``openvino``: OpenVINO GenAI's ``CacheEvictionAlgorithm`` (openvino.genai commit
+``da1db86``, ``src/cpp/src/continuous_batching/cache/cache_eviction.cpp``): whole blocks
+evicted from the middle of the cache, one decision for every KV head of a layer.
+
+The cache is ``start`` | evictable middle | ``recent``, in blocks of ``block`` tokens. The
+layer's attention (every query head's observed row, summed over the query heads of each KV
+head, then over the KV heads) is max-pooled forward over ``pool`` cached neighbours
+(``max(v[i .. i + pool - 1])``, the start area left out) and accumulated per key: ``sum``,
+or ``norm_sum`` (the sum divided by the number of registered queries that saw the key). At
+the prefill end, the last ``snapkv_window`` prompt queries (0: every prompt query) give the
+first scores. When the cache (the incoming key counted) exceeds the arena's ``A + block - 1``
+keys, ``A = block * floor((B + 1) / block) - block``, the lowest-scoring whole blocks of the
+middle go (a block's score: its keys' scores summed in order; ties: the lower block first, as
+the code's ``nth_element`` comparator), leaving ``A - start - recent`` tokens of middle.
+
+Every KV head of the layer holds the same cache, so a run simulates the layer jointly (each
+KV head's rows through the shared cache) and reports its own KV head. Left out: the
+``ADAPTIVE_RKV`` mode (its block diversity comes from OpenVINO core's attention kernel),
+KVCrush's add-back (off by default in the code) and RoPE re-rotation (``apply_rotation``,
+off by default: kvsim's keys keep their positions).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from kvsim.numerics import kernels
+from kvsim.numerics.decode import Outputs, decode_loop
+from kvsim.numerics.jit import jit, jit_inline
+from kvsim.params import Param
+from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace, snapshot_steps
+
+MODES = ("sum", "norm_sum")
+
+PARAMS = {
+    "mode": Param(str, "norm_sum", "score aggregation: SUM, or NORM_SUM (divided by the queries "
+                  "that saw the key)", choices=MODES),
+    "block": Param(int, 16, "KV-cache block size in tokens", low=1, high=2**20,
+                   expect="an integer in [1, 2^20]"),
+    "start_blocks": Param(int, 1, "blocks at the start never evicted", low=1, high=2**20,
+                          expect="an integer in [1, 2^20]"),
+    "recent_blocks": Param(int, 2, "newest blocks never evicted", low=1, high=2**20,
+                           expect="an integer in [1, 2^20]"),
+    "snapkv_window": Param(int, 8, "prompt queries whose attention gives the first scores "
+                           "(0: every prompt query)", low=0, high=2**31,
+                           expect="an integer >= 0"),
+    "pool": Param(int, 7, "forward max-pool width over cached neighbours", low=1, high=2**20,
+                  expect="an integer in [1, 2^20]"),
+}
+
+
+def arena(budget: int, block: int) -> int:
+    """OpenVINO's ``max_cache_size`` at budget ``B``: the largest multiple of the block
+    whose peak (``max_cache_size + block - 1`` keys) fits in ``B``."""
+    return block * ((budget + 1) // block) - block
+
+
+def _saturation(T: int, params: dict) -> int:
+    """The smallest budget whose arena holds ``T`` keys (``A + block - 1 >= T``)."""
+    S = params["block"]
+    return S * -(-(T + 1) // S) - 1
+
+
+def _min_budget(params: dict) -> int:
+    """The arena must hold one evictable block beside the start and recent areas."""
+    return params["block"] * (params["start_blocks"] + params["recent_blocks"] + 2) - 1
+
+
+class Recorder(NamedTuple):
+    """The step's attention, summed over the KV head's query heads, per slot."""
+
+    row: np.ndarray  # (capacity,) float64
+
+
+@jit_inline
+def admit(state, cache, n, t):
+    """Append: evictions happen between steps, for the whole layer."""
+    return n
+
+
+@jit_inline
+def observe(state, cache, n, obs, mass, outputs):
+    """Sum the query heads' observed attention (``obs / mass``) in head order."""
+    for j in range(n):
+        state.row[j] = 0.0
+    for g in range(obs.shape[0]):
+        m = mass[g]
+        for j in range(n):
+            state.row[j] += obs[g, j] / m if m > 0.0 else 0.0
+
+
+@jit
+def decode(ctx, out, cache, n, state):
+    """The decode loop recording each step's summed attention."""
+    return decode_loop(ctx, out, cache, n, state, admit, observe)
+
+
+def forward_max_pool(values: np.ndarray, width: int) -> np.ndarray:
+    """``out[i] = max(values[i .. i + width - 1])``, clipped at the end (the code's
+    ``_max_pool``)."""
+    out = values.copy()
+    for k in range(1, width):
+        np.maximum(out[:-k], values[k:], out=out[:-k])
+    return out
+
+
+class _Member:
+    """One KV head of the layer: its group, its copy of the shared cache, its outputs."""
+
+    def __init__(self, group: Group, capacity: int, kept: np.ndarray):
+        self.group, self.trace = group, new_trace(group)
+        self.cache = np.zeros(capacity, np.int64)
+        self.cache[:len(kept)] = kept
+        snap_steps = snapshot_steps(group, capacity)
+        self.trace.snapshots = np.full((snap_steps.shape[0], capacity), -1, np.int64)
+        self.out = Outputs(self.trace.mass, self.trace.cache_size, self.trace.recall,
+                           self.trace.error, snap_steps, self.trace.snapshots)
+        self.state = Recorder(np.zeros(capacity))
+
+    def step(self, t: int, n: int) -> np.ndarray:
+        """Token ``t`` joins and attends; the summed observed row over the ``n + 1`` keys."""
+        decode(context(self.group, t, t + 1), self.out, self.cache, n, self.state)
+        return self.state.row[:n + 1]
+
+
+def prompt_scores(group: Group, window: int) -> np.ndarray:
+    """The layer's prefill scores of positions ``0 .. P-1``: each query head's full
+    attention summed over the window's queries, then over the KV head's query heads, then
+    over the layer's KV heads (all in order)."""
+    P = group.prompt_len
+    lo = P - min(window, P) if window > 0 else 0
+    total = np.zeros(P)
+    for member in group.layer_groups():
+        summed = np.zeros(P)
+        for h in member.heads:
+            summed += kernels.row_sums(member.field, member.row_max, member.row_sum, int(h),
+                                       lo, P)[:P]
+        total += summed
+    return total
+
+
+class Scores:
+    """The tracked keys' accumulated scores and, for ``norm_sum``, how many registered
+    queries saw each (in cache order, the start area left out)."""
+
+    def __init__(self, params: dict):
+        self.pool, self.norm = params["pool"], params["mode"] == "norm_sum"
+        self.acc, self.seen = np.zeros(0), np.zeros(0)
+
+    def prefill(self, scores: np.ndarray, start: int, P: int, window: int) -> None:
+        if P > start:
+            self.acc = forward_max_pool(scores[start:P], self.pool)
+            seen_by = P if window == 0 else min(window, P)
+            self.seen = np.minimum(P - np.arange(start, P), seen_by).astype(np.float64)
+
+    def register(self, row: np.ndarray) -> None:
+        """A decode query's summed row over the tracked keys (the newest last)."""
+        pooled = forward_max_pool(row, self.pool)
+        acc = np.zeros(pooled.shape[0])
+        acc[:self.acc.shape[0]] = self.acc
+        self.acc = acc + pooled
+        self.seen = np.append(self.seen + 1.0, 1.0)
+
+    def block_scores(self, first: int, blocks: int, S: int) -> np.ndarray:
+        """Scores of ``blocks`` whole blocks from tracked index ``first``, summed in order."""
+        value = self.acc / self.seen if self.norm else self.acc
+        out = np.zeros(blocks)
+        for j in range(S):  # in order within each block, as the code sums
+            out += value[first + j:first + blocks * S:S]
+        return out
+
+    def remove(self, drop: np.ndarray) -> None:
+        self.acc, self.seen = np.delete(self.acc, drop), np.delete(self.seen, drop)
+
+
+def evicted_slots(scores: Scores, n: int, params: dict, budget: int) -> np.ndarray:
+    """The cache slots to free when the cache holds ``n`` keys (the incoming one
+    counted): the lowest-scoring blocks of the middle, none while ``n`` fits the arena."""
+    S = params["block"]
+    start, recent = S * params["start_blocks"], S * params["recent_blocks"]
+    A = arena(budget, S)
+    if n <= A + S - 1:
+        return np.zeros(0, np.int64)
+    first, last = start // S, n // S - recent // S  # the evictable blocks
+    count = (last - first) - (A - start - recent) // S
+    if count <= 0:
+        return np.zeros(0, np.int64)
+    score = scores.block_scores(0, last - first, S)
+    order = np.lexsort((np.arange(score.shape[0]), score))  # lowest first, then lower index
+    blocks = np.sort(order[:count]) + first
+    return (blocks[:, None] * S + np.arange(S)).ravel()
+
+
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    S, P, T = params["block"], group.prompt_len, group.T
+    start = S * params["start_blocks"]
+    scores = Scores(params)
+    window = params["snapkv_window"]
+    scores.prefill(group.shared(("openvino", window), lambda: prompt_scores(group, window)),
+                   start, P, window)
+    kept = np.arange(P)
+    drop = evicted_slots(scores, P, params, budget)
+    scores.remove(drop - start)
+    kept = np.delete(kept, drop)
+    members = [_Member(m, budget, kept) for m in group.layer_groups()]
+    n = kept.shape[0]
+    for t in range(P, T):
+        drop = evicted_slots(scores, n + 1, params, budget)
+        if drop.size:
+            scores.remove(drop - start)
+            for m in members:
+                m.cache[:n - drop.size] = np.delete(m.cache[:n], drop)
+            n -= drop.size
+        row = np.zeros(n + 1)
+        for m in members:
+            row += m.step(t, n)
+        n += 1
+        if n > start:
+            scores.register(row[start:])
+    own = members[group.kv_head]
+    own.trace.kept = np.sort(own.cache[:n])
+    return own.trace
+
+
+POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per layer, whole "
+                "blocks of the middle by pooled accumulated attention", PARAMS, run=_run,
+                min_budget=_min_budget, saturation=_saturation,
+                floor_reason="start, recent and one evictable block, less 1 (block * "
+                             "(start_blocks + recent_blocks + 2) - 1)",
+                closed_loop=lambda params: "it evicts the same blocks in every KV head of a "
+                                           "layer, from all of their attention, and the closed "
+                                           "loop steps each KV head on its own",
+                presentation=Presentation(
+                    family="engine", color="#0077ee", marker="D",
+                    reads="attention (every KV head of the layer)",
+                    rule=("OpenVINO GenAI's CacheEvictionAlgorithm (SUM / NORM_SUM): whole blocks of "
+                          "the middle, lowest pooled accumulated attention of the layer first; one "
+                          "decision for every KV head of a layer (not steppable one KV head at a "
+                          "time)")))

@@ -1,0 +1,48 @@
+"""The stepper grid of a study: one :class:`~kvsim.policies.stepping.Stepper` per run
+(policy x budget), global layer and KV head, each fed the full run's attention of its
+prompt (a policy that chooses one set for the whole layer, ``Policy.layer``: the layer's),
+with the stores of the vectors its policy reads."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.engine.experiments import random_seed
+from kvsim.policies.run import get_policy
+from kvsim.policies.stepping import Stepper
+from kvsim.scenario.reader import PolicyConfig
+from kvsim.tools.study.model import FullRun
+
+
+def needing(runs: list[tuple[PolicyConfig | None, int]], vector: str) -> list[int]:
+    """The indices of the runs whose policy reads ``vector`` ("keys", "values",
+    "queries"); a run without a policy (None: the full-cache reference; a kvpress press's
+    run) reads none."""
+    return [c for c, (cfg, _) in enumerate(runs)
+            if isinstance(cfg, PolicyConfig) and vector in get_policy(cfg.kind).needs]
+
+
+def query_runs(runs: list[tuple[PolicyConfig | None, int]]) -> list[int]:
+    """The indices of the runs whose policy reads query vectors."""
+    return needing(runs, "queries")
+
+
+def grid_stepper(full: FullRun, cfg: PolicyConfig, budget: int, c: int, layer: int, j: int,
+                 attention: np.ndarray, at: int, keys: np.ndarray, values: np.ndarray,
+                 queries: dict, gqa: str, seed: int, capacity: int,
+                 passes: dict | None = None, stack: np.ndarray | None = None) -> Stepper:
+    """The stepper of run ``c`` (``cfg`` at ``budget``) on ``layer`` and KV head ``j``,
+    compressing after ``at`` prompt positions whose full-cache ``attention`` (G, at, at) it
+    is given, or for a policy that chooses one set for the whole layer (``Policy.layer``)
+    the layer's ``stack`` (H_kv, G, at, at) of which it is KV head ``j``;
+    ``keys``/``values`` (L, C, H_kv, ...): the runs' stores; ``queries``: the query stores
+    of the runs that read them (:func:`query_runs`); its random draws seeded per layer and
+    KV head, as in the simulator; room for ``capacity`` positions."""
+    whole = get_policy(cfg.kind).layer
+    return Stepper(cfg.kind, budget, cfg.params, prompt_attention=stack if whole else attention,
+                   kv_head=j if whole else None,
+                   keys=keys[layer, c, j], values=values[layer, c, j],
+                   queries=queries[c][layer, j] if c in queries else None,
+                   scaling=full.geometry[layer].scaling, gqa=gqa,
+                   seed=random_seed(seed, j, layer), capacity_T=capacity,
+                   rope=full.prompt_rope(layer, j, at), passes=passes)

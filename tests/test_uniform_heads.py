@@ -1,0 +1,110 @@
+"""``heads = "uniform"``: one ranking for every KV head of a layer, per step and in pages,
+against the plain reference (``uniform_caches``: each KV head's rule over the one cache,
+ranked by the sum of their scores), on layers of several KV heads; its refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import uniform_caches
+from test_protocols import attention
+
+from kvsim import ScenarioError, load_scenario
+from kvsim.numerics.field import dense_field
+from kvsim.policies import POLICIES
+from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.settings import problem
+
+PARAMS = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {}}
+
+
+def layer_runs(As, name, params, B, P):
+    """kvsim's trace of every KV head of the layer over ``As`` (one query head each)."""
+    T = As.shape[1]
+    field = dense_field(As, As.shape[0])
+    policy = POLICIES[name]
+    return [run_policy(policy, make_group(field, kv, P, np.zeros((len(As), T), bool), {},
+                                          snap_budget=B, snap_steps=np.arange(T - P)),
+                       B, resolve_params(policy, params)) for kv in range(len(As))]
+
+
+def cached(trace) -> list[list[int]]:
+    """The cache at each decode step, sorted."""
+    return [sorted(int(k) for k in row if k >= 0) for row in trace.snapshots]
+
+
+def check(As, name, params, B, P):
+    T = As.shape[1]
+    full = {**PARAMS[name], **params, "heads": "uniform"}
+    prefill, steps = uniform_caches(list(As), name, P, T, B, full)
+    ctx = f"{name} {full} T={T} P={P} B={B}"
+    for kv, got in enumerate(layer_runs(As, name, full, B, P)):
+        assert cached(got) == [sorted(s) for s in steps], (ctx, kv)
+        mass = [sum(As[kv, P + i, k] for k in sorted(s)) for i, s in enumerate(steps)]
+        np.testing.assert_allclose(got.mass[0], mass, rtol=0, atol=1e-9, err_msg=ctx)
+        assert got.kept.tolist() == (sorted(steps[-1]) if steps else sorted(prefill)), ctx
+
+
+@pytest.mark.parametrize("name", sorted(PARAMS))
+@pytest.mark.parametrize("page", [1, 2, 3])
+def test_uniform_heads_match_the_reference(name, page):
+    rng = np.random.default_rng([len(name), page])
+    for _ in range(12):
+        kv_heads, T = int(rng.integers(1, 4)), int(rng.integers(6, 36))
+        P = int(rng.integers(0, T + 1))
+        low = max(4, 2 * page)
+        B = int(rng.integers(low, max(low + 1, P + 3)))
+        params = {"page": page} if page != 1 else {}
+        if problem(POLICIES[name], {**PARAMS[name], **params, "heads": "uniform"}, B, P, T):
+            continue
+        check(np.stack([attention(rng, T) for _ in range(kv_heads)]), name, params, B, P)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), kv_heads=st.integers(2, 3), T=st.integers(2, 30),
+       B=st.integers(4, 12), name=st.sampled_from(sorted(PARAMS)), data=st.data())
+def test_one_cache_for_the_layer(seed, kv_heads, T, B, name, data):
+    """Every KV head holds the same cache at every step, never more than B keys; with one
+    KV head, uniform is the per-head rule."""
+    rng = np.random.default_rng(seed)
+    P = data.draw(st.integers(0, T))
+    As = np.stack([attention(rng, T) for _ in range(kv_heads)])
+    traces = layer_runs(As, name, {**PARAMS[name], "heads": "uniform"}, B, P)
+    for trace in traces:
+        assert np.array_equal(trace.snapshots, traces[0].snapshots)
+        assert trace.cache_size.max(initial=0) <= B
+    one = layer_runs(As[:1], name, {**PARAMS[name], "heads": "uniform"}, B, P)[0]
+    per_head = layer_runs(As[:1], name, PARAMS[name], B, P)[0]
+    assert cached(one) == cached(per_head)
+    np.testing.assert_allclose(one.mass, per_head.mass, rtol=0, atol=1e-12)  # slot orders differ
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("window", "a position rule already decides alike"),
+    ("snapkv", "no per-key scores"),
+    ("random", "seeded per KV head"),
+])
+def test_refusals(name, reason):
+    policy = POLICIES[name]
+    found = problem(policy, {**resolve_params(policy, {}), "heads": "uniform"}, 64, 100, 200)
+    assert found is not None and found[0] == "heads" and reason in found[1]
+
+
+def test_only_page_combines_with_heads():
+    h2o = POLICIES["h2o"]
+    params = resolve_params(h2o, {})
+    assert problem(h2o, {**params, "heads": "uniform", "page": 4}, 64, 100, 200) is None
+    found = problem(h2o, {**params, "heads": "uniform", "interval": 4}, 64, 100, 200)
+    assert found is not None and found[0] == "heads"
+
+
+def test_ada_allocation_refuses_uniform_heads(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[attention]\nsource = "field"\nT = 64\nheads = 2\nkv_heads = 2\n'
+                    '[policies.h2o]\nheads = "uniform"\n[[experiment]]\nname = "e"\n'
+                    'prompt_len = 32\nbudgets = [16]\nallocation = "ada"\n')
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    assert any("heads = \"uniform\" or filtering" in line for line in info.value.lines())
