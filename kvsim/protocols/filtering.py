@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.policies.base import Group, Policy, Trace
-from kvsim.protocols.batched import _Run
+from kvsim.protocols.cache import Run
 from kvsim.protocols.uniform import member
 
 def survives(value: np.ndarray, n_kept: int) -> bool:
@@ -47,7 +47,7 @@ def majority_target(n: int, ratio: float) -> int:
     return max(1, int(n * (1.0 - ratio)))
 
 
-def _judge(run: _Run, group: Group, t: int) -> np.ndarray:
+def _judge(run: Run, group: Group, t: int) -> np.ndarray:
     """The current scores of the cached keys after query ``t`` (key ``t`` last)."""
     value, _ = run.scores(t + 1, group.seed)
     return value[:run.n]

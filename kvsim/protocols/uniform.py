@@ -7,7 +7,7 @@ decision ranks the cached keys by the **sum over the layer's KV heads** (in orde
 current scores (``Steps.rank``), protects what the policy protects, and removes the same
 keys from every KV head. Per step: when key ``t`` would exceed ``B``, the lowest-ranked
 unprotected key goes first (higher sum, then lower position ranks above). With ``page = S``:
-the pages of :func:`kvsim.protocols.batched._paged`, ranked by the summed scores. The prefill
+the pages of :func:`kvsim.protocols.cache.paged`, ranked by the summed scores. The prefill
 keeps the ``recent`` newest prompt keys and the top ``B - recent`` older ones by the
 summed prefill scores.
 
@@ -22,14 +22,14 @@ import numpy as np
 from kvsim.numerics.decode import Outputs
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace, snapshot_steps
 from kvsim.policies.layout import widen
-from kvsim.protocols.batched import _paged, _Run
+from kvsim.protocols.cache import Run, paged
 
 
-class LayerRun(_Run):
+class LayerRun(Run):
     """The runs of every KV head of a layer over one cache, ranked together; reads as the
     run of its own KV head ``own`` (its cache, size and state)."""
 
-    def __init__(self, runs: list[_Run], groups: list[Group], outs: list[Outputs], own: int):
+    def __init__(self, runs: list[Run], groups: list[Group], outs: list[Outputs], own: int):
         self.runs, self.groups, self.outs, self.own = runs, groups, outs, own
         self.policy = runs[own].policy
 
@@ -66,7 +66,7 @@ class LayerRun(_Run):
 
 
 def member(policy: Policy, group: Group, first: int, cap: int, params: dict,
-           recent: int | None = None) -> tuple[_Run, Outputs, Trace]:
+           recent: int | None = None) -> tuple[Run, Outputs, Trace]:
     """One KV head started at budget ``first`` (the policy's own prefill; the recent count
     ``recent`` where given), room for every decode key, its outputs (cache snapshots at
     ``cap``)."""
@@ -83,7 +83,7 @@ def member(policy: Policy, group: Group, first: int, cap: int, params: dict,
     trace.snapshots = np.full((snap_steps.shape[0], capacity), -1, np.int64)
     out = Outputs(trace.mass, trace.cache_size, trace.recall, trace.error, snap_steps,
                   trace.snapshots)
-    return _Run(policy, state, cache, len(kept), layout.slot_fields(params)), out, trace
+    return Run(policy, state, cache, len(kept), layout.slot_fields(params)), out, trace
 
 
 def _prefill(run: LayerRun, P: int, budget: int, recent: int) -> None:
@@ -111,7 +111,7 @@ def run_uniform(policy: Policy, group: Group, budget: int, cap: int, params: dic
     own_out, trace = started[group.kv_head][1:]
     P, T = group.prompt_len, group.T
     if proto["page"] != 1:
-        _paged(run, group, own_out, proto["page"], proto["page_reduce"], cap)
+        paged(run, group, own_out, proto["page"], proto["page_reduce"], cap)
     else:
         _prefill(run, P, cap, policy.layout.recent_count(budget, params))
         t = P
