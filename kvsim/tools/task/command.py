@@ -32,12 +32,19 @@ def _trial(index: int) -> list[dict]:
 def prompt_frame(cfg: TaskConfig, tokenizer):
     """The model's prompt frame under ``task.prompt``, checked against the shortest length
     (a :class:`KvsimError` names the key when it does not fit)."""
-    from kvsim.tools.task import inputs
+    from kvsim.tools.task import inputs, kinds
 
     try:
         form = inputs.frame(tokenizer, cfg.prompt)
     except ValueError as exc:
         raise KvsimError(f"{cfg.path}: task.prompt: {exc}") from None
+    if cfg.kind != kinds.PASSKEY:  # a kind's frame holds each trial's keys: its shortest
+        try:                          # prompt must fit
+            kinds.build(cfg.kind, tokenizer, min(cfg.lengths), 0.0,
+                        inputs.trial_rng(cfg.seed, min(cfg.lengths), 0.0, 0), None, cfg.prompt)
+        except ValueError as exc:
+            raise KvsimError(f"{cfg.path}: task.lengths: {exc}") from None
+        return form
     need = len(form.head) + len(form.question) + 40  # the needle (about 25 tokens) and filler
     if min(cfg.lengths) < need:
         raise KvsimError(f"{cfg.path}: task.lengths: expected lengths of at least {need} "
@@ -171,6 +178,7 @@ def redraw_report(path: str | Path, out: Path | None = None, *,
             raise KvsimError(f"{out}: expected a task report to redraw (task.json and "
                              f"results.csv); run without --redraw to make one")
         info = json.loads(saved.read_text())
+        info["settings"].setdefault("kind", "passkey")  # a report from before task kinds
         now = json.loads(json.dumps(settings_of(cfg), default=str))
         differ = sorted(k for k in {*now, *info["settings"]} - set(REDRAWABLE)
                         if now.get(k) != info["settings"].get(k))

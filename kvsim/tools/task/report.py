@@ -21,6 +21,7 @@ import numpy as np
 from kvsim.tools.closed_loop.report import _caches, _csv, _layers
 from kvsim.tools.study import figure_lines, machine_words, settings_of, version_lines
 from kvsim.tools.task.config import TaskConfig
+from kvsim.tools.task.kinds import KINDS, PASSKEY
 from kvsim.tools.task.prediction import GATE, PREDICTORS, gate, gated, prediction_quality
 from kvsim.tools.task.run import FULL
 
@@ -32,6 +33,7 @@ ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_st
              "digit_share": float, "kept_needle_mass": float, "late_needle_mass": float,
              "answer": str, "number": str,
              "success": int, "question_needle_mass": float}
+SCORE_TYPES = {"score_all": float, "score_part": float}  # a RULER kind's, before the last
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
 LOOKS = {  # per protocol: marker face and line style in the retention figure
     "before_question": ("none", ":"), "after_question": ("full", "-"),
@@ -43,9 +45,12 @@ def read_rows(path: Path) -> list[dict]:
     they give the same file)."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        if reader.fieldnames != list(ROW_TYPES):
-            raise ValueError(f"expected the columns {', '.join(ROW_TYPES)}")
-        return [{k: ROW_TYPES[k](v) for k, v in r.items()} for r in reader]
+        scored = [*list(ROW_TYPES)[:-1], *SCORE_TYPES, "question_needle_mass"]
+        if reader.fieldnames not in (list(ROW_TYPES), scored):
+            raise ValueError(f"expected the columns {', '.join(ROW_TYPES)} (a RULER kind's: "
+                             f"{', '.join(SCORE_TYPES)} before the last)")
+        types = {**ROW_TYPES, **SCORE_TYPES}
+        return [{k: types[k](v) for k, v in r.items()} for r in reader]
 
 
 def retention_bins(rows: list[dict], protocol: str) -> list[dict]:
@@ -175,7 +180,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
             ax.set_xlabel("context length (tokens)", fontsize=8)
         for ax in axes[:, 0]:
             ax.set_ylabel("needle depth", fontsize=8)
-        fig.suptitle(f"{cfg.name}: passkey accuracy, {_label(protocol)}, budget "
+        fig.suptitle(f"{cfg.name}: {cfg.kind} accuracy, {_label(protocol)}, budget "
                      f"{cfg.focus_budget} (mean of {_count(cfg.trials, 'trial')} per cell)\n"
                      f"red ×: a cell where the full cache answers under {GATE:.0%} of its "
                      f"trials (left out of every claim)", fontsize=10)
@@ -209,7 +214,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         ax.set_xlabel("budget (keys per layer and KV head)")
         ax.set_title(_label(protocol), fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("passkey accuracy (Wilson 95% bands)")
+    axes[0, 0].set_ylabel(f"{cfg.kind} accuracy (Wilson 95% bands)")
     handles, texts = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="lower center", fontsize=8, ncol=4, frameon=False)
     per_point = _count(len(cells_of(rows)), "trial")
@@ -244,7 +249,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
                     capsize=2, zorder=3,
                     label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
     ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding the key)")
-    ax.set_ylabel("model: passkey accuracy")
+    ax.set_ylabel(f"model: {cfg.kind} accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
@@ -352,7 +357,7 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
              quality: list[dict], facts: dict, figures: list[str]) -> str:
     """The report's text."""
     n_cells = len(cells_of(rows))
-    lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
+    lines = [f"# {'Passkey' if cfg.kind == PASSKEY else cfg.kind} task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
     redrawn = facts.get("redrawn")
@@ -371,7 +376,10 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
         f"{_count(cfg.trials, 'trial')} per cell ({_count(n_cells, 'trial')}, seed "
         f"{cfg.seed}); filler `{cfg.filler}`; budgets {list(cfg.budgets)}; answers of "
-        f"{cfg.answer_tokens} greedy tokens; success: the first 5-digit number of the answer is the key",
+        f"{cfg.answer_tokens} greedy tokens; success: " + (
+            "the first 5-digit number of the answer is the key" if cfg.kind == PASSKEY else
+            f"RULER's {KINDS[cfg.kind].metric} is 1 (each expected value is in the answer; "
+            f"`score_all`, `score_part`: RULER's two metrics per run in results.csv)"),
         "- protocols: `after_question` compresses the whole prompt after a full prefill; "
         "`before_question` compresses the context before the question from its own queries, "
         "then the question joins without eviction (decode budget B + Q); `prefill_only` "
