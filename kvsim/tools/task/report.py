@@ -33,6 +33,8 @@ ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_st
              "digit_share": float, "kept_needle_mass": float, "late_needle_mass": float,
              "answer": str, "number": str,
              "success": int, "question_needle_mass": float}
+HELD = "every digit token of one of the key's two occurrences"
+KIND_HELD = "every span the answer needs: each asked value's digit tokens (vt: each assignment)"
 SCORE_TYPES = {"score_all": float, "score_part": float}  # a RULER kind's, before the last
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
 LOOKS = {  # per protocol: marker face and line style in the retention figure
@@ -395,8 +397,8 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         return _closing(lines, figures)
     lines += ["Over the cells that pass the gate: accuracy over trials with its Wilson 95% "
               "interval, and the simulator's mean needle retention (share of layer × KV head "
-              "caches holding every digit token of one of the key's two occurrences when the "
-              "answer starts).", ""]
+              f"caches holding {HELD if cfg.kind == PASSKEY else KIND_HELD} when the answer "
+              f"starts).", ""]
     full_acc = next(a for a in acc if a["policy"] == FULL)
     lines += [f"Full cache (the reference; a compressed cache may do better): {_pct(full_acc)} "
               f"of {_count(full_acc['trials'], 'trial')}.", ""]
