@@ -261,7 +261,7 @@ def build(kind: str, tokenizer, length: int, depth: float, rng: np.random.Genera
     others = rng.choice(later, len(c.needles) - 1)
     at = [anchor, *(sorted(others) if c.ordered else others)]
     order = sorted(range(len(at)), key=lambda i: (at[i], i))  # the anchor first at its cut
-    ids, spans, last, starts = list(head), [], 0, {}
+    ids, last, starts = list(head), 0, {}
     for i in order:
         ids += filler[last:at[i]]
         last = int(at[i])
