@@ -144,6 +144,18 @@ def test_kind_settings_and_bad_kind(tmp_path):
         config('kind = "niah"')
 
 
+@pytest.mark.parametrize("report", ["passkey_smollm2", "passkey_gemma3"])
+def test_committed_passkey_results_read_and_write_back_unchanged(report, tmp_path):
+    from pathlib import Path
+
+    from kvsim.tools.closed_loop.report import _csv
+    from kvsim.tools.task.report import read_rows
+
+    path = Path(__file__).resolve().parents[1] / "reports" / report / "results.csv"
+    _csv(tmp_path / "r.csv", read_rows(path))
+    assert (tmp_path / "r.csv").read_bytes() == path.read_bytes()
+
+
 # --- a tiny random model, each kind end to end -------------------------------------------
 
 pytest.importorskip("torch")
