@@ -88,6 +88,7 @@ def redraw_report(study, path: str | Path, out: Path | None = None, *,
                              f"({study.saved} and results.csv); run without --redraw to "
                              f"make one")
         info = json.loads(saved.read_text())
+        info["settings"] = {**study.added, **info["settings"]}
         now = json.loads(json.dumps(study.settings(cfg), default=str))
         differ = sorted(k for k in {*now, *info["settings"]} - set(study.redrawable)
                         if now.get(k) != info["settings"].get(k))

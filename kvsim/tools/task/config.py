@@ -17,6 +17,7 @@ from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.tools import models
 from kvsim.tools.task.inputs import PROMPTS
+from kvsim.tools.task.kinds import KINDS, NAMES, PASSKEY
 from kvsim.tools.study.presses import read_presses
 from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
                                     read_model, read_output, read_steppable_policies,
@@ -29,6 +30,8 @@ MIN_LENGTH = 128  # room for the frame (description and question: 40 tokens raw,
 
 SETTINGS = {
     **MODEL_SETTINGS,
+    "kind": Param(str, PASSKEY, "the task: 'passkey', or one of RULER's needle family "
+                  "(docs/tasks.md, kvsim/tools/task/kinds.py)", choices=NAMES),
     "trials": Param(int, 5, "trials per length x depth cell (a new key and filler each)",
                     low=1, high=10_000),
     "seed": Param(int, 0, "seed of the keys, the filler and seeded policies",
@@ -41,8 +44,10 @@ SETTINGS = {
     "prompt": Param(str, "raw", "the prompt's format: 'raw' (the tokenizer's special tokens, "
                     "the task description, the haystack, the question) or 'chat' (the same "
                     "inside the model's chat template)", choices=PROMPTS),
-    "answer_tokens": Param(int, 8, "tokens generated greedily from each cache",
-                           check=lambda v: 1 <= v <= 64, expect="an integer in [1, 64]"),
+    "answer_tokens": Param(int, 8, "tokens generated greedily from each cache (default: 8 "
+                           "for the passkey, RULER's tokens_to_generate for its kinds: 128, "
+                           "vt 30)",
+                           check=lambda v: 1 <= v <= 128, expect="an integer in [1, 128]"),
     "gqa": GQA,
     "bootstrap": BOOTSTRAP,
 }
@@ -74,6 +79,7 @@ class TaskConfig:
     formats: tuple[str, ...]
     dpi: int
     presses: tuple[PolicyConfig, ...] = ()  # kvpress's (presses.py), under prefill_only
+    kind: str = PASSKEY  # the task (kinds.py)
 
     @property
     def filler_path(self) -> Path | None:
@@ -125,6 +131,8 @@ def load_config(path: str | Path) -> TaskConfig:
     """Read and validate a task file; problems raise :class:`ScenarioError`."""
     path, doc, chk, name, description, table = read_study_file(path, "task", TOP_KEYS)
     s = chk.params(table, SETTINGS, "task.", skip=LISTS)
+    if "answer_tokens" not in table and s.get("kind") in KINDS:  # RULER's answer length
+        s["answer_tokens"] = KINDS[s["kind"]].tokens
     lengths = _int_list(chk, table.get("lengths"), "task.lengths", MIN_LENGTH)
     depths = _depths(chk, table.get("depths"))
     budgets = _int_list(chk, table.get("budgets"), "task.budgets", 1)
@@ -164,4 +172,4 @@ def load_config(path: str | Path) -> TaskConfig:
                       tuple(depths), s["trials"], s["seed"], tuple(budgets), focus,
                       tuple(compress), s["filler"], s["prompt"], s["answer_tokens"], s["gqa"],
                       s["bootstrap"], tuple(configs.values()), tuple(formats), dpi,
-                      tuple(presses.values()))
+                      tuple(presses.values()), s["kind"])

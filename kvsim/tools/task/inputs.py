@@ -33,8 +33,8 @@ import numpy as np
 
 DESCRIPTION = ("There is an important info hidden inside a lot of irrelevant text. Find it "
                "and memorize it. I will quiz you about the important information there.")
-QUESTION = "\nWhat is the pass key? The pass key is"
 ASK, ANSWER = "\nWhat is the pass key?", "The pass key is"  # the question around a chat turn
+QUESTION = f"{ASK} {ANSWER}"  # the raw question: "\nWhat is the pass key? The pass key is"
 PROMPTS = ("raw", "chat")
 SENTENCES = (  # the classic passkey haystack (Mohtashami and Jaggi 2023), and three alike
     "The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
@@ -55,10 +55,21 @@ class Prompt:
     digits: tuple[np.ndarray, np.ndarray]
     question_len: int
     context_start: int = 0
+    expected: tuple[str, ...] = ()  # a task kind's expected answers (kinds.py); () passkey
+    placed: float | None = None  # a task kind's anchor depth in the filler (kinds.py)
+    kind: str = "passkey"
+
+    @property
+    def needs_all(self) -> bool:
+        """Whether the answer needs every span of ``digits`` (a task kind's needed values)
+        rather than one of them (the passkey's two occurrences of one key)."""
+        return bool(self.expected)
 
     @property
     def depth(self) -> float:
         """The needle's actual relative depth in the haystack (0: first, 1: last)."""
+        if self.placed is not None:
+            return self.placed
         room = self.ids.size - self.context_start - self.question_len - self.needle_len
         return (self.needle_start - self.context_start) / room if room > 0 else 0.0
 
@@ -76,7 +87,7 @@ def specials(tokenizer) -> list[int]:
     """The ids the tokenizer puts before a whole text (``<bos>`` for Gemma-3; none for
     SmolLM2), found by encoding one text with and without its special tokens; the ones it
     would put after (an end of sequence) do not belong in a prompt that goes on."""
-    bare = _encode(tokenizer, DESCRIPTION)
+    bare = encode(tokenizer, DESCRIPTION)
     whole = list(tokenizer(DESCRIPTION, add_special_tokens=True)["input_ids"])
     for k in range(len(whole) - len(bare) + 1):
         if whole[k:k + len(bare)] == bare:
@@ -84,15 +95,16 @@ def specials(tokenizer) -> list[int]:
     raise ValueError("the tokenizer encodes a text differently with its special tokens")
 
 
-def frame(tokenizer, prompt: str = "raw") -> Frame:
+def frame(tokenizer, prompt: str = "raw", description: str = DESCRIPTION, ask: str = ASK,
+          answer: str = ANSWER) -> Frame:
     """The :class:`Frame` of ``prompt``: ``"raw"`` (the tokenizer's special tokens, the task
-    description, the haystack, :data:`QUESTION`) or ``"chat"`` (the model's chat template
-    around one user turn holding the description, the haystack and the question; the
-    model's turn then starts with "The pass key is")."""
-    description = _encode(tokenizer, DESCRIPTION)
+    ``description``, the haystack, ``ask + " " + answer``: :data:`QUESTION`) or ``"chat"``
+    (the model's chat template around one user turn holding the description, the haystack
+    and ``ask``; the model's turn then starts with ``answer``, "The pass key is")."""
+    head = encode(tokenizer, description)
     if prompt == "raw":
-        return Frame(tuple(specials(tokenizer) + description),
-                     tuple(_encode(tokenizer, QUESTION)))
+        return Frame(tuple(specials(tokenizer) + head),
+                     tuple(encode(tokenizer, f"{ask} {answer}")))
     if prompt != "chat":
         raise ValueError(f"prompt: expected one of {', '.join(PROMPTS)}, got {prompt!r}")
     if not getattr(tokenizer, "chat_template", None):
@@ -101,9 +113,9 @@ def frame(tokenizer, prompt: str = "raw") -> Frame:
     turn = tokenizer.apply_chat_template([{"role": "user", "content": mark}], tokenize=False,
                                          add_generation_prompt=True)
     before, after = turn.split(mark)
-    return Frame(tuple(_encode(tokenizer, before) + description),
-                 tuple(_encode(tokenizer, ASK) + _encode(tokenizer, after)
-                       + _encode(tokenizer, ANSWER)))
+    return Frame(tuple(encode(tokenizer, before) + head),
+                 tuple(encode(tokenizer, ask) + encode(tokenizer, after)
+                       + encode(tokenizer, answer)))
 
 
 def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Generator:
@@ -111,13 +123,14 @@ def trial_rng(seed: int, length: int, depth: float, trial: int) -> np.random.Gen
     return np.random.default_rng((seed, length, int(round(depth * 1_000_000)), trial))
 
 
-def _encode(tokenizer, text: str) -> list[int]:
+def encode(tokenizer, text: str) -> list[int]:
+    """The ids of ``text`` without special tokens."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def seeded_filler(tokenizer, rng: np.random.Generator, tokens: int) -> list[int]:
     """``tokens`` ids of sentences drawn uniformly from :data:`SENTENCES` by ``rng``."""
-    encoded = [_encode(tokenizer, " " + s) for s in SENTENCES]
+    encoded = [encode(tokenizer, " " + s) for s in SENTENCES]
     ids: list[int] = []
     while len(ids) < tokens:
         ids += encoded[int(rng.integers(len(SENTENCES)))]
@@ -147,7 +160,7 @@ def build(tokenizer, length: int, depth: float, rng: np.random.Generator,
     form = form or frame(tokenizer)
     key = str(int(rng.integers(10000, 100000)))
     pieces = [" The pass key is", " " + key, ". Remember it.", " " + key, " is the pass key."]
-    encoded = [_encode(tokenizer, p) for p in pieces]
+    encoded = [encode(tokenizer, p) for p in pieces]
     needle = [i for piece in encoded for i in piece]
     head, question = list(form.head), list(form.question)
     room = length - len(head) - len(needle) - len(question)

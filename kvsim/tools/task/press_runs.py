@@ -49,6 +49,6 @@ def held_caches(full, prompt, cfg, rows_of: dict, configs, held_of):
             for j in range(H_kv):
                 positions = held[layer][j]
                 predict(caches, (c, i, j), positions, prompt.digits, rows_of[layer, j][
-                    np.concatenate(prompt.digits)])
+                    np.concatenate(prompt.digits)], prompt.needs_all)
                 caches.steppers[c][layer][j] = Kept(positions.tolist())
     return caches

@@ -10,6 +10,7 @@ Brier score beside the base rate's).
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections import defaultdict
@@ -21,6 +22,7 @@ from kvsim.tools.study.report import (cache_words, figure_lines, layer_words, ma
                                       read_csv, redrawn_lines, settings_of, version_lines,
                                       write_csv)
 from kvsim.tools.task.config import TaskConfig
+from kvsim.tools.task.kinds import KINDS, PASSKEY
 from kvsim.tools.task.prediction import GATE, PREDICTORS, gate, gated, prediction_quality
 from kvsim.tools.task.run import FULL
 
@@ -32,6 +34,9 @@ ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_st
              "digit_share": float, "kept_needle_mass": float, "late_needle_mass": float,
              "answer": str, "number": str,
              "success": int, "question_needle_mass": float}
+HELD = "every digit token of one of the key's two occurrences"
+KIND_HELD = "every span the answer needs: each asked value's digit tokens (vt: each assignment)"
+SCORE_TYPES = {"score_all": float, "score_part": float}  # a RULER kind's, before the last
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
 LOOKS = {  # per protocol: marker face and line style in the retention figure
     "before_question": ("none", ":"), "after_question": ("full", "-"),
@@ -41,7 +46,14 @@ LOOKS = {  # per protocol: marker face and line style in the retention figure
 def read_rows(path: Path) -> list[dict]:
     """The rows of a task's ``results.csv``, with the types the run gave them (written back,
     they give the same file)."""
-    return read_csv(path, ROW_TYPES)
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        scored = [*list(ROW_TYPES)[:-1], *SCORE_TYPES, "question_needle_mass"]
+        if reader.fieldnames not in (list(ROW_TYPES), scored):
+            raise ValueError(f"expected the columns {', '.join(ROW_TYPES)} (a RULER kind's: "
+                             f"{', '.join(SCORE_TYPES)} before the last)")
+        types = {**ROW_TYPES, **SCORE_TYPES}
+        return [{k: types[k](v) for k, v in r.items()} for r in reader]
 
 
 def retention_bins(rows: list[dict], protocol: str) -> list[dict]:
@@ -171,7 +183,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
             ax.set_xlabel("context length (tokens)", fontsize=8)
         for ax in axes[:, 0]:
             ax.set_ylabel("needle depth", fontsize=8)
-        fig.suptitle(f"{cfg.name}: passkey accuracy, {_label(protocol)}, budget "
+        fig.suptitle(f"{cfg.name}: {cfg.kind} accuracy, {_label(protocol)}, budget "
                      f"{cfg.focus_budget} (mean of {_count(cfg.trials, 'trial')} per cell)\n"
                      f"red ×: a cell where the full cache answers under {GATE:.0%} of its "
                      f"trials (left out of every claim)", fontsize=10)
@@ -205,7 +217,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         ax.set_xlabel("budget (keys per layer and KV head)")
         ax.set_title(_label(protocol), fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0, 0].set_ylabel("passkey accuracy (Wilson 95% bands)")
+    axes[0, 0].set_ylabel(f"{cfg.kind} accuracy (Wilson 95% bands)")
     handles, texts = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, texts, loc="lower center", fontsize=8, ncol=4, frameon=False)
     per_point = _count(len(cells_of(rows)), "trial")
@@ -240,7 +252,7 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
                     capsize=2, zorder=3,
                     label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
     ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding the key)")
-    ax.set_ylabel("model: passkey accuracy")
+    ax.set_ylabel(f"model: {cfg.kind} accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
@@ -348,7 +360,7 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
              quality: list[dict], facts: dict, figures: list[str]) -> str:
     """The report's text."""
     n_cells = len(cells_of(rows))
-    lines = [f"# Passkey task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
+    lines = [f"# {'Passkey' if cfg.kind == PASSKEY else cfg.kind} task: {cfg.name}", "", _opening(cfg, cells, acc, quality), ""]
     if cfg.description:
         lines += [cfg.description, ""]
     lines += [
@@ -364,7 +376,10 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         f"the {facts['question_len']}-token question), depths {list(cfg.depths)}, "
         f"{_count(cfg.trials, 'trial')} per cell ({_count(n_cells, 'trial')}, seed "
         f"{cfg.seed}); filler `{cfg.filler}`; budgets {list(cfg.budgets)}; answers of "
-        f"{cfg.answer_tokens} greedy tokens; success: the first 5-digit number of the answer is the key",
+        f"{cfg.answer_tokens} greedy tokens; success: " + (
+            "the first 5-digit number of the answer is the key" if cfg.kind == PASSKEY else
+            f"RULER's {KINDS[cfg.kind].metric} is 1 (each expected value is in the answer; "
+            f"`score_all`, `score_part`: RULER's two metrics per run in results.csv)"),
         "- protocols: `after_question` compresses the whole prompt after a full prefill; "
         "`before_question` compresses the context before the question from its own queries, "
         "then the question joins without eviction (decode budget B + Q); `prefill_only` "
@@ -380,8 +395,8 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
         return _closing(lines, figures)
     lines += ["Over the cells that pass the gate: accuracy over trials with its Wilson 95% "
               "interval, and the simulator's mean needle retention (share of layer × KV head "
-              "caches holding every digit token of one of the key's two occurrences when the "
-              "answer starts).", ""]
+              f"caches holding {HELD if cfg.kind == PASSKEY else KIND_HELD} when the answer "
+              f"starts).", ""]
     full_acc = next(a for a in acc if a["policy"] == FULL)
     lines += [f"Full cache (the reference; a compressed cache may do better): {_pct(full_acc)} "
               f"of {_count(full_acc['trials'], 'trial')}.", ""]

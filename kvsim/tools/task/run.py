@@ -27,7 +27,7 @@ from kvsim.policies.run import get_policy
 from kvsim.protocols.question import plan
 from kvsim.tools.study.grid import grid_stepper, needing, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
-from kvsim.tools.task import inputs
+from kvsim.tools.task import inputs, kinds
 from kvsim.tools.task.config import TaskConfig
 
 FULL = "full"
@@ -61,17 +61,19 @@ def question_rows(prompt: inputs.Prompt, attention: np.ndarray) -> np.ndarray:
     return attention[:, P - Q:P].sum(axis=1).mean(axis=0)
 
 
-def _holds(cache: np.ndarray, digits: tuple[np.ndarray, ...]) -> bool:
-    return any(np.isin(d, cache).all() for d in digits)
+def _holds(cache: np.ndarray, digits: tuple[np.ndarray, ...], every: bool) -> bool:
+    held = [np.isin(d, cache).all() for d in digits]
+    return all(held) if every else any(held)
 
 
 def predict(caches: Caches, at: tuple[int, int, int], cache: np.ndarray,
-            digits: tuple[np.ndarray, ...], on_digits: np.ndarray) -> None:
+            digits: tuple[np.ndarray, ...], on_digits: np.ndarray, every: bool = False) -> None:
     """Record what one cache's kept positions ``cache`` predict at ``at`` = (run, global
-    layer, KV head): whether it holds the key's digits, their share, their question mass
+    layer, KV head): whether it holds the key's digits (one of the spans of ``digits``;
+    ``every``: all of them, a task kind's needed values), their share, their question mass
     (``on_digits``: the question's attention on each digit token)."""
     kept = np.isin(np.concatenate(digits), cache)
-    caches.held[at] = _holds(cache, digits)
+    caches.held[at] = _holds(cache, digits, every)
     caches.share[at] = kept.mean()
     caches.mass[at] = on_digits[kept].sum()
 
@@ -160,7 +162,8 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
                                      cfg.seed, P + cfg.answer_tokens,
                                      layer_passes[caches.at] if layer_wide else passes,
                                      stacks.get(caches.at))
-                    predict(caches, (c, i, j), s.cache, prompt.digits, on_digits)
+                    predict(caches, (c, i, j), s.cache, prompt.digits, on_digits,
+                            prompt.needs_all)
                     if caches.free:
                         s.widen(caches.free)
                     caches.steppers[c][layer][j] = s
@@ -220,9 +223,7 @@ def full_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     """The prompt of one trial, its full prefill and the full cache's greedy answer
     (``answer_tokens`` ids); ``form``: the model's prompt frame
     (:func:`~kvsim.tools.task.inputs.frame`)."""
-    length, depth, trial = cell
-    prompt = inputs.build(tokenizer, length, depth,
-                          inputs.trial_rng(cfg.seed, length, depth, trial), text_ids, form)
+    prompt = trial_prompt(tokenizer, cfg, cell, text_ids, form)
     full = prefill(net, prompt.ids, logits_to_keep=1, rope=rope)
     P = prompt.ids.size
     L, H_kv = full.keys.shape[:2]
@@ -233,16 +234,30 @@ def full_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     return prompt, full, tokens[0]
 
 
+def trial_prompt(tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
+                 text_ids: np.ndarray | None, form: inputs.Frame) -> inputs.Prompt:
+    """The prompt of one trial of ``cfg``'s kind: the passkey's in the model's ``form``, or
+    a RULER kind's (:mod:`~kvsim.tools.task.kinds`) in the format of ``task.prompt``."""
+    length, depth, trial = cell
+    rng = inputs.trial_rng(cfg.seed, length, depth, trial)
+    if cfg.kind == kinds.PASSKEY:
+        return inputs.build(tokenizer, length, depth, rng, text_ids, form)
+    return kinds.build(cfg.kind, tokenizer, length, depth, rng, text_ids, cfg.prompt)
+
+
 def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: dict) -> dict:
     """A result row of ``cell``: the trial's columns, ``row`` (its ``tokens`` decoded into
-    the answer) and the success."""
+    the answer) and the success (a task kind's: RULER's scores beside it, the kind's
+    metric giving 1)."""
     row = dict(row)
     answer = tokenizer.decode(row.pop("tokens").tolist())
-    number = inputs.first_number(answer)
-    return {"length": cell[0], "depth": cell[1], "trial": cell[2], "key": prompt.key,
+    head = {"length": cell[0], "depth": cell[1], "trial": cell[2], "key": prompt.key,
             "needle_start": prompt.needle_start, "actual_depth": round(prompt.depth, 4),
-            "question_len": prompt.question_len, **row, "answer": answer,
-            "number": number or "", "success": int(number == prompt.key)}
+            "question_len": prompt.question_len, **row, "answer": answer}
+    if prompt.needs_all:
+        return {**head, "number": "", **kinds.score(prompt.kind, answer, prompt.expected)}
+    number = inputs.first_number(answer)
+    return {**head, "number": number or "", "success": int(number == prompt.key)}
 
 
 def gate_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
