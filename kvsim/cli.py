@@ -14,7 +14,7 @@ from kvsim.interrupts import resend_swallowed
 from kvsim.resources import memory_limit_of, parse_size
 from kvsim.scenario.overrides import (Overrides, parse_budgets, parse_policies, parse_seeds,
                                       parse_setting)
-from kvsim.tools.preflight import NEEDS
+from kvsim.models.preflight import NEEDS
 
 EPILOG = """\
 commands:
@@ -263,7 +263,7 @@ def _bench(argv: list[str]) -> int:
 
 
 def _capture(argv: list[str]) -> int:
-    from kvsim.tools.capture import capture
+    from kvsim.models.capture import capture
 
     p = _Parser(
         prog="kvsim capture", description="Record the post-RoPE queries, keys and values of "

@@ -30,7 +30,7 @@ from reference import reference_run
 from kvsim.engine import allocation
 from kvsim.engine.experiments import simulate_scenario
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
+from kvsim.protocols.run import resolve_params
 from kvsim.scenario.load import load_scenario
 
 T = 12

@@ -40,9 +40,9 @@ def without_torch(monkeypatch):
 def real_model():
     """``real_model(name)``: (model, tokenizer) of a named model (``smollm2-135m``,
     ``gemma3-270m``), loaded once per test session by
-    :func:`kvsim.tools.capture.load_model` and handed out with eager attention; a test
+    :func:`kvsim.models.capture.load_model` and handed out with eager attention; a test
     that uses it skips itself where the model's wheel is missing."""
-    from kvsim.tools.capture import load_model  # before any test patches it
+    from kvsim.models.capture import load_model  # before any test patches it
 
     loaded: dict = {}
 
@@ -63,10 +63,10 @@ def real_model_loader(real_model, monkeypatch):
     def patch(module, name: str) -> None:
         from pathlib import Path
 
-        from kvsim.tools import models
+        from kvsim.models import catalog
 
         def load_model(model, gguf_file=None):
-            folder, gguf = models.resolve(name)
+            folder, gguf = catalog.resolve(name)
             assert model == name or (Path(model) == folder and gguf_file == gguf), \
                 (model, gguf_file)
             return real_model(name)

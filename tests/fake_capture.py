@@ -1,4 +1,4 @@
-"""A stand-in for :func:`kvsim.tools.capture.capture` (no model): shared by the tests of
+"""A stand-in for :func:`kvsim.models.capture.capture` (no model): shared by the tests of
 on-demand traces."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def fake_capture(calls: list):
 def use_fake_capture(monkeypatch, calls: list) -> None:
     """Captures of on-demand traces go to :func:`fake_capture`, whether or not the capture
     extra is installed."""
-    from kvsim.tools import capture, preflight
+    from kvsim.models import capture, preflight
 
     monkeypatch.setattr(capture, "capture", fake_capture(calls))
     monkeypatch.setattr(preflight, "missing_extra", lambda gguf: [])

@@ -17,8 +17,8 @@ from kvsim.numerics.field import FieldData, dense_field, empty_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_policy
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import make_group, resolve_params, run_policy
+from kvsim.protocols.stepping import Stepper
 
 
 TRACE = Path(__file__).parent.parent / "scenarios" / "traces" / "smollm2_gpl3.npz"

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
+from kvsim.protocols.run import resolve_params
 
 @dataclass
 class RefResult:

@@ -87,7 +87,7 @@ def test_the_registry_route_imports_without_a_cycle(tmp_path):
     (package / "policies" / "vnorm.py").write_text(blocks()[0])
     env = dict(os.environ, PYTHONPATH=str(tmp_path), NUMBA_DISABLE_JIT="1")
     for code in ("import kvsim.policies.vnorm", "import kvsim.policies",
-                 "from kvsim.policies.run import get_policy; get_policy('vnorm')"):
+                 "from kvsim.protocols.run import get_policy; get_policy('vnorm')"):
         proc = subprocess.run([sys.executable, "-c", code + "; import kvsim; "
                                "assert 'vnorm' in kvsim.POLICIES; print(kvsim.__file__)"],
                               env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from kvsim.engine import allocation
 from kvsim.engine.experiments import simulate_scenario
 from kvsim.errors import InvariantError, KvsimError, ScenarioError
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_capped
+from kvsim.protocols.run import make_group, resolve_params, run_capped
 from kvsim.scenario.load import load_scenario
 
 # ---------------------------------------------------------------- plain references

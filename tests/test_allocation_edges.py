@@ -13,7 +13,7 @@ import reference as ref
 from kvsim.engine import allocation
 from kvsim.engine.experiments import simulate_scenario
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
+from kvsim.protocols.run import resolve_params
 from kvsim.scenario.load import load_scenario
 
 

@@ -17,7 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.fullpass import BLOCKS, full_pass
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.policies.run import make_group, resolve_params
+from kvsim.protocols.run import make_group, resolve_params
 
 api_simulate = importlib.import_module("kvsim.api.simulate")  # the module, not the function
 T, P = 192, 96

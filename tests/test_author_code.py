@@ -19,8 +19,8 @@ from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, chunkkv, dropkv, rkv
 from kvsim.policies.rows import head_rows
-from kvsim.policies.run import make_group, resolve_params
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import make_group, resolve_params
+from kvsim.protocols.stepping import Stepper
 
 
 def model_field(rng, T, G, d=8, kv_heads=1) -> FieldData:

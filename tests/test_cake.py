@@ -11,7 +11,7 @@ import reference as ref
 from kvsim.engine import allocation
 from kvsim.engine.experiments import simulate_scenario
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params
+from kvsim.protocols.run import make_group, resolve_params
 from kvsim.scenario.load import load_scenario
 
 # ------------------------------------------- transcription of the authors' arithmetic

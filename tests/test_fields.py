@@ -30,7 +30,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.policies.base import run_decode
-from kvsim.policies.run import field_provides, make_group, resolve_params, run_policy, run_problems
+from kvsim.protocols.run import field_provides, make_group, resolve_params, run_policy, run_problems
 
 # ---------------------------------------------------------------------------------------
 # Helpers

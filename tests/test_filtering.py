@@ -13,7 +13,7 @@ from test_protocols import attention
 from test_uniform_heads import PARAMS, cached, layer_runs
 
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
+from kvsim.protocols.run import resolve_params
 from kvsim.protocols.filtering import majority_target, per_head_target
 from kvsim.protocols.settings import label, problem
 

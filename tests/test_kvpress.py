@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import ScenarioError
-from kvsim.tools import models
+from kvsim.models import catalog
 from kvsim.tools.task.config import load_config
 from kvsim.tools.study.presses import ratio
 
@@ -108,7 +108,7 @@ def test_presses_that_would_fail_in_the_model_are_refused_by_validate(
     assert line.startswith(f"{path}: {key}: expected") and message in line, line
 
 
-@pytest.mark.parametrize("family", list(models.FAMILIES))
+@pytest.mark.parametrize("family", list(catalog.FAMILIES))
 def test_presses_that_run_pass_their_rehearsal_on_every_family(tmp_path, capsys, family):
     tables = "".join(f'[policies.{name}]\npress = "{name}"\n' for name in (
         "SnapKVPress", "KnormPress", "StreamingLLMPress", "TOVAPress", "KeyDiffPress",
@@ -158,9 +158,9 @@ def test_a_press_table_loads_beside_kvsim_policies(tmp_path):
 torch = pytest.importorskip("torch")
 
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.protocols.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.models.adapter import attach  # noqa: E402
 from kvsim.tools.study.model import prefill  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.inputs import build, trial_rng  # noqa: E402
@@ -320,10 +320,10 @@ def test_docs_press_task_validates_and_a_press_runs_on_smollm2(tmp_path, real_mo
     pytest.importorskip("gguf")
     import csv
 
-    import kvsim.tools.capture
+    import kvsim.models.capture
     from kvsim.tools.task.command import task_report
 
-    real_model_loader(kvsim.tools.capture, "smollm2-135m")
+    real_model_loader(kvsim.models.capture, "smollm2-135m")
 
     (tmp_path / "docs.toml").write_text(docs_task_file())
     cfg = load_config(tmp_path / "docs.toml")

@@ -12,8 +12,8 @@ from policy_checks import SMALL_PARAMS, T, case_id, qkv_field, variants
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES, ring
 from kvsim.policies.layout import widen
-from kvsim.policies.run import make_group, resolve_params
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import make_group, resolve_params
+from kvsim.protocols.stepping import Stepper
 
 STEPPED = [pytest.param(name, params, id=case_id(name, params))
            for name, policy in POLICIES.items() if policy.steps is not None

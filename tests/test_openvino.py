@@ -16,7 +16,7 @@ from test_author_code import layer_sources, model_field
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES
 from kvsim.policies.openvino import Scores, arena, evicted_slots
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 
 OPENVINO = POLICIES["openvino"]
 

@@ -20,7 +20,7 @@ pytest.importorskip("kvpress")
 pytest.importorskip("torch")
 
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.protocols.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.tools.task.parity import TWINS, check, parity_rows, write_report  # noqa: E402
 from test_task import CharTokenizer, task_config, tiny_net  # noqa: E402

@@ -17,7 +17,7 @@ import kvsim
 from kvsim.cli import main
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES, Policy
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 
 SCENARIO = """\
 [attention]

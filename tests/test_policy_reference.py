@@ -23,7 +23,7 @@ from kvsim import ScenarioError, load_scenario
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import NEED_WORDS
+from kvsim.protocols.run import NEED_WORDS
 
 CASES = policy_cases()
 ATTENTION_ONLY = policy_cases(attention_only=True)

@@ -127,7 +127,7 @@ def test_one_worker_with_a_progress_bar_runs_every_trial(monkeypatch, capsys):
     monkeypatch.setattr(command, "prompt_frame", lambda cfg, tokenizer: None)
     monkeypatch.setattr(command, "_trial",  # as slow as tqdm's redraw interval (0.1 s)
                         lambda i: time.sleep(0.11) or [{"trial": i}])
-    monkeypatch.setattr("kvsim.tools.adapter.attach", lambda net: None)
+    monkeypatch.setattr("kvsim.models.adapter.attach", lambda net: None)
     rows = command.run_all(dataclasses.replace(cfg), object(), None, 1, progress=True)
     assert rows == [{"trial": i} for i in range(8)]
 

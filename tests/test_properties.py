@@ -10,7 +10,7 @@ from matrices import RECIPES, make_attention
 
 import kvsim
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
+from kvsim.protocols.run import resolve_params
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

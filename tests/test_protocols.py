@@ -18,7 +18,7 @@ import kvsim
 from kvsim.errors import KvsimError
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 from kvsim.protocols.settings import label, problem
 
 REFERENCE = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {},
@@ -402,7 +402,7 @@ def test_threshold_study_compares_with_top_k_at_equal_mean_size():
 
 def test_protocols_compose_with_a_capped_head():
     """Budget allocation: the head's cap plays B, the recent part stays the mean budget's."""
-    from kvsim.policies.run import run_capped
+    from kvsim.protocols.run import run_capped
 
     field = qkv_field(2, 1, seed=2)
     T, P = field.T, 12

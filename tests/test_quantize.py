@@ -15,7 +15,7 @@ from kvsim.numerics.field import FieldData, empty_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.quantize import Quantize, cache_bytes, quantise_groups
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 from kvsim.scenario.load import load_scenario
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvsim.errors import KvsimError
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.stepping import Stepper
 
 G, T, P, D, B = 2, 30, 12, 4, 10
 

@@ -63,10 +63,10 @@ def _beside(tmp_path: Path) -> list[str]:
 
 
 def test_a_task_report_whose_figures_fail_keeps_its_results(tmp_path, monkeypatch, capsys):
-    import kvsim.tools.capture
+    import kvsim.models.capture
     import kvsim.tools.task.report as report
 
-    _tiny_model(kvsim.tools.capture, tmp_path, monkeypatch, capsys)
+    _tiny_model(kvsim.models.capture, tmp_path, monkeypatch, capsys)
     task, out = tmp_path / "t.toml", tmp_path / "r"
     task.write_text('name = "tiny"\n[task]\nmodel = "m"\nlengths = [300]\ndepths = [0.0, 1.0]\n'
                     'trials = 1\nbudgets = [8, 12]\n[policies.window]\n')

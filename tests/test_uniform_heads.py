@@ -14,7 +14,7 @@ from test_protocols import attention
 from kvsim import ScenarioError, load_scenario
 from kvsim.numerics.field import dense_field
 from kvsim.policies import POLICIES
-from kvsim.policies.run import make_group, resolve_params, run_policy
+from kvsim.protocols.run import make_group, resolve_params, run_policy
 from kvsim.protocols.settings import problem
 
 PARAMS = {"h2o": {"recent_ratio": 0.25}, "h2o_offline": {"recent_ratio": 0.25}, "tova": {}}

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import transformers
 
-from kvsim.tools.adapter import attach
+from kvsim.models.adapter import attach
 from kvsim.tools.study.model import prefill
 
 T, P = 40, 16

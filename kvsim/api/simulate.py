@@ -18,7 +18,7 @@ from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.policies import POLICIES
 from kvsim.protocols.settings import PROTOCOL_PARAMS
-from kvsim.policies.run import (final_recall, get_policy, make_group, resolve_params,
+from kvsim.protocols.run import (final_recall, get_policy, make_group, resolve_params,
                                 run_budgets, run_problems)
 from kvsim.resources import size_text
 from kvsim.scenario.load import PolicyConfig

@@ -1,7 +1,7 @@
 """Whole-model traces on demand: a trace named by model, text and token count.
 
 On first use the trace is captured (every layer, float32 vectors, with
-:mod:`kvsim.tools.capture`) into the user's cache folder, ``$XDG_CACHE_HOME/kvsim/traces``
+:mod:`kvsim.models.capture`) into the user's cache folder, ``$XDG_CACHE_HOME/kvsim/traces``
 (default ``~/.cache``), under a hash of the model, the text's content, the token count and
 the capture version; later uses read the cached file. Capturing needs the ``capture`` extra
 (torch, transformers); replaying a cached trace does not.
@@ -32,7 +32,7 @@ import numpy as np
 from kvsim.attention import files
 from kvsim.errors import KvsimError
 from kvsim.paths import read_text
-from kvsim.tools import preflight
+from kvsim.models import preflight
 
 def cache_folder() -> Path:
     """``$XDG_CACHE_HOME/kvsim/traces``, or ``~/.cache/kvsim/traces``."""
@@ -42,19 +42,19 @@ def cache_folder() -> Path:
 
 def _model_files(model: str, gguf_file: str, base: Path) -> tuple[str, str | None, str]:
     """(model folder, GGUF file or None, the model's identity in the cache key)."""
-    from kvsim.tools import models  # an upward import, as for the capture below
+    from kvsim.models import catalog
 
-    if models.preset(model) is not None:
+    if catalog.preset(model) is not None:
         try:
-            folder, gguf = models.resolve(model)
+            folder, gguf = catalog.resolve(model)
         except KvsimError as exc:
             raise KvsimError(str(exc), "model") from None
         return str(folder), gguf, f"{model}/{gguf}"
     folder = Path(os.path.realpath(base / model))
     if not folder.is_dir():
-        raise KvsimError(f"expected one of {', '.join(models.PRESETS)} or a model folder, "
+        raise KvsimError(f"expected one of {', '.join(catalog.PRESETS)} or a model folder, "
                          f"got {model!r}", "model")
-    problem = models.family_problem(folder, gguf_file or None)
+    problem = catalog.family_problem(folder, gguf_file or None)
     if problem:  # refused when the scenario is read, before any capture
         raise KvsimError(problem, "model")
     return str(folder), gguf_file or None, f"{folder}/{gguf_file}"
@@ -114,9 +114,8 @@ def resolve(params: dict, base: Path) -> Path:
     except ValueError as exc:
         raise KvsimError(f"expected a readable UTF-8 text file ({exc})", "text") from None
     folder, gguf, model_id = _model_files(params["model"], params["gguf_file"] or "", base)
-    # An upward import, on purpose: the capture code and its version live with `kvsim
-    # capture`; it imports torch only when it runs, on a cache miss.
-    from kvsim.tools import capture
+    # On demand: the capture imports torch only when it runs, on a cache miss.
+    from kvsim.models import capture
 
     key = cache_key(model_id, raw, params["tokens"], capture.CAPTURE_VERSION)
     if key in _UNCACHED:

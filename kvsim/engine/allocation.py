@@ -38,7 +38,7 @@ import numpy as np
 
 from kvsim.errors import InvariantError
 from kvsim.numerics.field import logits_row
-from kvsim.policies.run import get_policy
+from kvsim.protocols.run import get_policy
 from kvsim.scenario.load import Experiment, Scenario
 
 

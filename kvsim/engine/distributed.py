@@ -25,7 +25,7 @@ from kvsim.engine.experiments import (ScenarioResults, head_group, simulate_scen
                                       unit_keys)
 from kvsim.engine.resume import UnitStore
 from kvsim.errors import KvsimError
-from kvsim.policies.run import get_policy, make_group, run_budgets
+from kvsim.protocols.run import get_policy, make_group, run_budgets
 from kvsim.scenario.load import Scenario
 
 CONNECT_TIMEOUT = 10.0  # seconds to reach a scheduler and see its first worker

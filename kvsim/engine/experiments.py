@@ -12,7 +12,7 @@ from tqdm import tqdm
 from kvsim.numerics import kernels
 from kvsim.numerics.jit import cache_is_warm
 from kvsim.scenario.load import Experiment, Scenario
-from kvsim.policies.run import get_policy, make_group, run_budgets, run_capped
+from kvsim.protocols.run import get_policy, make_group, run_budgets, run_capped
 from kvsim.engine.allocation import cake_preferences, layer_caps
 from kvsim.engine.records import ExperimentSteps, bytes_columns, result_row
 from kvsim.engine.storage import run_quantised

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvsim.numerics.quantize import Quantize, cache_bytes
 from kvsim.policies.base import Trace
-from kvsim.policies.run import final_recall
+from kvsim.protocols.run import final_recall
 from kvsim.protocols.settings import label as protocol_label
 
 SERIES = {"mass": np.float64, "cache_size": np.int64, "recall": np.float64,

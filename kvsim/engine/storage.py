@@ -11,7 +11,7 @@ import numpy as np
 
 from kvsim.numerics.quantize import Quantize, quantised_steps
 from kvsim.policies import Group, Policy, Trace
-from kvsim.policies.run import run_budgets, run_capped
+from kvsim.protocols.run import run_budgets, run_capped
 
 
 def run_quantised(policy: Policy, group: Group, budget: int, cap: int | None, params: dict,

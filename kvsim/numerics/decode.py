@@ -27,7 +27,7 @@ top-level kernel that names its steps as globals,
 
 because a kernel that takes compiled functions as *arguments* is never an on-disk
 cache hit (Numba types a dispatcher per process). The same ``admit``/``observe`` run
-one step at a time from Python in :class:`kvsim.policies.stepping.Stepper`.
+one step at a time from Python in :class:`kvsim.protocols.stepping.Stepper`.
 """
 
 from __future__ import annotations

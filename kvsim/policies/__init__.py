@@ -26,7 +26,7 @@ this registry. A score-only rule is one function handed to
   with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
 XX
 
-The simulator runs ``decode`` over a field; :class:`kvsim.policies.stepping.Stepper`
+The simulator runs ``decode`` over a field; :class:`kvsim.protocols.stepping.Stepper`
 runs the same ``start``/``admit``/``observe`` one step at a time on rows from elsewhere.
 """
 

@@ -194,7 +194,7 @@ class Steps:
     ``start(prompt, budget, params, T) -> (kept, state)``: the prefill selection (cached
     positions in slot order) and the decode state, sized for positions ``< T``; ``prompt``
     is a :class:`Group` of which only the prompt rows are read (the
-    :class:`~kvsim.policies.stepping.Stepper` builds one from a prompt's attention).
+    :class:`~kvsim.protocols.stepping.Stepper` builds one from a prompt's attention).
     ``admit``/``observe``: the compiled steps; ``decode``: the policy's compiled loop,
     ``decode_loop(ctx, out, cache, n, state, admit, observe)``. ``prepare(state, group,
     params, t)``, where given, runs before ``admit`` of token ``t`` one step at a time
@@ -250,7 +250,7 @@ class Policy:
     its source besides attention (a subset of :data:`NEEDS`); ``closed_loop(params)`` says
     why it cannot run one step at a time on attention from elsewhere, or None. ``layer``:
     its prefill chooses one set for the whole layer from every KV head's attention
-    (:meth:`Group.layer_groups`), so a :class:`~kvsim.policies.stepping.Stepper` of it
+    (:meth:`Group.layer_groups`), so a :class:`~kvsim.protocols.stepping.Stepper` of it
     takes the layer's attention (its ``kv_head``).
 
     For budget allocation (:mod:`kvsim.engine.allocation`): ``fixed(budget, prompt_len,

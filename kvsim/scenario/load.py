@@ -19,7 +19,7 @@ from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.quantize import Quantize
 from kvsim.params import INT64_MAX, Param
 from kvsim.policies import POLICIES
-from kvsim.policies.run import budget_problem, did_you_mean, get_policy, missing_needs, run_problems
+from kvsim.protocols.run import budget_problem, did_you_mean, get_policy, missing_needs, run_problems
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_budgets,
                                    read_document, read_name, read_policies, read_quantize)

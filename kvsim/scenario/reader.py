@@ -19,7 +19,7 @@ from kvsim.numerics.quantize import Quantize
 from kvsim.params import INT64_MAX, Param
 from kvsim.paths import read_text
 from kvsim.policies import POLICIES
-from kvsim.policies.run import did_you_mean, get_policy, resolve_params
+from kvsim.protocols.run import did_you_mean, get_policy, resolve_params
 from kvsim.protocols.settings import PROTOCOL_PARAMS
 
 FORMATS = ("png", "svg", "pdf")

@@ -31,7 +31,7 @@ from kvsim.numerics.fullpass import full_pass
 from kvsim.numerics.kernels import row_sums
 from kvsim.policies import POLICIES
 from kvsim.api import Attention, simulate
-from kvsim.policies.run import field_provides, make_group, resolve_params
+from kvsim.protocols.run import field_provides, make_group, resolve_params
 
 SCENARIO = Path(__file__).resolve().parents[3] / "scenarios" / "long_context.toml"
 

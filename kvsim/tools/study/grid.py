@@ -1,4 +1,4 @@
-"""The stepper grid of a study: one :class:`~kvsim.policies.stepping.Stepper` per run
+"""The stepper grid of a study: one :class:`~kvsim.protocols.stepping.Stepper` per run
 (policy x budget), global layer and KV head, each fed the full run's attention of its
 prompt (a policy that chooses one set for the whole layer, ``Policy.layer``: the layer's),
 with the stores of the vectors its policy reads."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.engine.experiments import random_seed
-from kvsim.policies.run import get_policy
-from kvsim.policies.stepping import Stepper
+from kvsim.protocols.run import get_policy
+from kvsim.protocols.stepping import Stepper
 from kvsim.scenario.reader import PolicyConfig
 from kvsim.tools.study.model import FullRun
 

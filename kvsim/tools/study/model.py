@@ -1,7 +1,7 @@
 """A Hugging Face causal LM with kvsim's caches inside it: the two passes of the closed loop.
 
-Both run through kvsim's one attention function (:mod:`kvsim.tools.adapter`, attached by
-:func:`~kvsim.tools.adapter.attach`), each as the pass it serves:
+Both run through kvsim's one attention function (:mod:`kvsim.models.adapter`, attached by
+:func:`~kvsim.models.adapter.attach`), each as the pass it serves:
 
 - :func:`prefill` runs the whole text with full causal attention and records every layer's
   post-RoPE queries, keys and values. transformers passes a registered attention function
@@ -30,8 +30,8 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.numerics.quantize import Quantize, quantised_counts
-from kvsim.tools.adapter import Geometry, forward, hidden_keys, rope_settings, serving
-from kvsim.tools.preflight import INSTALL
+from kvsim.models.adapter import Geometry, forward, hidden_keys, rope_settings, serving
+from kvsim.models.preflight import INSTALL
 
 
 def _torch():
@@ -44,7 +44,7 @@ def _torch():
 
 
 class CachePolicy(Protocol):
-    """What the decoder needs of a policy (:class:`kvsim.policies.stepping.Stepper`)."""
+    """What the decoder needs of a policy (:class:`kvsim.protocols.stepping.Stepper`)."""
 
     cache: np.ndarray
 
@@ -104,7 +104,7 @@ class FullRun:
 
     def layer_attention(self, layer: int, prompt_len: int) -> np.ndarray:
         """(H_kv, G, P, P) float64: :meth:`prompt_attention` of every KV head of a global
-        layer, what a :class:`~kvsim.policies.stepping.Stepper` of a policy that chooses one
+        layer, what a :class:`~kvsim.protocols.stepping.Stepper` of a policy that chooses one
         set for the whole layer takes (``Policy.layer``)."""
         H_kv = self.keys.shape[1]
         out = np.empty((H_kv, self.group, prompt_len, prompt_len))
@@ -114,7 +114,7 @@ class FullRun:
 
     def prompt_rope(self, layer: int, kv_head: int, prompt_len: int) -> tuple | None:
         """(pre-RoPE prompt queries (G, P, d), inverse frequencies, cos/sin factor) of one
-        KV head's group, what :class:`~kvsim.policies.stepping.Stepper` takes as ``rope``;
+        KV head's group, what :class:`~kvsim.protocols.stepping.Stepper` takes as ``rope``;
         None unless :func:`prefill` recorded them."""
         if self.pre_rope_queries is None:
             return None

@@ -20,7 +20,7 @@ def press_prefill(net, press, context_ids: np.ndarray):
     import torch
     from transformers import DynamicCache
 
-    from kvsim.tools.adapter import attach
+    from kvsim.models.adapter import attach
 
     cache = DynamicCache()
     net.set_attn_implementation("sdpa" if type(press).__name__ in SDPA else "eager")

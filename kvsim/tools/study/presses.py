@@ -186,7 +186,7 @@ def rehearsal_problem(pc: PolicyConfig, family: str, context: int, budgets,
     import torch
     from transformers import DynamicCache
 
-    from kvsim.tools.models import TINY, tiny_model
+    from kvsim.models.catalog import TINY, tiny_model
 
     net = tiny_model(family, context)
     ids = torch.as_tensor(np.random.default_rng(0).integers(0, TINY["vocab_size"], context)[None])

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from kvsim.errors import KvsimError
 from kvsim.report.lock import replace_folder
-from kvsim.tools.preflight import NEEDS
+from kvsim.models.preflight import NEEDS
 from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
 from kvsim.tools.study.workers import FORKED, forked_map
@@ -68,7 +68,7 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     """Every trial's rows, in grid order, on ``workers`` forked processes (results do not
     depend on it: each trial is decoded alone, torch on one thread); ``gate_only``: the
     full cache's rows alone."""
-    from kvsim.tools.adapter import attach
+    from kvsim.models.adapter import attach
     from kvsim.tools.task.run import cells, gate_trial
     from kvsim.tools.task.trial import run_trial
 
@@ -82,7 +82,7 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
 
 def _run(cfg: TaskConfig, out: Path, provenance, workers: int, progress: bool) -> None:
     """Run every trial of ``cfg`` and write the report folder ``out``."""
-    from kvsim.tools import models
+    from kvsim.models import catalog
     from kvsim.tools.study.model import prefill
     from kvsim.tools.task.report import KEPT, write_files
 
@@ -94,7 +94,7 @@ def _run(cfg: TaskConfig, out: Path, provenance, workers: int, progress: bool) -
              "kv_heads": net.config.num_key_value_heads,
              "global_layers": probe.global_layers,
              "windows": sorted({g.window for g in probe.geometry if g.window}),
-             "licence": models.licence(cfg.gguf_file),
+             "licence": catalog.licence(cfg.gguf_file),
              "question_len": rows[0]["question_len"]}
     replace_folder(out, lambda tmp: write_files(cfg, rows, facts, tmp), keep=KEPT,
                    advice=f": draw the report from them with `python -m kvsim task "
@@ -113,7 +113,7 @@ def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
     """The model, its tokenizer and the rows of every trial of ``cfg``."""
     import torch
 
-    from kvsim.tools.capture import load_model
+    from kvsim.models.capture import load_model
 
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
     threads = torch.get_num_threads()

@@ -15,7 +15,7 @@ from kvsim.params import Param
 from kvsim.protocols.question import COMPRESS, TASK_COMPRESS
 from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
-from kvsim.tools import models
+from kvsim.models import catalog
 from kvsim.tools.task.inputs import PROMPTS
 from kvsim.tools.task.kinds import KINDS, NAMES, PASSKEY
 from kvsim.tools.study.presses import read_presses
@@ -114,12 +114,12 @@ def _compress(chk: Checker, raw) -> list[str]:
     return list(raw)
 
 
-def _check_filler(chk: _Checker, filler: str, model: Path | None, gguf: str | None,
+def _check_filler(chk: Checker, filler: str, model: Path | None, gguf: str | None,
                   longest: int) -> None:
     """The shipped text ``filler`` holds ``longest`` tokens: its count under a named model's
-    tokenizer where known (:func:`kvsim.tools.models.text_tokens`), else at most its bytes
+    tokenizer where known (:func:`kvsim.models.catalog.text_tokens`), else at most its bytes
     (a token covers at least one byte)."""
-    known = models.text_tokens(gguf, filler) if model is not None else None
+    known = catalog.text_tokens(gguf, filler) if model is not None else None
     have = known if known is not None else len(shipped_text(filler).read_bytes())
     if have < longest:
         chk.add("task.filler", f"expected a text of at least {longest} tokens (the longest "
@@ -144,7 +144,7 @@ def load_config(path: str | Path) -> TaskConfig:
     if "model" in s and "gguf_file" in s:
         model, gguf = read_model(chk, "task", s, path.parent)
     if s.get("prompt") == "chat" and model is not None and \
-            models.chat_template(model, gguf) is False:  # read from the tokenizer's files
+            catalog.chat_template(model, gguf) is False:  # read from the tokenizer's files
         chk.add("task.prompt", "expected 'raw' for a model whose tokenizer has no chat "
                                "template, got 'chat'")
     if lengths and s.get("filler", "seeded") != "seeded":
@@ -156,9 +156,9 @@ def load_config(path: str | Path) -> TaskConfig:
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
     tables = doc.get("policies")
     given = len(tables) if isinstance(tables, dict) else 0
-    family = models.family(model, gguf) if model is not None else None  # refused if not
-    # one of models.FAMILIES (read_model); kvpress's before kvsim's: it takes their tables
-    presses = read_presses(chk, doc, compress, family if family in models.FAMILIES else None,
+    family = catalog.family(model, gguf) if model is not None else None  # refused if not
+    # one of catalog.FAMILIES (read_model); kvpress's before kvsim's: it takes their tables
+    presses = read_presses(chk, doc, compress, family if family in catalog.FAMILIES else None,
                            shortest, budgets)
     configs = read_steppable_policies(chk, doc, budgets, shortest + answer, shortest,
                                       bool(lengths) and "answer_tokens" in s,

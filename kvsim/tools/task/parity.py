@@ -194,7 +194,7 @@ def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = No
     them) and the seconds the pipeline took."""
     import torch
 
-    from kvsim.tools.adapter import attach
+    from kvsim.models.adapter import attach
     from kvsim.tools.study.press_prefill import positions, press_prefill
 
     at = prompt.ids.size - prompt.question_len
@@ -223,7 +223,7 @@ def kvpress_answer(net, press, prompt, steps: int, layers: list[int] | None = No
 def kvsim_seconds(net, cfg, prompt, pc: PolicyConfig, budget: int) -> float:
     """The seconds of one compressed run of kvsim: the full prefill, the policy's
     selection at ``budget`` and the answer's decode."""
-    from kvsim.policies.run import get_policy
+    from kvsim.protocols.run import get_policy
     from kvsim.tools.study.model import prefill
     from kvsim.tools.task import run
 
@@ -240,7 +240,7 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     """Every policy x budget of ``cfg`` on one trial: kvsim's run, its twin's, compared;
     ``timed``: at the largest budget, one compressed run of kvsim alone timed too
     (:func:`kvsim_seconds`), the load average beside it."""
-    from kvsim.policies.run import get_policy
+    from kvsim.protocols.run import get_policy
     from kvsim.tools.task import inputs, run
     from kvsim.tools.task.press_runs import held_caches
     from kvsim.tools.study.presses import make, ratio
@@ -311,7 +311,7 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
     """Every run of ``cfg``'s grid (:func:`trial_rows`), in grid order, the trials on
     ``workers`` forked processes (the longest first); the grid's first trial times one run
     of each side at the largest budget."""
-    from kvsim.tools.adapter import attach
+    from kvsim.models.adapter import attach
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.run import cells
 
@@ -430,7 +430,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
     import transformers
 
     from kvsim.report.lock import replace_folder
-    from kvsim.tools.capture import load_model
+    from kvsim.models.capture import load_model
     from kvsim.tools.study import provenance
     from kvsim.tools.task.config import load_config
     from kvsim.tools.study.presses import presses_module

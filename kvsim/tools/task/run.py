@@ -6,7 +6,7 @@ Per trial (a length ``n``, a depth ``d``, a trial index):
    (:func:`~kvsim.tools.study.model.prefill`); its last logits give the first answer
    token of the full cache and of ``after_question`` (whose compression follows the prefill).
 2. Per protocol (:mod:`kvsim.protocols.question`), every policy x budget is a
-   :class:`~kvsim.policies.stepping.Stepper` per layer and KV head, its prefill selection
+   :class:`~kvsim.protocols.stepping.Stepper` per layer and KV head, its prefill selection
    made from the full-cache attention of the queries before the compression point. That
    selection is the simulator's prediction, made without the model: whether each cache
    holds the key's digits when the answer starts, and how much of the question's
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.policies.run import get_policy
+from kvsim.protocols.run import get_policy
 from kvsim.protocols.question import plan
 from kvsim.tools.study.grid import grid_stepper, needing, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores

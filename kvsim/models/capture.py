@@ -1,17 +1,17 @@
 """Record the post-RoPE queries, keys and values of a Hugging Face causal LM (``kvsim capture``).
 
 The model runs once on the CPU through kvsim's attention function
-(:mod:`kvsim.tools.adapter`), whose recording pass calls the model's own eager attention
+(:mod:`kvsim.models.adapter`), whose recording pass calls the model's own eager attention
 with the causal (and windowed) mask transformers would build. It records, for each chosen
 layer, the query, key and value tensors (after rotary embedding, before any KV repetition)
 and the attention weights, and each layer's sliding window (0 for a global layer: a
 Gemma-3 trace records five local layers for each global one, and ``windows`` says which);
 and the queries before RoPE, computed from the layer's projections
-(:func:`kvsim.tools.adapter.pre_rope_queries`), with each layer's RoPE inverse
+(:func:`kvsim.models.adapter.pre_rope_queries`), with each layer's RoPE inverse
 frequencies, cos/sin factor and base, checked to rotate into the recorded queries. Before
 saving, the trace is checked: the causal (and windowed) softmax of ``q . k * scaling``
 recomputed from the stored float16 vectors must reproduce those weights to float16
-precision. Needs the optional extra (:data:`kvsim.tools.preflight.INSTALL`: PyTorch's CPU
+precision. Needs the optional extra (:data:`kvsim.models.preflight.INSTALL`: PyTorch's CPU
 wheel first on a machine without a GPU).
 """
 
@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 
 from kvsim._version import __version__
-from kvsim.attention.components import rotate
+from kvsim.models.rope import rotate
 from kvsim.errors import KvsimError
-from kvsim.tools import adapter, gguf_tokenizer, models
-from kvsim.tools.preflight import INSTALL
+from kvsim.models import catalog
+from kvsim.models import adapter, gguf_tokenizer
+from kvsim.models.preflight import INSTALL
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -51,16 +52,16 @@ def _imports():
 
 
 def load_model(model: str, gguf_file: str | None = None):
-    """(model, tokenizer) from a named model (:mod:`kvsim.tools.models`: ``smollm2-135m``,
+    """(model, tokenizer) from a named model (:mod:`kvsim.models.catalog`: ``smollm2-135m``,
     ``gemma3-270m``), a local directory or a cached hub id; eager attention, float32.
 
     Never downloads: a model that is not on disk, or a local one of a family kvsim does not
-    support (:data:`kvsim.tools.models.FAMILIES`), is a one-line :class:`KvsimError`.
+    support (:data:`kvsim.models.catalog.FAMILIES`), is a one-line :class:`KvsimError`.
     """
-    if models.preset(model) is not None:
-        folder, gguf_file = models.resolve(model)
+    if catalog.preset(model) is not None:
+        folder, gguf_file = catalog.resolve(model)
         model = str(folder)
-    problem = models.family_problem(Path(model), gguf_file) if Path(model).is_dir() else None
+    problem = catalog.family_problem(Path(model), gguf_file) if Path(model).is_dir() else None
     if problem:  # before torch is imported and any weights load
         raise KvsimError(f"--model: {problem}")
     torch, transformers = _imports()
@@ -84,7 +85,7 @@ def record(net, token_ids: np.ndarray, layers: list[int] | None = None,
     """Run ``net`` on ``token_ids`` and return the trace arrays of the chosen layers, the
     vectors stored as ``dtype`` (float16, or float32 where float16 is not precise enough).
 
-    The model runs through kvsim's attention function (:mod:`kvsim.tools.adapter`), whose
+    The model runs through kvsim's attention function (:mod:`kvsim.models.adapter`), whose
     recording pass calls the model's own eager attention with the causal (and windowed)
     mask it would have built. Each layer is checked (see :func:`check`) as the model
     computes it and only its vectors are kept, so all 30 layers of SmolLM2 at 2,048 tokens
@@ -226,8 +227,8 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
             "kvsim": __version__, "capture_version": CAPTURE_VERSION,
             "rope_layout": "rotate_half"}
-    if models.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
-        meta["licence"] = models.preset(model).licence
+    if catalog.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
+        meta["licence"] = catalog.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
     np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **trace)

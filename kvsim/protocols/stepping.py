@@ -17,7 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
-from kvsim.policies.run import get_policy, make_group, resolve_params, run_problems
+from kvsim.protocols.run import get_policy, make_group, resolve_params, run_problems
 
 
 def _array(name: str, value, ndim: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 - :func:`attach` routes the model's attention through one function registered with
   transformers' attention interface, after checking the model: its family (one of
-  :data:`kvsim.tools.models.FAMILIES`, else an :class:`UnsupportedFamilyWarning`) and each
+  :data:`kvsim.models.catalog.FAMILIES`, else an :class:`UnsupportedFamilyWarning`) and each
   layer's type (``config.layer_types``: full or sliding-window attention; any other type is
   a one-line :class:`KvsimError`).
 - That function hands each layer's post-RoPE query, key and value, with the layer's
@@ -24,14 +24,14 @@ from typing import Callable
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.tools import models
+from kvsim.models import catalog
 
 ATTENTION = "kvsim"
 _ACTIVE: list[Callable] = []  # the pass the registered attention function serves
 
 
 class UnsupportedFamilyWarning(UserWarning):
-    """A model of a family kvsim has not been checked on (:data:`models.FAMILIES`)."""
+    """A model of a family kvsim has not been checked on (:data:`catalog.FAMILIES`)."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,13 @@ def windows(config) -> list[int]:
     """Each layer's sliding window (0: full attention) as the config declares it:
     ``config.layer_types`` where present (a ``sliding_attention`` layer has
     ``config.sliding_window``), else ``config.sliding_window`` on every layer (Mistral,
-    Phi-3) or none (Llama). A layer type other than :data:`models.LAYER_TYPES` is a
+    Phi-3) or none (Llama). A layer type other than :data:`catalog.LAYER_TYPES` is a
     :class:`KvsimError`."""
     window = int(getattr(config, "sliding_window", None) or 0)
     types = getattr(config, "layer_types", None)
     if types is None:
         return [window] * config.num_hidden_layers
-    problem = models.layer_types_problem(types)
+    problem = catalog.layer_types_problem(types)
     if problem:
         raise KvsimError(f"model: {problem}")
     return [window if t == "sliding_attention" else 0 for t in types]
@@ -83,7 +83,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
 def attach(net) -> None:
     """Route ``net``'s attention through kvsim's function, once its layers are checked:
     each one's type (:func:`windows`; refused before any token runs) and its family
-    (outside :data:`models.FAMILIES`: a warning, and kvsim tries it)."""
+    (outside :data:`catalog.FAMILIES`: a warning, and kvsim tries it)."""
     from transformers import AttentionInterface
 
     if not hasattr(getattr(net, "model", None), "layers"):
@@ -91,9 +91,9 @@ def attach(net) -> None:
                          f"{type(net).__name__}")
     windows(net.config)
     family = getattr(net.config, "model_type", None)
-    if family not in models.FAMILIES:
+    if family not in catalog.FAMILIES:
         warnings.warn(f"model family {family!r} is not one kvsim has been checked on "
-                      f"({', '.join(models.FAMILIES)}); trying it", UnsupportedFamilyWarning,
+                      f"({', '.join(catalog.FAMILIES)}); trying it", UnsupportedFamilyWarning,
                       stacklevel=2)
     AttentionInterface.register(ATTENTION, _attention)
     net.set_attn_implementation(ATTENTION)

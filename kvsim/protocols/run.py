@@ -82,7 +82,7 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
     """Every problem of running ``policy`` with its resolved ``params`` at each of
     ``budgets`` on ``T`` tokens, the first ``prompt_len`` the prompt (None: sizes not known
     yet, the checks that need them left out): the one run check of the scenario loader, the
-    Python API, the :class:`~kvsim.policies.stepping.Stepper` and the study files.
+    Python API, the :class:`~kvsim.protocols.stepping.Stepper` and the study files.
 
     In order: for a policy stepped one token at a time inside a model (``stepping``), a
     protocol it cannot take (a study steps the per-step rule) and why it cannot step (with
