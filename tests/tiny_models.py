@@ -78,3 +78,19 @@ class Watched:
         assert np.allclose(attention.sum(axis=1), 1.0, atol=1e-5)
         self.log.append((self.layer, len(self.inner.cache)))
         self.inner.observe(attention, output)
+
+
+def smollm2_closed_loop(tmp_path, real_model_loader, policies: str):
+    """``(report folder, results.csv rows)`` of a 48-token closed loop on SmolLM2 (prompt 32,
+    budgets 8 and 16) with the ``[policies.*]`` tables ``policies``."""
+    import csv
+
+    from kvsim.tools.closed_loop import command
+
+    real_model_loader(command, "smollm2-135m")
+    (tmp_path / "c.toml").write_text(
+        'name = "smol"\n[closed_loop]\ntext = "gpl-3"\ntokens = 48\nprompt_len = 32\n'
+        'budgets = [8, 16]\n' + policies)
+    out = command.closed_loop_report(tmp_path / "c.toml", tmp_path / "r", progress=False)
+    with open(out / "results.csv") as f:
+        return out, list(csv.DictReader(f))

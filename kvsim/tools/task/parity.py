@@ -431,7 +431,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
 
     from kvsim.report.lock import replace_folder
     from kvsim.models.capture import load_model
-    from kvsim.tools.study import provenance
+    from kvsim.tools.study.run import provenance
     from kvsim.tools.task.config import load_config
     from kvsim.tools.study.presses import presses_module
 
