@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.jit import jit, jit_inline, threads
 from kvsim.numerics.lanes import lane_sum
 
 ROW_SUM_TOL = 1e-5  # the float64 tolerance; lower precisions add their rounding bound
@@ -128,7 +127,7 @@ def _checked(a: np.ndarray, dtype, what: str) -> float:
         _suspect_rows(a, bits, lo, hi, ROW_SUM_TOL + float(info.eps),
                       float(info.smallest_subnormal), suspect, deviation)
 
-    if T * T >= PARALLEL_ENTRIES and numba.get_num_threads() > 1:
+    if T * T >= PARALLEL_ENTRIES and threads() > 1:
         with ThreadPoolExecutor(2) as pool:  # the kernel releases the GIL
             list(pool.map(rows, (0, T // 2), (T // 2, T)))
     else:

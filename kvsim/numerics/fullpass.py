@@ -15,11 +15,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
-import numba
 import numpy as np
 from tqdm import tqdm
 
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.jit import jit, jit_inline, threads as kernel_threads
 from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.field import FieldData, logits_span
 from kvsim.numerics.lanes import (combine_max, combine_sum, lane_max_span, lane_sum,
@@ -188,7 +187,7 @@ def full_pass(field: FieldData, head: int, prompt_len: int, rows: int | None = N
     row_sum = np.ones(T)
     full_output = np.zeros((T - prompt_len, dv))
     decode_mass = np.zeros(T - prompt_len)
-    threads = min(numba.get_num_threads(), BLOCKS)
+    threads = min(kernel_threads(), BLOCKS)
     serial = threads == 1 or rows * (rows + 1) // 2 < SERIAL_ENTRIES
     if field.is_dense and rows <= prompt_len and serial:  # the prompt's column sums alone
         return FullPass(row_max, row_sum, dense_prompt_colsum(field.probs, head, rows),

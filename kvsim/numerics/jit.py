@@ -106,6 +106,15 @@ jit_inline = njit(inline="always", **_OPTIONS)
 would keep a large one as a call, and a loop with a call does not vectorise)."""
 
 
+def threads() -> int:
+    """How many threads kvsim's kernels may share out work to: Numba's configured count
+    (``NUMBA_NUM_THREADS``). Read from the configuration, never from
+    ``numba.get_num_threads()``, which starts Numba's OpenMP pool: that resets the OpenMP
+    thread count torch shares, so a model run held to one torch thread ran on every core,
+    each small op of its decode waiting on spinning threads."""
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
 def cache_is_warm() -> bool:
     """Whether compiled kernels are already on disk (of this source or an earlier one)."""
     folder = numba.config.CACHE_DIR

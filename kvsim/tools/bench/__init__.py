@@ -22,6 +22,7 @@ import numpy as np
 from kvsim.attention import components
 from kvsim.attention.dense import probability_stack
 from kvsim.attention.sources import Field
+from kvsim.numerics.jit import threads
 from kvsim.tools.bench.breakdown import breakdown
 from kvsim.tools.bench.numpy_baseline import BASELINES, h2o as numpy_h2o
 from kvsim.tools.bench.ratios import pass_floor, qk_versus_numpy
@@ -341,7 +342,7 @@ def _machine() -> dict:
 
     return {"python": platform.python_version(), "numpy": np.__version__,
             "numba": numba.__version__, "cores": os.cpu_count(),
-            "numba_threads": numba.get_num_threads(), "processor": platform.processor()}
+            "numba_threads": threads(), "processor": platform.processor()}
 
 
 def _write(result: dict, out: Path) -> Path:

@@ -61,8 +61,17 @@ def question_rows(prompt: inputs.Prompt, attention: np.ndarray) -> np.ndarray:
     return attention[:, P - Q:P].sum(axis=1).mean(axis=0)
 
 
+def _kept(cache: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Which of ``positions`` the kept positions ``cache`` hold (``np.isin``'s mask, by a
+    membership table: no sort per cache)."""
+    top = int(positions.max())
+    inside = np.zeros(top + 1, bool)
+    inside[cache[cache <= top]] = True
+    return inside[positions]
+
+
 def _holds(cache: np.ndarray, digits: tuple[np.ndarray, ...], every: bool) -> bool:
-    held = [np.isin(d, cache).all() for d in digits]
+    held = [bool(_kept(cache, d).all()) for d in digits]
     return all(held) if every else any(held)
 
 
@@ -72,7 +81,7 @@ def predict(caches: Caches, at: tuple[int, int, int], cache: np.ndarray,
     layer, KV head): whether it holds the key's digits (one of the spans of ``digits``;
     ``every``: all of them, a task kind's needed values), their share, their question mass
     (``on_digits``: the question's attention on each digit token)."""
-    kept = np.isin(np.concatenate(digits), cache)
+    kept = _kept(cache, np.concatenate(digits))
     caches.held[at] = _holds(cache, digits, every)
     caches.share[at] = kept.mean()
     caches.mass[at] = on_digits[kept].sum()
