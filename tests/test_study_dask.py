@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -75,19 +76,28 @@ def same_files(local: Path, dask: Path, facts: str) -> None:
         assert a == b, name
 
 
+def finished_bars(err: str) -> set:
+    """The progress bars that reached their end in ``err``: (description, total)."""
+    bars = {(desc.strip(), int(done), int(total)) for desc, done, total in
+            re.findall(r"([^\r\n|]+): 100%\|[^|]*\| (\d+)/(\d+)", err)}
+    assert bars and all(done == total for _, done, total in bars), err
+    return bars
+
+
 @pytest.mark.parametrize("command, body, facts", [
     ("task", TASK, "task.json"), ("closed-loop", CLOSED_LOOP, "closed_loop.json")])
 def test_a_study_on_a_local_cluster_equals_the_local_run(tmp_path, monkeypatch, cluster,
                                                         capsys, command, body, facts):
     path = study_file(tmp_path, monkeypatch, body)
-    assert main([command, str(path), "--out", str(tmp_path / "local"), "--quiet"]) == 0
     capsys.readouterr()
+    assert main([command, str(path), "--out", str(tmp_path / "local")]) == 0  # in-process:
+    # a fork of this process, which hosts the cluster's scheduler, is no local run
+    local = finished_bars(capsys.readouterr().err)
     loads = tmp_path / "loads"
     loads.unlink()
     assert main([command, str(path), "--out", str(tmp_path / "dask"),
                  "--dask", cluster.scheduler_address]) == 0
-    progress = capsys.readouterr().err
-    assert "100%" in progress  # the progress bars, as in a local run
+    assert finished_bars(capsys.readouterr().err) == local  # the progress of a local run
     same_files(tmp_path / "local", tmp_path / "dask", facts)
     pids = loads.read_text().split()
     assert len(pids) == len(set(pids)) <= 3  # once in this process, once per worker at most
@@ -106,6 +116,15 @@ def test_each_worker_loads_the_model_once_for_every_trial(tmp_path, monkeypatch,
     task_report(path, tmp_path / "r", progress=False, dask=cluster.scheduler_address)
     pids = (tmp_path / "loads").read_text().split()
     assert len(pids) == len(set(pids)) <= 3 < 2 * 3  # 6 trials, loaded at most 3 times
+
+
+def test_the_gate_on_a_cluster_prints_the_local_table(tmp_path, monkeypatch, cluster, capsys):
+    path = study_file(tmp_path, monkeypatch, TASK)
+    assert main(["task", str(path), "--gate", "--quiet"]) == 0
+    local = capsys.readouterr().out
+    assert main(["task", str(path), "--gate", "--quiet", "--dask",
+                 cluster.scheduler_address]) == 0
+    assert capsys.readouterr().out == local and "full cache's answers per cell" in local
 
 
 @pytest.mark.parametrize("address, message", [

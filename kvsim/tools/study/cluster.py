@@ -11,7 +11,6 @@ as a forked worker runs it: the results are the bytes of a local run.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import uuid
 import weakref
@@ -145,7 +144,7 @@ def cluster_map(fn: Callable, items: list, job: tuple, bar=None,
     job = [_share(part) for part in _shipped(job)]
     run = uuid.uuid4().hex[:8]
     futures = [client.submit(_run_task, fn, job, item, key=f"kvsim-{fn.__name__}-{run}-{i}",
-                             pure=False) for i, item in zip(itertools.count(), items)]
+                             pure=False) for i, item in enumerate(items)]
     of = {future.key: item for future, item in zip(futures, items)}
     try:
         for future in as_completed(futures):

@@ -7,7 +7,7 @@ on one thread."""
 from __future__ import annotations
 
 import multiprocessing as mp
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import as_completed
 from queue import Empty
 from typing import Callable, Iterable
 
@@ -40,6 +40,30 @@ def _nothing(n: int) -> None:
     pass
 
 
+def _take(queue, update, timeout: float) -> int:
+    """The next tick on ``queue`` (0 if none comes within ``timeout`` seconds), counted."""
+    try:
+        n = queue.get(timeout=timeout)
+    except Empty:
+        return 0
+    update(n)
+    return n
+
+
+def _follow(futures: list, queue, update, expected: int) -> None:
+    """Count the ticks on ``queue`` until every future is done (a job's error raised at
+    once) and the ``expected`` ticks are in (the last ones of a finished job may still be
+    on their way)."""
+    ticked, pending = 0, set(futures)
+    while pending:
+        ticked += _take(queue, update, 0.2)
+        for future in [f for f in pending if f.done()]:
+            pending.discard(future)
+            future.result()
+    while ticked < expected and (n := _take(queue, update, 5.0)):
+        ticked += n
+
+
 def study_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
               weight: Callable | None = None) -> list:
     """``[fn(item) for item in items]``, in order: on the open Dask cluster
@@ -51,46 +75,37 @@ def study_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
 
     if cluster.active() is not None:
         return cluster.cluster_map(fn, list(items), job, bar, weight)
-    return forked_map(fn, items, workers, job, bar, ticks=weight is not None)
+    return forked_map(fn, items, workers, job, bar, weight)
 
 
 def forked_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
-               ticks: bool = False) -> list:
+               weight: Callable | None = None) -> list:
     """``[fn(item) for item in items]``, in order, on up to ``workers`` forked processes
     (here when one would do), each of which inherits ``job`` as ``FORKED["job"]``;
-    ``bar.update()`` as each item is done, or, with ``ticks``, ``bar.update(n)`` as ``fn``
-    calls :func:`tick`."""
+    ``bar.update()`` as each item is done, or, with ``weight``, ``bar.update(n)`` as ``fn``
+    calls :func:`tick` (``weight(item)`` in all for an item)."""
     items = list(items)
     update = bar.update if bar is not None else _nothing
     FORKED["job"] = job
     try:
         if min(workers, len(items)) <= 1:
-            if ticks:
+            if weight is not None:
                 FORKED["tick"] = update
             out = []
             for item in items:  # (tqdm's update may return True: not an `or` chain)
                 out.append(fn(item))
-                if not ticks:
+                if weight is None:
                     update(1)
             return out
-        queue = mp.get_context("fork").Queue() if ticks else None
+        queue = mp.get_context("fork").Queue() if weight is not None else None
         with forked_pool(min(workers, len(items)), queue) as pool:
             futures = [pool.submit(fn, item) for item in items]
-            pending = set(futures)
-            while pending:
-                if queue is None:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        future.result()  # a job's error, raised at once
-                        update(1)
-                    continue
-                try:
-                    update(queue.get(timeout=0.2))
-                except Empty:
-                    pass
-                for future in [f for f in pending if f.done()]:
-                    pending.discard(future)
-                    future.result()
+            if queue is None:
+                for future in as_completed(futures):
+                    future.result()  # a job's error, raised at once
+                    update(1)
+            else:
+                _follow(futures, queue, update, sum(map(weight, items)))
             return [future.result() for future in futures]
     finally:
         FORKED.clear()
