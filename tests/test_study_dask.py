@@ -127,6 +127,18 @@ def test_the_gate_on_a_cluster_prints_the_local_table(tmp_path, monkeypatch, clu
     assert capsys.readouterr().out == local and "full cache's answers per cell" in local
 
 
+def test_jobs_on_a_cluster_tick_the_bar_as_they_run(cluster):
+    from kvsim.tools.study.cluster import on_cluster
+    from kvsim.tools.study.workers import study_map
+    from test_study_types import Bar, ticking
+
+    bar = Bar()
+    with on_cluster(cluster.scheduler_address):
+        assert study_map(ticking, [(3, 1.0), (4, 1.0)], 1, (), bar, lambda item: item[0]) \
+            == [30, 40]
+    assert sum(bar.updates) == 7 and len(bar.updates) > 2  # tick by tick, not job by job
+
+
 @pytest.mark.parametrize("address, message", [
     ("nowhere", "kvsim: --dask: expected a scheduler address tcp://HOST:PORT (port 1 to "
                 "65535) or local:N, got 'nowhere'"),

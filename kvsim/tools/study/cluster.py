@@ -116,9 +116,10 @@ def _share(part):
     return shared[id(part)][1]
 
 
-def _run_task(fn: Callable, job: list, item):
+def _run_task(fn: Callable, job: list, item, ticks: tuple | None):
     """On a worker: ``fn(item)`` with the job (its model loaded here, once per process) as
-    ``FORKED["job"]``, alone in the process, torch on one thread."""
+    ``FORKED["job"]``, alone in the process, torch on one thread; with ``ticks`` (topic,
+    index), its :func:`~kvsim.tools.study.workers.tick` calls go to the client as events."""
     import torch
 
     from kvsim.tools.study.workers import FORKED
@@ -126,26 +127,60 @@ def _run_task(fn: Callable, job: list, item):
     with _LOCK:
         torch.set_num_threads(1)
         FORKED["job"] = tuple(p.here() if isinstance(p, _Source) else p for p in job)
+        if ticks is not None:
+            from distributed import get_worker
+
+            worker, (topic, index) = get_worker(), ticks
+            FORKED["tick"] = lambda n: worker.log_event(topic, (index, n))
         try:
             return fn(item)
         finally:
             FORKED.clear()
 
 
+class _Progress:
+    """A map's bar on the client: each item's ticks as its events arrive, then the rest of
+    its weight (1 without ``weight``) when it is done; late events are dropped."""
+
+    def __init__(self, bar, weight: Callable | None, items: list):
+        self.bar, self.weight, self.items = bar, weight, items
+        self.ticked = [0] * len(items)
+        self.done_ = [False] * len(items)
+        self.lock = threading.Lock()  # events come on the client's event-loop thread
+
+    def event(self, event) -> None:
+        index, n = event[1]
+        with self.lock:
+            if not self.done_[index]:
+                self.ticked[index] += n
+                self.bar.update(n)
+
+    def done(self, index: int) -> None:
+        with self.lock:
+            self.done_[index] = True
+            whole = self.weight(self.items[index]) if self.weight else 1
+            self.bar.update(whole - self.ticked[index])
+
+
 def cluster_map(fn: Callable, items: list, job: tuple, bar=None,
                 weight: Callable | None = None) -> list:
     """``[fn(item) for item in items]``, in order, each item one task on the open cluster
-    (:func:`on_cluster`); ``bar`` advances as each finishes, by ``weight(item)`` (default
-    1)."""
+    (:func:`on_cluster`); ``bar`` advances by one as each item is done, or, with
+    ``weight``, by what ``fn`` counts with :func:`~kvsim.tools.study.workers.tick` as it
+    runs (``weight(item)`` in all for an item)."""
     from dask.distributed import as_completed
     from distributed.scheduler import KilledWorker
 
     client = active()
     job = [_share(part) for part in _shipped(job)]
-    run = uuid.uuid4().hex[:8]
-    futures = [client.submit(_run_task, fn, job, item, key=f"kvsim-{fn.__name__}-{run}-{i}",
-                             pure=False) for i, item in enumerate(items)]
-    of = {future.key: item for future, item in zip(futures, items)}
+    run = f"kvsim-{fn.__name__}-{uuid.uuid4().hex[:8]}"
+    progress = _Progress(bar, weight, items) if bar is not None else None
+    ticks = progress is not None and weight is not None
+    if ticks:
+        client.subscribe_topic(run, progress.event)
+    futures = [client.submit(_run_task, fn, job, item, (run, i) if ticks else None,
+                             key=f"{run}-{i}", pure=False) for i, item in enumerate(items)]
+    index = {future.key: i for i, future in enumerate(futures)}
     try:
         for future in as_completed(futures):
             try:
@@ -153,8 +188,10 @@ def cluster_map(fn: Callable, items: list, job: tuple, bar=None,
             except KilledWorker as exc:  # the scheduler gave up after repeated worker deaths
                 raise KvsimError(f"--dask: task {future.key} lost its worker too often "
                                  f"({exc})") from None
-            if bar is not None:
-                bar.update(weight(of[future.key]) if weight else 1)
+            if progress is not None:
+                progress.done(index[future.key])
         return [future.result() for future in futures]
     finally:
         client.cancel(futures)
+        if ticks:
+            client.unsubscribe_topic(run)
