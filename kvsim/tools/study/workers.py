@@ -32,7 +32,7 @@ def forked_pool(workers: int, queue=None):
 
 def tick(n: int) -> None:
     """From a job of a map with a ``weight``: advance the map's progress bar by ``n`` now
-    (on a cluster the bar advances when the job is done instead)."""
+    (from a forked worker through a queue, from a cluster's worker as a Dask event)."""
     FORKED.get("tick", _nothing)(n)
 
 
@@ -70,7 +70,7 @@ def study_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
     (:func:`~kvsim.tools.study.cluster.on_cluster`), else on up to ``workers`` forked
     processes (:func:`forked_map`). ``fn`` reads ``job`` as ``FORKED["job"]``. ``bar``
     advances by one as each item is done; with ``weight``, by what ``fn`` counts with
-    :func:`tick` as it runs (on a cluster: by ``weight(item)`` when the item is done)."""
+    :func:`tick` as it runs (``weight(item)`` in all for an item)."""
     from kvsim.tools.study import cluster
 
     if cluster.active() is not None:
