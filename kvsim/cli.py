@@ -308,8 +308,11 @@ def _study(study, argv: list[str]) -> int:
                    help="replace a report kvsim wrote for another study (one of the same "
                         "study is replaced anyway)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--workers", type=_positive, default=1, metavar="N",
-                   help=study.workers_help)
+    p.add_argument("--workers", type=_positive, metavar="N", help=study.workers_help)
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="run on a Dask cluster instead: a scheduler address (tcp://HOST:8786) "
+                        "or local:N (N local worker processes), each worker loading the "
+                        "model once; same results (needs the distributed extra)")
     if study.redraw is not None:
         p.add_argument("--redraw", action="store_true",
                        help=f"redraw the report's figures and text from its files, without "
@@ -323,14 +326,28 @@ def _study(study, argv: list[str]) -> int:
                             "a long run)")
     args = p.parse_args(argv)
     line = shlex.join(["python", "-m", "kvsim", study.command, *argv])
-    if study.redraw is not None and args.redraw:
+    redraw = study.redraw is not None and args.redraw
+    if args.dask is not None:  # a malformed address fails before anything runs
+        from kvsim.engine.distributed import check_address
+
+        check_address(args.dask)
+        if redraw:
+            raise KvsimError("--dask: expected no --redraw with it (a redraw runs no model)")
+        if args.workers is not None:
+            raise KvsimError("--dask: expected no --workers with it (the cluster's worker "
+                             "processes run the study)")
+    workers = args.workers or 1
+    if redraw:
         print(redraw_report(study, args.file, args.out, command=line))
         return 0
     if study.gate is not None and args.gate:
-        print(study.gate(args.file, workers=args.workers, progress=not args.quiet))
+        from kvsim.tools.study.cluster import on_cluster
+
+        with on_cluster(args.dask):
+            print(study.gate(args.file, workers=workers, progress=not args.quiet))
         return 0
     print(run_report(study, args.file, args.out, force=args.force, progress=not args.quiet,
-                     workers=args.workers, command=line))
+                     workers=workers, command=line, dask=args.dask))
     return 0
 
 

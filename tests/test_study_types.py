@@ -61,3 +61,37 @@ def test_validate_tells_a_study_file_by_its_table_and_refuses_scenario_overrides
                                        "files, got a [closed_loop] file\n")
     assert main(["validate", str(path)]) == 2
     assert "closed_loop.model: expected a model folder" in capsys.readouterr().err
+
+
+def ticking(item: tuple) -> int:
+    """A job that counts ``n`` ticks, waits ``pause`` seconds and returns ``10 n``."""
+    import time
+
+    from kvsim.tools.study.workers import tick
+
+    n, pause = item
+    for _ in range(n):
+        tick(1)
+    time.sleep(pause)
+    return 10 * n
+
+
+class Bar:
+    """A progress bar that records its updates."""
+
+    def __init__(self):
+        self.updates = []
+
+    def update(self, n: int = 1) -> None:
+        self.updates.append(n)
+
+
+def test_forked_jobs_tick_the_bar_to_its_total():
+    from kvsim.tools.study.workers import forked_map
+
+    items = [(n, 0.0) for n in range(1, 9)]
+    for workers in (1, 2):  # each job returns at once: its last ticks may still be on the way
+        bar = Bar()
+        assert forked_map(ticking, items, workers, (), bar, lambda item: item[0]) == \
+            [10 * n for n in range(1, 9)]
+        assert sum(bar.updates) == 36, workers

@@ -8,6 +8,7 @@ from pathlib import Path
 from kvsim.models.capture import load_model
 from kvsim.tools.closed_loop.config import ClosedLoopConfig, load_config, saved_settings
 from kvsim.models.preflight import NEEDS
+from kvsim.tools.study.cluster import load_shared
 from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
 
@@ -17,7 +18,7 @@ def _run(cfg: ClosedLoopConfig, out: Path, provenance, workers: int, progress: b
     from kvsim.tools.closed_loop.report import write_report
     from kvsim.tools.closed_loop.run import run
 
-    net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+    net, tokenizer = load_shared(load_model, str(cfg.model), cfg.gguf_file)
     series, facts = run(cfg, net, tokenizer, progress, workers)
     facts["run_seconds"] = facts["wall_seconds"]
     facts.update(provenance())
@@ -38,7 +39,8 @@ def _check_line(cfg: ClosedLoopConfig) -> str:
 
 STUDY = StudyType(
     command="closed-loop", table="closed_loop", what="closed-loop", saved="closed_loop.json",
-    usage="kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] [--workers N] [--redraw]",
+    usage="kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] "
+          "[--workers N | --dask ADDRESS] [--redraw]",
     summary="run each policy and budget inside a real model and report how well the open-loop "
             "mass predicts its KL and NLL (needs the capture extra)",
     description="Run every policy and budget of a closed-loop file inside a real model (each "
@@ -53,9 +55,11 @@ STUDY = StudyType(
 
 def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool = False,
                        progress: bool = True, workers: int = 1,
-                       command: str | None = None) -> Path:
+                       command: str | None = None, dask: str | None = None) -> Path:
     """Run a closed-loop file and write its report (default ``reports/<name>/``), its
-    closed-loop batches on ``workers`` forked processes (the numbers do not depend on it).
+    closed-loop batches on ``workers`` forked processes, or with ``dask`` on the Dask
+    cluster at that address (``tcp://HOST:PORT`` or ``local:N``); the numbers depend on
+    neither.
 
     The wall time written in the report covers everything up to the report files:
     loading the model, the full run, the open loop and every closed-loop run; the
@@ -63,5 +67,5 @@ def closed_loop_report(path: str | Path, out: Path | None = None, *, force: bool
     (``command``), kvsim's version and commit and the date, as in a scenario report.
     """
     return run_report(STUDY, path, out, force=force, progress=progress, workers=workers,
-                      command=command)
+                      command=command, dask=dask)
 

@@ -12,9 +12,7 @@
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import time
-from queue import Empty
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,7 +27,7 @@ from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.models.adapter import attach
 from kvsim.tools.study.grid import grid_stepper, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
-from kvsim.tools.study.workers import FORKED, forked_map, forked_pool
+from kvsim.tools.study.workers import FORKED, study_map, tick
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.tools.closed_loop.presses import PressRun, press_runs
 from kvsim.tools.closed_loop.presses import open_loop as press_open_loop
@@ -123,8 +121,7 @@ def closed_loop(net, full: FullRun, runs: list[tuple[PolicyConfig | None, int]],
 
 def _worker(members: list[int]) -> list[tuple]:
     net, full, runs, P, gqa, seed, quantize = FORKED["job"]
-    return closed_loop(net, full, [runs[c] for c in members], P, gqa, seed,
-                       FORKED["queue"].put, quantize)
+    return closed_loop(net, full, [runs[c] for c in members], P, gqa, seed, tick, quantize)
 
 
 def _open_worker(pc: PolicyConfig) -> dict:
@@ -137,43 +134,21 @@ def open_loops(full: FullRun, cfg: ClosedLoopConfig, workers: int, progress: boo
     """The simulator's open loop of every policy of ``cfg`` (on ``workers`` processes)."""
     with tqdm(total=len(cfg.policies), desc="open loop (policies)",
               disable=not progress) as bar:
-        return forked_map(_open_worker, cfg.policies, workers, (full, cfg), bar)
+        return study_map(_open_worker, cfg.policies, workers, (full, cfg), bar)
 
 
 def decode_batches(net, full: FullRun, runs: list, batches: list[list[int]], P: int, gqa: str,
                    seed: int, workers: int, bar,
                    quantize: Quantize | None = None) -> dict[int, tuple]:
-    """(kl, nll) of every run, batch by batch, on ``workers`` forked processes.
+    """(kl, nll) of every run, batch by batch, on ``workers`` forked processes (or the
+    study's cluster, :func:`~kvsim.tools.study.workers.study_map`).
 
     A run's numbers depend on its batch (one forward pass per step for the whole batch),
     never on which process decodes it: results do not depend on ``workers``.
     """
-    done: dict[int, tuple] = {}
-    if workers <= 1 or len(batches) == 1:
-        for members in batches:
-            for c, res in zip(members, closed_loop(net, full, [runs[c] for c in members], P,
-                                                   gqa, seed, bar.update, quantize)):
-                done[c] = res
-        return done
-    ctx = mp.get_context("fork")
-    queue = ctx.Queue()
-    FORKED["job"] = (net, full, runs, P, gqa, seed, quantize)
-    try:
-        with forked_pool(min(workers, len(batches)), queue) as pool:
-            futures = {pool.submit(_worker, members): members for members in batches}
-            pending = set(futures)
-            while pending:
-                try:
-                    bar.update(queue.get(timeout=0.2))
-                except Empty:
-                    pass
-                for fut in [f for f in pending if f.done()]:
-                    pending.discard(fut)
-                    for c, res in zip(futures[fut], fut.result()):
-                        done[c] = res
-    finally:
-        FORKED.clear()
-    return done
+    done = study_map(_worker, batches, workers, (net, full, runs, P, gqa, seed, quantize), bar,
+                     weight=lambda members: len(members) * (full.T - P))
+    return {c: res for members, out in zip(batches, done) for c, res in zip(members, out)}
 
 
 def check_head_dims(full: FullRun, quant: Quantize) -> None:

@@ -52,11 +52,12 @@ def machine_words(facts: dict, covers: str = "") -> str:
     and load average of the run."""
     one, _, fifteen = facts["load_average"]
     workers = facts["workers"]
+    where = f" of the Dask cluster {facts['dask']}" if facts.get("dask") else ""
     return (f"{facts['wall_seconds']:.0f} s ({facts['wall_seconds'] / 60:.1f} min) for the "
             f"whole command{f' ({covers})' if covers else ''}, on {facts['cores']} cores with "
-            f"{workers} worker "
-            f"process{'es' if workers > 1 else ''} (torch on one thread each); load average "
-            f"{one:.1f} over the last minute and {fifteen:.1f} over 15 minutes, at the end")
+            f"{workers} worker process{'es' if workers > 1 else ''}{where} (torch on one "
+            f"thread each); load average {one:.1f} over the last minute and {fifteen:.1f} over "
+            f"15 minutes, at the end")
 
 
 def figure_lines(figures: list[str]) -> list[str]:

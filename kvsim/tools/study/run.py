@@ -20,36 +20,46 @@ from kvsim.report.lock import ReportLock, clean_leftovers, replace_folder
 
 def write_study(path: str | Path, out: Path | None, force: bool, command: str, workers: int,
                 load_config: Callable, check_out: Callable[[Path, bool, str], str | None],
-                work: Callable[[object, Path, Callable[[], dict]], None]) -> Path:
+                work: Callable[[object, Path, Callable[[], dict]], None],
+                dask: str | None = None) -> Path:
     """Read a study file with ``load_config`` (every problem before a model loads), check its
     report folder ``out`` (default ``reports/<name>``) with ``check_out(out, force, name)``,
-    and, holding the folder's lock, call ``work(cfg, out, provenance)`` to run the study and
-    write the folder; ``provenance()`` gives the facts of :func:`provenance` at that moment
-    (the wall time counts from the call of this function). The note of a replaced report
-    goes to stderr at the end. Returns the folder."""
+    connect to the Dask cluster at ``dask`` if given (its maps then run there:
+    :func:`~kvsim.tools.study.cluster.on_cluster`), and, holding the folder's lock, call
+    ``work(cfg, out, provenance)`` to run the study and write the folder; ``provenance()``
+    gives the facts of :func:`provenance` at that moment (the wall time counts from the call
+    of this function). The note of a replaced report goes to stderr at the end. Returns the
+    folder."""
+    from kvsim.tools.study.cluster import on_cluster, worker_count
+
     start, started = time.perf_counter(), time.time()
     cfg = load_config(path)
     out = Path("reports") / cfg.name if out is None else Path(out)
     check_out(out, force, cfg.name)
-    with ReportLock(out):
+    with on_cluster(dask) as client, ReportLock(out):
         clean_leftovers(out, keep_units=False)
         note = check_out(out, force, cfg.name)  # again, under the lock
-        work(cfg, out, lambda: provenance(command, workers, start, started))
+        if client is not None:
+            workers = worker_count(client)
+        work(cfg, out, lambda: provenance(command, workers, start, started, dask))
     if note:
         print(note, file=sys.stderr)
     return out
 
 
-def provenance(command: str, workers: int, start: float, started: float) -> dict:
+def provenance(command: str, workers: int, start: float, started: float,
+               dask: str | None = None) -> dict:
     """The command line, kvsim's version and commit, the date of ``started``
     (``time.time()``), the wall time since ``start`` (``time.perf_counter()``), the
-    machine's cores, the worker processes and the load average (1, 5 and 15 minutes) now."""
+    machine's cores, the worker processes (with ``dask``: the cluster's, and its address)
+    and the load average (1, 5 and 15 minutes) now."""
     from kvsim.report.writer import git_commit  # the report writer and its figures: on demand
 
-    return {"command": command, "kvsim": __version__, "commit": git_commit(),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-            "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
-            "workers": workers, "load_average": os.getloadavg()}
+    facts = {"command": command, "kvsim": __version__, "commit": git_commit(),
+             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+             "wall_seconds": time.perf_counter() - start, "cores": os.cpu_count(),
+             "workers": workers, "load_average": os.getloadavg()}
+    return {**facts, "dask": dask} if dask else facts
 
 
 def check_out(study, out: Path, force: bool, name: str) -> str | None:
@@ -61,15 +71,17 @@ def check_out(study, out: Path, force: bool, name: str) -> str | None:
 
 
 def run_report(study, path: str | Path, out: Path | None = None, *, force: bool = False,
-               progress: bool = True, workers: int = 1, command: str | None = None) -> Path:
+               progress: bool = True, workers: int = 1, command: str | None = None,
+               dask: str | None = None) -> Path:
     """Run the file ``path`` of ``study`` and write its report (default
     ``reports/<name>/``): ``study.run(cfg, out, provenance, workers, progress)`` does the
-    work, on ``workers`` forked processes (the numbers do not depend on it). Returns the
+    work, on ``workers`` forked processes, or with ``dask`` on the Dask cluster at that
+    address (``tcp://HOST:PORT`` or ``local:N``); the numbers depend on neither. Returns the
     folder."""
     return write_study(path, out, force, command or f"kvsim {study.command} {path}", workers,
                        study.load_config, lambda *a: check_out(study, *a),
                        lambda cfg, out, provenance: study.run(cfg, out, provenance, workers,
-                                                              progress))
+                                                              progress), dask)
 
 
 def redraw_report(study, path: str | Path, out: Path | None = None, *,

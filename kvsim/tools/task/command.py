@@ -14,7 +14,8 @@ from kvsim.report.lock import replace_folder
 from kvsim.models.preflight import NEEDS
 from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
-from kvsim.tools.study.workers import FORKED, forked_map
+from kvsim.tools.study.cluster import load_shared
+from kvsim.tools.study.workers import FORKED, study_map
 from kvsim.tools.task.config import TaskConfig, load_config
 from kvsim.tools.task.kinds import PASSKEY
 
@@ -77,7 +78,7 @@ def run_all(cfg: TaskConfig, net, tokenizer, workers: int, progress: bool,
     job = (net, tokenizer, cfg, filler_ids(cfg, tokenizer), prompt_frame(cfg, tokenizer),
            gate_trial if gate_only else run_trial)
     with tqdm(total=n, unit="trial", desc=cfg.name, disable=not progress) as bar:
-        return [r for rows in forked_map(_trial, range(n), workers, job, bar) for r in rows]
+        return [r for rows in study_map(_trial, range(n), workers, job, bar) for r in rows]
 
 
 def _run(cfg: TaskConfig, out: Path, provenance, workers: int, progress: bool) -> None:
@@ -102,11 +103,14 @@ def _run(cfg: TaskConfig, out: Path, provenance, workers: int, progress: bool) -
 
 
 def task_report(path: str | Path, out: Path | None = None, *, force: bool = False,
-                progress: bool = True, workers: int = 1, command: str | None = None) -> Path:
+                progress: bool = True, workers: int = 1, command: str | None = None,
+                dask: str | None = None) -> Path:
     """Run a task file and write its report (default ``reports/<name>/``); the trials run on
-    ``workers`` forked processes. Returns the report folder."""
+    ``workers`` forked processes, or with ``dask`` on the Dask cluster at that address
+    (``tcp://HOST:PORT`` or ``local:N``), with the same results. Returns the report
+    folder."""
     return run_report(STUDY, path, out, force=force, progress=progress, workers=workers,
-                      command=command)
+                      command=command, dask=dask)
 
 
 def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
@@ -115,7 +119,7 @@ def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
 
     from kvsim.models.capture import load_model
 
-    net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
+    net, tokenizer = load_shared(load_model, str(cfg.model), cfg.gguf_file)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # results then do not depend on the machine's core count
     try:
@@ -194,8 +198,8 @@ examples:
 
 STUDY = StudyType(
     command="task", table="task", what="task", saved="task.json",
-    usage="kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N] [--redraw] "
-          "[--gate]",
+    usage="kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N | --dask ADDRESS] "
+          "[--redraw] [--gate]",
     summary="the passkey task (or a RULER needle kind) inside a real model under every policy, budget and question "
             "protocol, beside the simulator's prediction",
     description="Run the passkey task (or one of RULER's needle kinds) inside a real model (SmolLM2-135M from the "
