@@ -71,13 +71,21 @@ def decode(ctx, out, cache, n, state):
     return decode_loop(ctx, out, cache, n, state, admit, observe)
 
 
-def _start(prompt: Group, budget: int, params: dict, T: int):
-    P, recent, history = prompt.prompt_len, recent_count(budget, params), params["history"]
+def _votes(prompt: Group, history: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The last ``history`` prompt queries, which keys each found important (full
+    attention, ``n = q + 1``) and each key's count of votes: the same for every budget."""
+    P = prompt.prompt_len
     queries = np.arange(max(0, P - history), P)
-    flags = np.zeros((queries.shape[0], P), np.uint8)  # full attention, n = q + 1
+    flags = np.zeros((queries.shape[0], P), np.uint8)
     for i, q in enumerate(queries):
         flags[i, :q + 1] = prompt.combine(head_rows(prompt, int(q))) >= 1.0 / (q + 1)
-    count = flags.sum(axis=0).astype(np.float64)
+    return queries, flags, flags.sum(axis=0).astype(np.float64)
+
+
+def _start(prompt: Group, budget: int, params: dict, T: int):
+    P, recent, history = prompt.prompt_len, recent_count(budget, params), params["history"]
+    queries, flags, count = prompt.shared(("scissorhands", history),
+                                          lambda: _votes(prompt, history))
     kept = prefill(P, budget, recent, count)
     state = State(np.zeros((history, budget), np.uint8), np.zeros(budget),
                   np.zeros(T, np.int64), np.zeros(1, np.int64), np.zeros(budget), recent,
