@@ -20,9 +20,9 @@ NEEDS = f"Needs the capture extra: {INSTALL}."
 
 
 def missing_extra(gguf: bool) -> list[str]:
-    """The modules of the capture extra (torch, transformers and, for GGUF weights, gguf)
-    that are not installed, looked up without importing them."""
-    return [m for m in ("torch", "transformers", *(("gguf",) if gguf else ()))
+    """The modules of the capture extra (torch, transformers, threadpoolctl and, for GGUF
+    weights, gguf) that are not installed, looked up without importing them."""
+    return [m for m in ("torch", "transformers", "threadpoolctl", *(("gguf",) if gguf else ()))
             if importlib.util.find_spec(m) is None]
 
 

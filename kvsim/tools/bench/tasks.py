@@ -1,7 +1,7 @@
 """``python -m kvsim bench --tasks``: the passkey task inside the model, against its floors.
 
 On the first ``prompts`` depths of one length of a task file (default
-``scenarios/passkey_smollm2.toml``), in one process, torch on one thread:
+``scenarios/passkey_smollm2.toml``), in one process, torch and NumPy's BLAS on one thread:
 
 - the model's floor: one prefill of the prompt, then every protocol's decode steps (the
   question, where it joins after the compression, and the answer) with all of its
@@ -78,11 +78,10 @@ def kvpress_seconds(net, prompt, cfg) -> tuple[float, int]:
 def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) -> dict:
     """The measurements above on ``prompts`` prompts of ``length`` tokens (default: the
     file's longest length)."""
-    import torch
-
     from kvsim.protocols.run import get_policy
     from kvsim.models.capture import load_model
     from kvsim.models.adapter import attach
+    from kvsim.models.threads import one_thread
     from kvsim.tools.study.model import prefill
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import filler_ids, prompt_frame
@@ -93,15 +92,13 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     length = length or max(cfg.lengths)
     cfg = dataclasses.replace(cfg, lengths=(length,), trials=1)
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     kvpress = importlib.util.find_spec("kvpress") is not None
     runs = len(cfg.policies) * len(cfg.budgets)
     rope = any("rope" in get_policy(pc.kind).needs for pc in cfg.policies)
     out: dict = {"file": str(path.name), "length": length, "runs_per_protocol": runs,
                  "protocols": list(cfg.compress), "answer_tokens": cfg.answer_tokens,
                  "prompts": [], "kvpress": kvpress}
-    try:
+    with one_thread():
         attach(net)
         text_ids = filler_ids(cfg, tokenizer)
         form = prompt_frame(cfg, tokenizer)
@@ -127,8 +124,6 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
             row["load_1min"] = os.getloadavg()[0]
             out["prompts"].append(row)
             print(task_line(row))
-    finally:
-        torch.set_num_threads(threads)
     return out
 
 

@@ -167,12 +167,10 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
 
     Returns the per-run series (the full-cache reference first) and facts for the report.
     """
-    import torch
+    from kvsim.models.threads import one_thread
 
     start = time.perf_counter()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # results then do not depend on the machine's core count
-    try:
+    with one_thread():  # results then do not depend on the machine's core count
         attach(net)
         ids = load_text(cfg, tokenizer)
         full = prefill(net, ids, rope=any("rope" in get_policy(pc.kind).needs
@@ -214,8 +212,6 @@ def run(cfg: ClosedLoopConfig, net, tokenizer, progress: bool = True,
                                   cfg.quantize)
         for c, (kl, nll) in done.items():
             series[c].kl, series[c].nll = kl, nll
-    finally:
-        torch.set_num_threads(threads)
     facts = {"wall_seconds": time.perf_counter() - start, "layers": int(full.keys.shape[0]),
              "global_layers": full.global_layers, "licence": catalog.licence(cfg.gguf_file),
              "windows": sorted({g.window for g in full.geometry if g.window}),

@@ -120,12 +120,10 @@ def _run_task(fn: Callable, job: list, item, ticks: tuple | None):
     """On a worker: ``fn(item)`` with the job (its model loaded here, once per process) as
     ``FORKED["job"]``, alone in the process, torch on one thread; with ``ticks`` (topic,
     index), its :func:`~kvsim.tools.study.workers.tick` calls go to the client as events."""
-    import torch
-
+    from kvsim.models.threads import one_thread
     from kvsim.tools.study.workers import FORKED
 
-    with _LOCK:
-        torch.set_num_threads(1)
+    with _LOCK, one_thread():
         FORKED["job"] = tuple(p.here() if isinstance(p, _Source) else p for p in job)
         if ticks is not None:
             from distributed import get_worker

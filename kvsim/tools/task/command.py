@@ -115,17 +115,12 @@ def task_report(path: str | Path, out: Path | None = None, *, force: bool = Fals
 
 def _trials(cfg: TaskConfig, workers: int, progress: bool, gate_only: bool):
     """The model, its tokenizer and the rows of every trial of ``cfg``."""
-    import torch
-
     from kvsim.models.capture import load_model
+    from kvsim.models.threads import one_thread
 
     net, tokenizer = load_shared(load_model, str(cfg.model), cfg.gguf_file)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # results then do not depend on the machine's core count
-    try:
+    with one_thread():  # results then do not depend on the machine's core count
         return net, tokenizer, run_all(cfg, net, tokenizer, workers, progress, gate_only)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def gate_table(path: str | Path, *, workers: int = 1, progress: bool = True) -> str:

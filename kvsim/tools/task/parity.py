@@ -431,6 +431,7 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
 
     from kvsim.report.lock import replace_folder
     from kvsim.models.capture import load_model
+    from kvsim.models.threads import one_thread
     from kvsim.tools.study.run import provenance
     from kvsim.tools.task.config import load_config
     from kvsim.tools.study.presses import presses_module
@@ -440,12 +441,8 @@ def parity_report(path: str | Path, out: Path, *, workers: int = 1,
     check(cfg)
     presses_module()
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         rows = parity_rows(cfg, net, tokenizer, workers, progress)
-    finally:
-        torch.set_num_threads(threads)
     command = command or " ".join(["python -m kvsim.tools.task.parity", str(path), "--out",
                                    str(out), *(["--workers", str(workers)] if workers > 1
                                                else [])])
