@@ -113,27 +113,24 @@ N, A, B = 120, 4, 96  # generated tokens (more than B + the first task), answer 
 
 
 def tiny_config(tmp_path, model, compress: str, policies: str = "[policies.window]\n",
-                trials: int = 1):
+                generate: int = N):
     (tmp_path / "t.toml").write_text(
         f'name = "t"\n[task]\nmodel = "{model}"\nkind = "decode_recall"\nlengths = [400]\n'
-        f'depths = [1.0]\ntrials = {trials}\nbudgets = [{B}]\ngenerate_tokens = {N}\n'
+        f'depths = [1.0]\nbudgets = [{B}]\ngenerate_tokens = {generate}\n'
         f'answer_tokens = {A}\ncompress = {compress}\n{policies}')
     return load_config(tmp_path / "t.toml")
 
 
-def greedy(net, ids: np.ndarray, recall: tuple, allowed=None) -> tuple[list, list]:
-    """A plain Hugging Face loop (eager, no kvsim): ``N`` greedy tokens after ``ids``, then
-    ``recall`` and ``A`` greedy tokens; ``allowed(t)``: the positions query ``t`` may see
-    once decoding (default: all before it)."""
+def greedy(net, ids: np.ndarray, recall: tuple, generate: int, window: int | None = None
+           ) -> tuple[list, list]:
+    """A plain Hugging Face loop (eager, no kvsim): ``generate`` greedy tokens after ``ids``, then
+    ``recall`` and ``A`` greedy tokens; with ``window``, each query after the prompt sees
+    only the ``window`` newest positions (itself included), as a window cache holds."""
     seq, generated, answer = list(ids), [], []
-    P = len(ids)
-    for target in [generated] * N + [None] + [answer] * A:
-        T = len(seq)
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        if allowed is not None:
-            for t in range(P, T):
-                mask[t] = False
-                mask[t, allowed(t)] = True
+    for target in [generated] * generate + [None] + [answer] * A:
+        q = torch.arange(len(seq))[:, None]
+        k = torch.arange(len(seq))[None, :]
+        mask = (k <= q) & ((q < len(ids)) | (k > q - window) if window else True)
         with torch.no_grad():
             logits = net(torch.as_tensor([seq]),
                          attention_mask=torch.where(mask, 0.0, float("-inf"))[None, None]
@@ -177,15 +174,14 @@ def run_protocol(net, cfg, compress: str):
 
 def test_each_cache_generates_its_own_greedy_tokens_within_its_budget(tmp_path, nets):
     net, stock, folder = nets
-    cfg = tiny_config(tmp_path, folder, '["after_question"]')
+    cfg = tiny_config(tmp_path, folder, '["after_question"]', generate=24)
     p, (full_answer, full_generated), caches, answer, peak, log = run_protocol(
         net, cfg, "after_question")
-    P = p.ids.size
-    assert (list(full_generated), list(full_answer)) == greedy(stock, p.ids, p.recall)
-    window = greedy(stock, p.ids, p.recall, lambda t: list(range(t - B + 1, t + 1)))
+    assert (list(full_generated), list(full_answer)) == greedy(stock, p.ids, p.recall, 24)
+    window = greedy(stock, p.ids, p.recall, 24, B)
     assert (list(caches.generated[0]), list(answer[0])) == window  # the window's own
     assert window[0] != list(full_generated)  # not the full cache's tokens, teacher-forced
-    steps = N + len(p.recall) + A - 1  # every token after the prompt but the last joins
+    steps = 24 + len(p.recall) + A - 1  # every token after the prompt but the last joins
     assert len(log) == 2 * 2 * steps and {n for _, n in log} == {B}  # layers x KV heads
     assert peak[0] == B and (peak <= caches.budgets).all()
 
@@ -214,7 +210,7 @@ def test_a_decode_recall_report_is_byte_identical_across_runs(tmp_path, monkeypa
     net, _, folder = nets
     monkeypatch.setattr(kvsim.models.capture, "load_model", lambda model, gguf=None: (net, TOK))
     tiny_config(tmp_path, folder, '["after_question", "prefill_only"]',
-                "[policies.window]\n[policies.h2o]\n", trials=2)
+                "[policies.window]\n[policies.h2o]\n", generate=40)
     first = task_report(tmp_path / "t.toml", tmp_path / "r1", progress=False, command="t")
     second = task_report(tmp_path / "t.toml", tmp_path / "r2", progress=False, command="t")
     assert (first / "results.csv").read_bytes() == (second / "results.csv").read_bytes()

@@ -140,7 +140,7 @@ def test_kind_settings_and_bad_kind(tmp_path):
     assert config('kind = "vt"').answer_tokens == 30
     assert config('kind = "vt"\nanswer_tokens = 12').answer_tokens == 12
     with pytest.raises(ScenarioError, match=r"t\.toml: task\.kind: expected one of "
-                                            r"'passkey', 'niah_single', .*'vt', got 'niah'$"):
+                                            r"'passkey', 'niah_single', .*'vt', 'decode_recall', got 'niah'$"):
         config('kind = "niah"')
 
 
