@@ -140,7 +140,7 @@ def test_kind_settings_and_bad_kind(tmp_path):
     assert config('kind = "vt"').answer_tokens == 30
     assert config('kind = "vt"\nanswer_tokens = 12').answer_tokens == 12
     with pytest.raises(ScenarioError, match=r"t\.toml: task\.kind: expected one of "
-                                            r"'passkey', 'niah_single', .*'vt', got 'niah'$"):
+                                            r"'passkey', 'niah_single', .*'vt', 'decode_recall', got 'niah'$"):
         config('kind = "niah"')
 
 
@@ -185,7 +185,10 @@ def test_each_kind_runs_end_to_end_on_a_tiny_model(kind, tmp_path, monkeypatch, 
         assert r["success"] == kinds.score(kind, r["answer"], expected)["success"]
         assert r["score_all"] == kinds.string_match_all(r["answer"], expected)
     with open(out / "results.csv") as f:
-        assert next(csv.reader(f))[-3:] == ["score_all", "score_part", "question_needle_mass"]
+        assert next(csv.reader(f))[-5 if kind == kinds.DECODE_RECALL else -3:] == [
+            "score_all", "score_part", *(["recall_retention", "echo"]
+                                         if kind == kinds.DECODE_RECALL else []),
+            "question_needle_mass"]
     text = (out / "report.md").read_text()
     assert text.startswith(f"# {kind} task: tiny\n") and "string_match_all is 1" in text
     assert main(["task", str(tmp_path / "t.toml"), "--gate", "--quiet"]) == 0
@@ -212,7 +215,7 @@ def test_each_kind_in_a_real_tokenizer(name, package, bos, chat):
     ids = np.asarray(tok(shipped_text("gpl-3").read_text(encoding="utf-8"),
                          add_special_tokens=False)["input_ids"], np.int64)
     for kind in kinds.KINDS:
-        formats = ("raw", "chat") if chat else ("raw",)
+        formats = ("raw", "chat") if chat and not kinds.KINDS[kind].first else ("raw",)
         for form in formats:
             p = kinds.build(kind, tok, 1024, 0.25, trial_rng(0, 1024, 0.25, 0),
                             None if kind == "vt" else ids, form)
@@ -223,6 +226,9 @@ def test_each_kind_in_a_real_tokenizer(name, package, bos, chat):
             if kind != "vt":
                 assert [tok.decode(p.ids[s].tolist()).strip() for s in p.digits] == \
                     list(p.expected)
-            assert tok.decode(p.ids[-p.question_len:].tolist()).rstrip().endswith(
+            question = p.recall or p.ids[-p.question_len:]  # decode_recall's comes later
+            if p.recall:
+                assert tok.decode(p.ids[-p.question_len:].tolist()) == kinds.FIRST
+            assert tok.decode(list(question)).rstrip().endswith(
                 "provided text are" if kinds.KINDS[kind].values * kinds.KINDS[kind].queries > 1
                 else "provided text is" if kind != "vt" else "they are:")

@@ -162,7 +162,7 @@ A task file has a [task] table and [policies.NAME] tables (as in a scenario):
 
   [task]
   kind = "passkey"             # or RULER's niah_single, niah_multikey, niah_multivalue,
-                               # niah_multiquery, vt (docs/tasks.md)
+                               # niah_multiquery, vt; or decode_recall (docs/tasks.md)
   lengths = [512, 1024]        # prompt lengths in tokens (everything the model reads)
   depths = [0.0, 0.5, 1.0]     # relative depth of the needle in the context
   trials = 5                   # trials per length x depth cell (new key, new filler)
@@ -183,7 +183,8 @@ left out of every claim. Beside each run, the simulator's prediction from the
 full-cache attention: needle retention and the question's attention on the kept needle.
 RULER's kinds plant their needles (with distractors, several values or a chain of
 assignments) in the same way and score as RULER does (string_match_all: the share of the
-expected values in the answer).
+expected values in the answer). decode_recall asks niah_single's question only after each
+cache has generated generate_tokens (default 64) tokens of its own under its policy.
 
 examples:
   python -m kvsim task scenarios/passkey_smollm2.toml --workers 2

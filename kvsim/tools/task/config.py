@@ -17,7 +17,7 @@ from kvsim.scenario.reader import Checker, PolicyConfig, is_int
 from kvsim.texts import SHIPPED, shipped_text
 from kvsim.models import catalog
 from kvsim.tools.task.inputs import PROMPTS
-from kvsim.tools.task.kinds import KINDS, NAMES, PASSKEY
+from kvsim.tools.task.kinds import DECODE_RECALL, KINDS, NAMES, PASSKEY
 from kvsim.tools.study.presses import read_presses
 from kvsim.tools.study.file import (BOOTSTRAP, GQA, MODEL_SETTINGS, check_context, read_focus,
                                     read_model, read_output, read_steppable_policies,
@@ -48,6 +48,9 @@ SETTINGS = {
                            "for the passkey, RULER's tokens_to_generate for its kinds: 128, "
                            "vt 30)",
                            check=lambda v: 1 <= v <= 128, expect="an integer in [1, 128]"),
+    "generate_tokens": Param(int, 64, "decode_recall only: the tokens each cache generates "
+                             "greedily after the prompt, before the question comes",
+                             check=lambda v: 1 <= v <= 1024, expect="an integer in [1, 1024]"),
     "gqa": GQA,
     "bootstrap": BOOTSTRAP,
 }
@@ -80,6 +83,7 @@ class TaskConfig:
     dpi: int
     presses: tuple[PolicyConfig, ...] = ()  # kvpress's (presses.py), under prefill_only
     kind: str = PASSKEY  # the task (kinds.py)
+    generate_tokens: int = 0  # decode_recall's generated stretch; 0 for the other kinds
 
     @property
     def filler_path(self) -> Path | None:
@@ -133,6 +137,15 @@ def load_config(path: str | Path) -> TaskConfig:
     s = chk.params(table, SETTINGS, "task.", skip=LISTS)
     if "answer_tokens" not in table and s.get("kind") in KINDS:  # RULER's answer length
         s["answer_tokens"] = KINDS[s["kind"]].tokens
+    if s.get("kind") not in (None, DECODE_RECALL):  # None: a bad kind, already reported
+        if "generate_tokens" in table:
+            chk.add("task.generate_tokens", f"expected no generate_tokens for kind "
+                                            f"{s['kind']!r} (a setting of decode_recall "
+                                            f"alone), got {table['generate_tokens']!r}")
+        s["generate_tokens"] = 0
+    elif s.get("kind") == DECODE_RECALL and s.get("prompt") == "chat":
+        chk.add("task.prompt", f"expected 'raw' for kind {DECODE_RECALL!r} (its question "
+                               f"follows the model's own tokens, not a chat turn), got 'chat'")
     lengths = _int_list(chk, table.get("lengths"), "task.lengths", MIN_LENGTH)
     depths = _depths(chk, table.get("depths"))
     budgets = _int_list(chk, table.get("budgets"), "task.budgets", 1)
@@ -149,10 +162,12 @@ def load_config(path: str | Path) -> TaskConfig:
                                "template, got 'chat'")
     if lengths and s.get("filler", "seeded") != "seeded":
         _check_filler(chk, s["filler"], model, gguf, max(lengths))
-    answer = s.get("answer_tokens", 1)
+    generate = s.get("generate_tokens", 0)
+    answer = s.get("answer_tokens", 1) + generate  # the tokens after a prompt
     if lengths:
         check_context(chk, "task.lengths", model, gguf, max(lengths) + answer,
-                      "(the longest length plus answer_tokens)")
+                      f"(the longest length plus answer_tokens"
+                      f"{' and generate_tokens' if generate else ''})")
     shortest = min(lengths) if lengths else 0  # each trial decodes its answer after its prompt
     tables = doc.get("policies")
     given = len(tables) if isinstance(tables, dict) else 0
@@ -172,4 +187,4 @@ def load_config(path: str | Path) -> TaskConfig:
                       tuple(depths), s["trials"], s["seed"], tuple(budgets), focus,
                       tuple(compress), s["filler"], s["prompt"], s["answer_tokens"], s["gqa"],
                       s["bootstrap"], tuple(configs.values()), tuple(formats), dpi,
-                      tuple(presses.values()), s["kind"])
+                      tuple(presses.values()), s["kind"], s["generate_tokens"])

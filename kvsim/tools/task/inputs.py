@@ -45,8 +45,9 @@ SENTENCES = (  # the classic passkey haystack (Mohtashami and Jaggi 2023), and t
 class Prompt:
     """One trial's prompt: ``ids`` (n,) int64; the key; the needle's first position and
     the positions of the key's digit tokens, one array per occurrence; the question's
-    length ``Q`` (the prompt's last ``Q`` tokens); ``context_start``: the haystack's first
-    position (after the special tokens and the task description)."""
+    length ``Q`` (the prompt's last ``Q`` tokens; decode_recall: its first task);
+    ``context_start``: the haystack's first position (after the special tokens and the task
+    description)."""
 
     ids: np.ndarray
     key: str
@@ -58,6 +59,7 @@ class Prompt:
     expected: tuple[str, ...] = ()  # a task kind's expected answers (kinds.py); () passkey
     placed: float | None = None  # a task kind's anchor depth in the filler (kinds.py)
     kind: str = "passkey"
+    recall: tuple[int, ...] = ()  # decode_recall's question, after the generated tokens
 
     @property
     def needs_all(self) -> bool:

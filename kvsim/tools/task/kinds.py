@@ -13,7 +13,12 @@ constants.py); the code is kvsim's own:
 - ``niah_multiquery`` (niah_multiquery): four keys, all four asked in one question;
 - ``vt`` (vt: one chain of four hops): "VAR A = 12345." then "VAR B = VAR A." ... four
   times; asked for every variable assigned the value, after one worked example of the same
-  form (RULER's in-context example, here over a short filler of six sentences).
+  form (RULER's in-context example, here over a short filler of six sentences);
+- ``decode_recall`` (kvsim's, on niah_single's needle): the prompt ends with a first,
+  unrelated task (:data:`FIRST`) instead of the question; the model generates the task
+  file's ``generate_tokens`` tokens of its own, then niah_single's question (the Prompt's
+  ``recall``) comes and the answer is scored: per-step eviction during the generation
+  decides whether the needle survives.
 
 Prompts: RULER's template (its description, the context, its question) with its answer
 prefix after the question, in the model's own format (:func:`kvsim.tools.task.inputs.frame`:
@@ -60,13 +65,16 @@ VT_ASK = "\nQuestion: Find all variables that are assigned the value {query} in 
 VT_ANSWER = ("Answer: According to the chain(s) of variable assignment in the text above, "
              "{count} variables are assigned the value {query}, they are: ")
 VT_EXAMPLE_FILLER = 6  # sentences of the worked example's filler
+FIRST = "\nBefore the question, an unrelated task: write a short story.\nStory:"
+DECODE_RECALL = "decode_recall"  # the kind whose question comes after generated tokens
 
 
 @dataclass(frozen=True)
 class Kind:
     """One task kind: RULER's task it follows, its needles (``keys`` keys of ``values``
     values each, ``queries`` keys asked; vt: one chain of ``hops`` hops), the tokens
-    generated and the metric."""
+    generated and the metric; ``first``: a first task that ends the prompt, answered by the
+    model's own tokens before the question comes (decode_recall)."""
 
     name: str
     ruler: str
@@ -76,6 +84,7 @@ class Kind:
     hops: int = 0
     tokens: int = 128
     metric: str = "string_match_all"
+    first: str = ""
 
 
 KINDS = {k.name: k for k in (
@@ -84,6 +93,7 @@ KINDS = {k.name: k for k in (
     Kind("niah_multivalue", "niah_multivalue", values=4),
     Kind("niah_multiquery", "niah_multiquery", keys=4, queries=4),
     Kind("vt", "vt", hops=4, tokens=30),
+    Kind(DECODE_RECALL, "niah_single_2", first=FIRST),
 )}
 NAMES = (PASSKEY, *KINDS)
 
@@ -127,7 +137,8 @@ class Needle:
 class Content:
     """One trial's texts: the description, the needles (the first needed one is the
     anchor at the depth), the question and the answer prefix, the expected answers;
-    ``ordered``: the needles keep their order after the anchor (a chain)."""
+    ``ordered``: the needles keep their order after the anchor (a chain); ``first``: the
+    first task that ends the prompt, the question then coming after generated tokens."""
 
     description: str
     needles: tuple[Needle, ...]
@@ -135,6 +146,7 @@ class Content:
     answer: str
     expected: tuple[str, ...]
     ordered: bool = False
+    first: str = ""
 
 
 def _words(rng: np.random.Generator, n: int) -> list[str]:
@@ -183,7 +195,7 @@ def niah(kind: Kind, rng: np.random.Generator) -> Content:
     return Content(_plural(NIAH_DESCRIPTION, single), tuple(needles),
                    _plural(NIAH_ASK, single).format(query=query),
                    _plural(NIAH_ANSWER, single).format(query=query),
-                   tuple(v for i in asked for v in values[i]))
+                   tuple(v for i in asked for v in values[i]), first=kind.first)
 
 
 def _chain(rng: np.random.Generator, hops: int) -> tuple[list[str], str, list[str]]:
@@ -243,12 +255,19 @@ def build(kind: str, tokenizer, length: int, depth: float, rng: np.random.Genera
           text_ids: np.ndarray | None = None, prompt: str = "raw") -> inputs.Prompt:
     """The prompt of one trial of ``kind`` (see the module's docstring), exactly ``length``
     tokens: ``head + filler with the needles + question``; the Prompt's ``digits`` are the
-    needed spans (every one must be held), ``key`` the expected answers joined by spaces."""
+    needed spans (every one must be held), ``key`` the expected answers joined by spaces.
+    A kind with a first task (decode_recall; ``raw`` only) ends the prompt with it, its
+    question is the Prompt's ``recall``."""
     c = content(kind, rng)
+    if c.first and prompt != "raw":
+        raise ValueError(f"prompt: expected 'raw' for {kind}, got {prompt!r}")
     form = inputs.frame(tokenizer, prompt, c.description, c.ask, c.answer)
     encoded = [[inputs.encode(tokenizer, p) for p in n.pieces] for n in c.needles]
     flat = [[i for piece in e for i in piece] for e in encoded]
     head, question = list(form.head), list(form.question)
+    recall = ()
+    if c.first:  # the first task ends the prompt; the question comes after generation
+        recall, question = tuple(question), inputs.encode(tokenizer, c.first)
     room = length - len(head) - sum(map(len, flat)) - len(question)
     if room < 1:
         raise ValueError(f"a prompt of {length} tokens has no room for the filler (the "
@@ -272,4 +291,4 @@ def build(kind: str, tokenizer, length: int, depth: float, rng: np.random.Genera
              if n.needed]
     return inputs.Prompt(np.array(ids, np.int64), " ".join(c.expected), starts[0], len(flat[0]),
                          tuple(spans), len(question), len(head), expected=c.expected,
-                         placed=anchor / room, kind=kind)
+                         placed=anchor / room, kind=kind, recall=recall)

@@ -245,7 +245,7 @@ def trial_rows(net, tokenizer, cfg, cell: tuple, text_ids, form, timed: bool = F
     from kvsim.tools.task.press_runs import held_caches
     from kvsim.tools.study.presses import make, ratio
 
-    prompt, full, full_tokens = run.full_trial(
+    prompt, full, full_tokens, _ = run.full_trial(
         net, tokenizer, cfg, cell, text_ids, form,
         rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
     at = prompt.ids.size - prompt.question_len

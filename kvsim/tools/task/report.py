@@ -37,6 +37,7 @@ ROW_TYPES = {"length": int, "depth": float, "trial": int, "key": str, "needle_st
 HELD = "every digit token of one of the key's two occurrences"
 KIND_HELD = "every span the answer needs: each asked value's digit tokens (vt: each assignment)"
 SCORE_TYPES = {"score_all": float, "score_part": float}  # a RULER kind's, before the last
+RECALL_TYPES = {"recall_retention": float, "echo": int}  # decode_recall's, after the scores
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
 LOOKS = {  # per protocol: marker face and line style in the retention figure
     "before_question": ("none", ":"), "after_question": ("full", "-"),
@@ -49,10 +50,12 @@ def read_rows(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         scored = [*list(ROW_TYPES)[:-1], *SCORE_TYPES, "question_needle_mass"]
-        if reader.fieldnames not in (list(ROW_TYPES), scored):
+        recall = [*scored[:-1], *RECALL_TYPES, scored[-1]]
+        if reader.fieldnames not in (list(ROW_TYPES), scored, recall):
             raise ValueError(f"expected the columns {', '.join(ROW_TYPES)} (a RULER kind's: "
-                             f"{', '.join(SCORE_TYPES)} before the last)")
-        types = {**ROW_TYPES, **SCORE_TYPES}
+                             f"{', '.join(SCORE_TYPES)} before the last; decode_recall's "
+                             f"then {', '.join(RECALL_TYPES)})")
+        types = {**ROW_TYPES, **SCORE_TYPES, **RECALL_TYPES}
         return [{k: types[k](v) for k, v in r.items()} for r in reader]
 
 
@@ -380,6 +383,15 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
             "the first 5-digit number of the answer is the key" if cfg.kind == PASSKEY else
             f"RULER's {KINDS[cfg.kind].metric} is 1 (each expected value is in the answer; "
             f"`score_all`, `score_part`: RULER's two metrics per run in results.csv)"),
+        *([f"- decode_recall: the prompt ends with a first, unrelated task (the protocols' "
+           f"{facts['question_len']}-token question); each cache generates "
+           f"{cfg.generate_tokens} tokens of its own, each joining under its policy as at "
+           f"decode, then the recall question comes and the answer is scored. Per run, "
+           f"`recall_retention` (results.csv) is the share of layer × KV head caches that "
+           f"still hold the needle as the question starts (measured in the model, not "
+           f"predicted) and `echo` whether the generated text repeats the value; the "
+           f"prediction below is the prefill's selection only and cannot see an eviction "
+           f"during the generation"] if cfg.generate_tokens else []),
         "- protocols: `after_question` compresses the whole prompt after a full prefill; "
         "`before_question` compresses the context before the question from its own queries, "
         "then the question joins without eviction (decode budget B + Q); `prefill_only` "

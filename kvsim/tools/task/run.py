@@ -14,7 +14,11 @@ Per trial (a length ``n``, a depth ``d``, a trial index):
 3. All caches of a protocol then decode together (one forward pass per step): the
    question's tokens (``before_question``, ``prefill_only``: they join without eviction),
    then the greedy answer, each generated token joining under the policy as at decode
-   (``prefill_only``: without eviction, kvpress's protocol).
+   (``prefill_only``: without eviction, kvpress's protocol). ``decode_recall``'s prompt
+   ends with a first task instead (the protocols' question): each cache first generates
+   ``generate_tokens`` tokens of its own, then the recall question is teacher-forced and
+   the answer generated, every one of these tokens joining as the answer's do
+   (:func:`respond`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,43 @@ def decode_answers(decoder: Decoder, logits: np.ndarray, steps: int) -> tuple[np
         peak = np.maximum(peak, decoder.sizes.max(axis=1))
         tokens[:, s] = logits.argmax(axis=-1)
     return tokens, peak
+
+
+def respond(decoder: Decoder, logits: np.ndarray, steps: int, generate: int = 0,
+            recall: tuple[int, ...] = (), at_recall=None) -> tuple[np.ndarray, np.ndarray,
+                                                                   np.ndarray]:
+    """:func:`decode_answers` of ``steps`` tokens; with ``generate`` (decode_recall), first
+    each cache's own ``generate`` greedy tokens from ``logits``, then the ``recall``
+    question's ids, the same in every cache, and the answer from its last logits
+    (``at_recall()`` is called as the question starts). Returns the (C, steps) answer
+    tokens, the (C, generate) generated ones and each cache's peak size over the steps."""
+    C = logits.shape[0]
+    if not generate:
+        tokens, peak = decode_answers(decoder, logits, steps)
+        return tokens, np.zeros((C, 0), np.int64), peak
+    generated, peak = decode_answers(decoder, logits, generate)
+    decoder.step(generated[:, -1], logits=False)  # the last generated token joins
+    peak = np.maximum(peak, decoder.sizes.max(axis=1))
+    if at_recall is not None:
+        at_recall()
+    for i, token in enumerate(recall):  # only the question's last logits are read
+        logits = decoder.step(np.full(C, token), logits=i == len(recall) - 1)
+        peak = np.maximum(peak, decoder.sizes.max(axis=1))
+    tokens, answer_peak = decode_answers(decoder, logits, steps)
+    return tokens, generated, np.maximum(peak, answer_peak)
+
+
+def tail(cfg: TaskConfig, prompt: inputs.Prompt) -> int:
+    """The tokens that join after the prompt: the answer's (decode_recall: after the
+    generated ones and the recall question)."""
+    return cfg.generate_tokens + len(prompt.recall) + cfg.answer_tokens
+
+
+def recall_columns(generated: np.ndarray, held: float) -> dict:
+    """decode_recall's columns of a row before scoring (none for other kinds): the cache's
+    ``generated`` tokens and the share ``held`` of its caches holding the needle when the
+    recall question starts."""
+    return {"recall_retention": held, "generated": generated} if generated.size else {}
 
 
 def question_rows(prompt: inputs.Prompt, attention: np.ndarray) -> np.ndarray:
@@ -97,7 +138,10 @@ class Caches:
     the answer too);
     ``budgets[c]``: each cache's decode budget (its peak); ``held``, ``share``, ``mass``
     (C, L, H_kv): the prediction, from the selections alone; ``queries``: the query
-    stores of the caches whose policy reads query vectors.
+    stores of the caches whose policy reads query vectors. decode_recall: ``generate``
+    tokens, then the ``recall`` question; ``spans``/``every``: the needed spans (the
+    prompt's ``digits``, :func:`predict`); :func:`answer` fills ``recall_held`` (C, L,
+    H_kv: whether each cache holds them when the question starts) and ``generated``.
     """
 
     runs: list
@@ -112,6 +156,12 @@ class Caches:
     share: np.ndarray
     mass: np.ndarray
     queries: dict = field(default_factory=dict)
+    generate: int = 0
+    recall: tuple = ()
+    spans: tuple = ()
+    every: bool = False
+    recall_held: np.ndarray | None = None
+    generated: np.ndarray | None = None
 
 
 def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol: str,
@@ -122,9 +172,10 @@ def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol
     P, Q = prompt.ids.size, prompt.question_len
     own = configs is None
     runs = [(pc, b) for pc in (cfg.policies if own else configs) for b in cfg.budgets]
-    plans = [plan(protocol, P, Q, b, cfg.answer_tokens) for _, b in runs]
+    after = tail(cfg, prompt)
+    plans = [plan(protocol, P, Q, b, after) for _, b in runs]
     at = plans[0].compress_at
-    capacity = P + cfg.answer_tokens
+    capacity = P + after
     keys, values = stores(full, len(runs), at, capacity,
                           needing(runs, "keys") if own else [],
                           needing(runs, "values") if own else [])
@@ -133,7 +184,8 @@ def empty_caches(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig, protocol
     return Caches(runs, [[[None] * H_kv for _ in range(L)] for _ in runs], keys, values, at,
                   P - at, plans[0].free, np.array([p.budget for p in plans]), np.zeros(shape),
                   np.zeros(shape), np.zeros(shape),
-                  query_stores(full, query_runs(runs), at, capacity) if own else {})
+                  query_stores(full, query_runs(runs), at, capacity) if own else {},
+                  cfg.generate_tokens, prompt.recall, prompt.digits, prompt.needs_all)
 
 
 def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dict, dict]:
@@ -168,7 +220,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
                     layer_wide = get_policy(pc.kind).layer
                     s = grid_stepper(full, pc, b, c, layer, j, attention, caches.at,
                                      caches.keys, caches.values, caches.queries, cfg.gqa,
-                                     cfg.seed, P + cfg.answer_tokens,
+                                     cfg.seed, P + tail(cfg, prompt),
                                      layer_passes[caches.at] if layer_wide else passes,
                                      stacks.get(caches.at))
                     predict(caches, (c, i, j), s.cache, prompt.digits, on_digits,
@@ -201,7 +253,17 @@ def answer(net, full: FullRun, caches: Caches, answer_tokens: int) -> tuple[np.n
         else:
             logits = decoder.step()
         peak = np.maximum(peak, decoder.sizes.max(axis=1))
-    tokens, answer_peak = decode_answers(decoder, logits, answer_tokens)
+    shape = (C, len(full.global_layers), len(caches.steppers[0][0]))
+
+    def at_recall() -> None:  # decode_recall: which caches still hold the needle
+        caches.recall_held = np.array([[[_holds(caches.steppers[c][layer][j].cache,
+                                                caches.spans, caches.every)
+                                         for j in range(shape[2])]
+                                        for layer in full.global_layers] for c in range(C)],
+                                      float).reshape(shape)
+
+    tokens, caches.generated, answer_peak = respond(decoder, logits, answer_tokens,
+                                                    caches.generate, caches.recall, at_recall)
     peak = np.maximum(peak, answer_peak)
     if (peak > caches.budgets).any():
         raise AssertionError("a cache exceeded its budget")
@@ -217,7 +279,9 @@ def protocol_rows(net, full: FullRun, caches: Caches, protocol: str, answer_toke
              "retention": float(caches.held[c].mean()),
              "digit_share": float(caches.share[c].mean()),
              "kept_needle_mass": float(caches.mass[c].mean()),
-             "late_needle_mass": float(caches.mass[c, late_layers(caches.mass.shape[1]):].mean())}
+             "late_needle_mass": float(caches.mass[c, late_layers(caches.mass.shape[1]):].mean()),
+             **recall_columns(caches.generated[c], float(caches.recall_held[c].mean())
+                              if caches.generate else 1.0)}
             for c, (pc, b) in enumerate(caches.runs)]
 
 
@@ -229,18 +293,20 @@ def late_layers(n: int) -> int:
 
 def full_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                text_ids: np.ndarray | None, form: inputs.Frame, rope: bool = False):
-    """The prompt of one trial, its full prefill and the full cache's greedy answer
-    (``answer_tokens`` ids); ``form``: the model's prompt frame
-    (:func:`~kvsim.tools.task.inputs.frame`)."""
+    """The prompt of one trial, its full prefill, the full cache's greedy answer
+    (``answer_tokens`` ids) and its generated tokens (decode_recall's; else none);
+    ``form``: the model's prompt frame (:func:`~kvsim.tools.task.inputs.frame`)."""
     prompt = trial_prompt(tokenizer, cfg, cell, text_ids, form)
     full = prefill(net, prompt.ids, logits_to_keep=1, rope=rope)
     P = prompt.ids.size
     L, H_kv = full.keys.shape[:2]
-    keys, values = stores(full, 1, P, P + cfg.answer_tokens, [], [])
+    T = P + tail(cfg, prompt)
+    keys, values = stores(full, 1, P, T, [], [])
     reference = Decoder(net, full, P, [[[FullCache(P) for _ in range(H_kv)] for _ in range(L)]],
-                        keys, values, P + cfg.answer_tokens)
-    tokens, _ = decode_answers(reference, full.logits[-1:], cfg.answer_tokens)
-    return prompt, full, tokens[0]
+                        keys, values, T)
+    tokens, generated, _ = respond(reference, full.logits[-1:], cfg.answer_tokens,
+                                   cfg.generate_tokens, prompt.recall)
+    return prompt, full, tokens[0], generated[0]
 
 
 def trial_prompt(tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
@@ -260,11 +326,17 @@ def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: 
     metric giving 1)."""
     row = dict(row)
     answer = tokenizer.decode(row.pop("tokens").tolist())
+    recall = {}
+    if "generated" in row:  # decode_recall: does the generated text repeat a value?
+        echo = kinds.string_match_part(tokenizer.decode(row.pop("generated").tolist()),
+                                       prompt.expected)
+        recall = {"recall_retention": row.pop("recall_retention"), "echo": int(echo)}
     head = {"length": cell[0], "depth": cell[1], "trial": cell[2], "key": prompt.key,
             "needle_start": prompt.needle_start, "actual_depth": round(prompt.depth, 4),
             "question_len": prompt.question_len, **row, "answer": answer}
     if prompt.needs_all:
-        return {**head, "number": "", **kinds.score(prompt.kind, answer, prompt.expected)}
+        return {**head, "number": "", **kinds.score(prompt.kind, answer, prompt.expected),
+                **recall}
     number = inputs.first_number(answer)
     return {**head, "number": number or "", "success": int(number == prompt.key)}
 
@@ -272,5 +344,6 @@ def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: 
 def gate_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
     """The full cache's row of one trial alone (``kvsim task --gate``)."""
-    prompt, _, tokens = full_trial(net, tokenizer, cfg, cell, text_ids, form)
-    return [scored(tokenizer, prompt, cell, {"policy": FULL, "tokens": tokens})]
+    prompt, _, tokens, generated = full_trial(net, tokenizer, cfg, cell, text_ids, form)
+    return [scored(tokenizer, prompt, cell, {"policy": FULL, "tokens": tokens,
+                                             **recall_columns(generated, 1.0)})]

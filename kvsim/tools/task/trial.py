@@ -10,13 +10,14 @@ from kvsim.protocols.run import get_policy
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.press_runs import press_rows
-from kvsim.tools.task.run import FULL, compress, full_trial, late_layers, protocol_rows, scored
+from kvsim.tools.task.run import (FULL, compress, full_trial, late_layers, protocol_rows,
+                                  recall_columns, scored, tail)
 
 
 def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
               text_ids: np.ndarray | None, form: inputs.Frame) -> list[dict]:
     """Every row of one trial: the full cache, then each protocol's policies x budgets."""
-    prompt, full, tokens = full_trial(
+    prompt, full, tokens, generated = full_trial(
         net, tokenizer, cfg, cell, text_ids, form,
         rope=any("rope" in get_policy(pc.kind).needs for pc in cfg.policies))
     P = prompt.ids.size
@@ -33,8 +34,9 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                           for layer in full.global_layers])
     question_mass = float(on_needle.mean())
     rows.insert(0, {"policy": FULL, "kind": FULL, "budget": P, "protocol": FULL,
-                    "peak_cache": P + cfg.answer_tokens - 1, "tokens": tokens,
+                    "peak_cache": P + tail(cfg, prompt) - 1, "tokens": tokens,
                     "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass,
-                    "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean())})
+                    "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean()),
+                    **recall_columns(generated, 1.0)})
     return [{**scored(tokenizer, prompt, cell, r), "question_needle_mass": question_mass}
             for r in rows]
