@@ -16,28 +16,29 @@ mutable counters are 1-element arrays) and two steps, compiled with ``jit_inline
     observed output ``o~`` of head ``g`` where the field has values (shape (G, 0)
     otherwise). Update the state from them.
 
-The loop is generic: it knows no policy. Each policy compiles its own loop as a small
-top-level kernel that names its steps as globals,
-
-.. code-block:: python
-
-    @jit
-    def decode(ctx, out, cache, n, state):
-        return decode_loop(ctx, out, cache, n, state, admit, observe)
-
-because a kernel that takes compiled functions as *arguments* is never an on-disk
-cache hit (Numba types a dispatcher per process). The same ``admit``/``observe`` run
-one step at a time from Python in :class:`kvsim.protocols.stepping.Stepper`.
+The loop is generic: it knows no policy. Each policy compiles its own copy of it, with
+its steps as globals: ``decode = decode_kernel("decode", admit, observe)``
+(:func:`decode_kernel`). The copy is compiled directly, not as a kernel that inlines a
+generic loop: Numba's inlining copies the callee's whole body (once per level of
+inlining, and once more for safekeeping), which made half of a cold start's
+compilation; and a kernel that takes compiled functions as *arguments* is never an
+on-disk cache hit (Numba types a dispatcher per process). The component-field attention
+of a step is one kernel shared by every loop (:func:`kvsim.numerics.field.component_probs_at`).
+The same ``admit``/``observe`` run one step at a time from Python in
+:class:`kvsim.protocols.stepping.Stepper`.
 """
 
 from __future__ import annotations
 
+import sys
+from types import FunctionType
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
-from kvsim.numerics.field import FieldData, probs_at
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.field import FieldData, component_probs_at
+from kvsim.numerics.jit import jit, jit_inline, jit_uncached
 from kvsim.numerics.lanes import lane_sum
 from kvsim.numerics.prefetch import prefetch
 
@@ -174,39 +175,43 @@ def observe_nothing(state, cache, n, obs, mass, outputs):
 
 
 @jit_inline
-def decode_loop(ctx, out, cache, n, state, admit, observe):
-    """Simulate decode steps ``ctx.start .. ctx.stop-1`` of one KV head; fill ``out``
-(step ``t - prompt_len`` for token ``t``).
-
-    ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
-    decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
-    the full attention of each query head over the cache, record the metrics and the
-    snapshot, ``observe``. Returns the final number of cached keys.
-    """
-    return _decode_span(ctx, out, cache, n, state, admit, observe, False)
-
-
-@jit_inline
 def is_plain(ctx, out):
     """Whether a run is plain: one query head of a dense matrix, no values, no snapshots."""
     return (ctx.field.probs.shape[1] > 0 and ctx.heads.shape[0] == 1
             and ctx.full_output.shape[2] == 0 and out.snap_steps.shape[0] == 0)
 
 
-@jit_inline
-def decode_plain(ctx, out, cache, n, state, admit, observe):
-    """:func:`decode_loop` of a plain run (:func:`is_plain`; any other run raises): the
+def decode_kernel(name: str, admit, observe, plain: bool = False):
+    """A policy's compiled decode loop ``name(ctx, out, cache, n, state) -> n``: the steps
+    ``admit`` and ``observe`` (``jit_inline``) driven token by token over decode steps
+    ``ctx.start .. ctx.stop-1`` of one KV head, filling ``out`` (step ``t - prompt_len``
+    for token ``t``); it belongs to the module of ``admit``.
+
+    ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
+    decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
+    the full attention of each query head over the cache, record the metrics and the
+    snapshot, ``observe``. Returns the final number of cached keys.
+
+    ``plain``: a loop for plain runs only (:func:`is_plain`; any other run raises): the
     same steps and numbers, compiled without the code of the other cases (component
     fields, several heads, output error, snapshots), which slows each of its short steps
-    by about half."""
-    if not is_plain(ctx, out):
+    by about half.
+    """
+    module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
+    loop = FunctionType(_decode_span.__code__,
+                        {**_decode_span.__globals__, "admit": admit, "observe": observe,
+                         "PLAIN": plain}, name)
+    loop.__qualname__, loop.__module__ = name, module
+    loop.__doc__ = f"The decode loop of {module} (:func:`kvsim.numerics.decode.decode_kernel`)."
+    has_file = getattr(sys.modules.get(module), "__file__", None) is not None
+    return (jit if has_file else jit_uncached)(loop)
+
+
+def _decode_span(ctx, out, cache, n, state):
+    """The code of every policy's decode loop (:func:`decode_kernel`), compiled once per
+    policy with its steps ``admit`` and ``observe`` and the flag ``PLAIN`` as globals."""
+    if PLAIN and not is_plain(ctx, out):  # noqa: F821 (a global of each compiled copy)
         raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
-    return _decode_span(ctx, out, cache, n, state, admit, observe, True)
-
-
-@jit_inline
-def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
-    """:func:`decode_loop`; ``plain`` (a constant) when :func:`is_plain` holds."""
     # Every array out of the bundles once, before the loop (not once per step).
     f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
                                               ctx.prompt_len)
@@ -215,8 +220,8 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
     snap_steps, snapshots = out.snap_steps, out.snapshots
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
-    G = 1 if plain else heads.shape[0]
-    dense = plain or f.probs.shape[1] > 0
+    G = 1 if PLAIN else heads.shape[0]  # noqa: F821
+    dense = PLAIN or f.probs.shape[1] > 0  # noqa: F821
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
@@ -237,7 +242,7 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
         snap += 1
     for t in range(start, stop):
         step = t - prompt_len
-        slot = admit(state, cache, n, t)
+        slot = admit(state, cache, n, t)  # noqa: F821 (a global of each compiled copy)
         if slot < n:
             for g in range(G):
                 hits[g] -= important[g, cache[slot]]
@@ -259,12 +264,12 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
                     for j in range(n):
                         prefetch(f.probs, h, t + 1, cache[j])
             else:
-                probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
-        if plain:
+                component_probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
+        if PLAIN:  # noqa: F821
             record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
         else:
             record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
                    out_mass, out_recall, out_error)
             snap = snapshot(cache, n, step, snap_steps, snapshots, snap)
-        observe(state, cache, n, obs, mass, outputs)
+        observe(state, cache, n, obs, mass, outputs)  # noqa: F821
     return n

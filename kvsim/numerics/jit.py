@@ -12,6 +12,7 @@ import ast
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 import numba
@@ -58,8 +59,9 @@ def source_stamp(path: Path) -> str:
             seen.add(current)
             todo.extend(_imports(current))
     digest = hashlib.sha256()
-    for file in sorted(seen):
-        digest.update(str(file.relative_to(_PACKAGE)).encode() + b"\0" + file.read_bytes())
+    for file in sorted(seen):  # a file outside kvsim (a policy of one's own) by its path
+        name = file.relative_to(_PACKAGE) if _PACKAGE in file.parents else file
+        digest.update(str(name).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()
 
 
@@ -73,16 +75,37 @@ def _source_digest() -> str:
 
 
 class _KernelLocator(caching.UserProvidedCacheLocator):
-    """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`."""
+    """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`.
+
+    A kernel whose code lives in a kvsim file but which belongs to another module (a
+    policy's decode loop, :func:`kvsim.numerics.decode.decode_kernel`: the loop's code
+    with the policy's steps as globals) is stamped by both files and named by its module;
+    such a kernel must not be cached if that module has no file (:data:`jit_uncached`)."""
+
+    def __init__(self, py_func, py_file, home: Path | None = None):
+        super().__init__(py_func, py_file)
+        self._home, self._module = home, py_func.__module__
 
     def get_source_stamp(self):
-        return source_stamp(Path(self._py_file).resolve())
+        stamp = source_stamp(Path(self._py_file).resolve())
+        return stamp if self._home is None else stamp + source_stamp(self._home)
+
+    def get_disambiguator(self):
+        base = super().get_disambiguator()
+        return base if self._home is None else f"{base}-{self._module.replace('.', '_')}"
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if _PACKAGE not in Path(py_file).resolve().parents:
+        if _PACKAGE not in Path(py_file).resolve().parents or not numba.config.CACHE_DIR:
             return None
-        return super().from_function(py_func, py_file)
+        home = getattr(sys.modules.get(py_func.__module__), "__file__", None)
+        home = home and Path(home).resolve()
+        self = cls(py_func, py_file, None if home in (None, Path(py_file).resolve()) else home)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None
+        return self
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
@@ -100,6 +123,9 @@ _OPTIONS = {"cache": True, "nogil": True, "error_model": "numpy"}
 jit = njit(**_OPTIONS)
 """Decorator for kvsim kernels: cached to disk, compiled once per signature; they release
 the GIL, so Python threads run them in parallel (no parfors, whose compilation is slow)."""
+
+jit_uncached = njit(**dict(_OPTIONS, cache=False))
+"""Decorator for a kernel that must not be cached to disk (its source has no file)."""
 
 jit_inline = njit(inline="always", **_OPTIONS)
 """Decorator for small per-entry functions that must be inlined into their loops (LLVM
