@@ -18,27 +18,21 @@ mutable counters are 1-element arrays) and two steps, compiled with ``jit_inline
 
 The loop is generic: it knows no policy. Each policy compiles its own copy of it, with
 its steps as globals: ``decode = decode_kernel("decode", admit, observe)``
-(:func:`decode_kernel`). The copy is compiled directly, not as a kernel that inlines a
-generic loop: Numba's inlining copies the callee's whole body (once per level of
-inlining, and once more for safekeeping), which made half of a cold start's
-compilation; and a kernel that takes compiled functions as *arguments* is never an
-on-disk cache hit (Numba types a dispatcher per process). The component-field attention
-of a step is one kernel shared by every loop (:func:`kvsim.numerics.field.component_probs_at`).
-The same ``admit``/``observe`` run one step at a time from Python in
-:class:`kvsim.protocols.stepping.Stepper`.
+(:func:`decode_kernel`, :func:`kvsim.numerics.jit.bound_kernel`). The component-field
+attention of a step is one kernel shared by every loop
+(:func:`kvsim.numerics.field.component_probs_at`). The same ``admit``/``observe`` run
+one step at a time from Python in :class:`kvsim.protocols.stepping.Stepper`.
 """
 
 from __future__ import annotations
 
-import sys
-from types import FunctionType
 from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from kvsim.numerics.field import FieldData, component_probs_at
-from kvsim.numerics.jit import jit, jit_inline, jit_uncached
+from kvsim.numerics.jit import bound_kernel, jit, jit_inline
 from kvsim.numerics.lanes import lane_sum
 from kvsim.numerics.prefetch import prefetch
 
@@ -198,13 +192,7 @@ def decode_kernel(name: str, admit, observe, plain: bool = False):
     by about half.
     """
     module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
-    loop = FunctionType(_decode_span.__code__,
-                        {**_decode_span.__globals__, "admit": admit, "observe": observe,
-                         "PLAIN": plain}, name)
-    loop.__qualname__, loop.__module__ = name, module
-    loop.__doc__ = f"The decode loop of {module} (:func:`kvsim.numerics.decode.decode_kernel`)."
-    has_file = getattr(sys.modules.get(module), "__file__", None) is not None
-    return (jit if has_file else jit_uncached)(loop)
+    return bound_kernel(_decode_span, name, module, admit=admit, observe=observe, PLAIN=plain)
 
 
 def _decode_span(ctx, out, cache, n, state):

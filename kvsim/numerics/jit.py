@@ -14,6 +14,8 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from types import FunctionType
+from typing import Callable
 
 import numba
 from numba import njit
@@ -78,9 +80,9 @@ class _KernelLocator(caching.UserProvidedCacheLocator):
     """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`.
 
     A kernel whose code lives in a kvsim file but which belongs to another module (a
-    policy's decode loop, :func:`kvsim.numerics.decode.decode_kernel`: the loop's code
-    with the policy's steps as globals) is stamped by both files and named by its module;
-    such a kernel must not be cached if that module has no file (:data:`jit_uncached`)."""
+    policy's decode loop: the loop's code with the policy's steps as globals,
+    :func:`bound_kernel`) is stamped by both files and named by its module;
+    such a kernel is not cached if that module has no file (:func:`bound_kernel`)."""
 
     def __init__(self, py_func, py_file, home: Path | None = None):
         super().__init__(py_func, py_file)
@@ -124,9 +126,6 @@ jit = njit(**_OPTIONS)
 """Decorator for kvsim kernels: cached to disk, compiled once per signature; they release
 the GIL, so Python threads run them in parallel (no parfors, whose compilation is slow)."""
 
-jit_uncached = njit(**dict(_OPTIONS, cache=False))
-"""Decorator for a kernel that must not be cached to disk (its source has no file)."""
-
 jit_inline = njit(inline="always", **_OPTIONS)
 """Decorator for small per-entry functions that must be inlined into their loops (LLVM
 would keep a large one as a call, and a loop with a call does not vectorise)."""
@@ -136,3 +135,20 @@ def cache_is_warm() -> bool:
     """Whether compiled kernels are already on disk (of this source or an earlier one)."""
     folder = numba.config.CACHE_DIR
     return not folder or any(Path(folder).rglob("*.nbi"))  # unknown without a cache folder
+
+
+def bound_kernel(code: Callable, name: str, module: str, **names) -> Callable:
+    """A kernel ``name`` of module ``module`` compiled from the code of the plain function
+    ``code`` with ``names`` bound as globals (compiled functions, constants): a kernel
+    generic in the functions it calls, each binding compiled directly.
+
+    Not a kernel that inlines a generic ``jit_inline`` body and is passed the functions:
+    Numba's inlining copies the callee's whole body, once per level and once more for
+    safekeeping, which made half of a cold start's compilation. Nor a kernel that takes
+    the functions as arguments: that is never an on-disk cache hit (Numba types a
+    dispatcher per process). Cached (stamped by both files) if ``module`` has a file."""
+    fn = FunctionType(code.__code__, {**code.__globals__, **names}, name)
+    fn.__qualname__, fn.__module__, fn.__doc__ = name, module, code.__doc__
+    if getattr(sys.modules.get(module), "__file__", None) is None:
+        return njit(**dict(_OPTIONS, cache=False))(fn)
+    return jit(fn)
