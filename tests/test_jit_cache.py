@@ -76,24 +76,28 @@ inlined = set()
 inline = inline_closurecall.InlineWorker.inline_function
 def recorded(self, caller_ir, block, i, function, arg_typs=None):
     caller = caller_ir.func_id
-    if (caller.modname, caller.func_qualname) == ("kvsim.policies.ring", "decode"):
+    if (caller.modname, caller.func_qualname) == ("kvsim.policies.ring", "decode.dense"):
         inlined.add(function.__name__)
     return inline(self, caller_ir, block, i, function, arg_typs)
 inline_closurecall.InlineWorker.inline_function = recorded
 A = np.tril(np.ones((32, 32)))
 kvsim.simulate(A / A.sum(1, keepdims=True), "window", 8, 16)
 print("inlined", " ".join(sorted(inlined)))
-print("ring.decode", len(ring.decode.stats.cache_hits), len(ring.decode.stats.cache_misses))
+loop = ring.decode.dense
+print("ring.decode", len(loop.stats.cache_hits), len(loop.stats.cache_misses))
+print("components", len(ring.decode.components.signatures))
 """
 
 
 def test_a_policy_loop_is_compiled_whole_and_cached_under_its_policy(package):
     """The loop's body is compiled as the policy's kernel, not inlined into it (Numba's
-    inlining copies the whole body: that was half of a cold start), and its cache entry
-    belongs to the policy's module: an edit there compiles it again."""
+    inlining copies the whole body: that was half of a cold start), only for the kind of
+    field the run has, and its cache entry belongs to the policy's module: an edit there
+    compiles it again."""
     root, probe = package
     first = probe(LOOP_PROBE)
     assert first["ring.decode"] == "0 1"
+    assert first["components"] == "0"  # a dense run compiles no loop for component fields
     inlined = set(first["inlined"].split())
     assert "admit" in inlined  # the policy's step is inlined into its loop ...
     assert not inlined & {"_decode_span", "decode_loop", "probs_at", "logits_at"}  # ... no body

@@ -175,31 +175,60 @@ def is_plain(ctx, out):
             and ctx.full_output.shape[2] == 0 and out.snap_steps.shape[0] == 0)
 
 
-def decode_kernel(name: str, admit, observe, plain: bool = False):
-    """A policy's compiled decode loop ``name(ctx, out, cache, n, state) -> n``: the steps
-    ``admit`` and ``observe`` (``jit_inline``) driven token by token over decode steps
-    ``ctx.start .. ctx.stop-1`` of one KV head, filling ``out`` (step ``t - prompt_len``
-    for token ``t``); it belongs to the module of ``admit``.
+class DecodeLoop:
+    """A policy's compiled decode loop, called as ``loop(ctx, out, cache, n, state) -> n``:
+    the steps ``admit`` and ``observe`` (``jit_inline``) driven token by token over decode
+    steps ``ctx.start .. ctx.stop-1`` of one KV head, filling ``out`` (step
+    ``t - prompt_len`` for token ``t``).
 
     ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
     decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
     the full attention of each query head over the cache, record the metrics and the
     snapshot, ``observe``. Returns the final number of cached keys.
 
+    One kernel per kind of field (:meth:`for_field`: a dense matrix, or components), each
+    compiled only when a run has that kind: a dense run compiles none of the logit code.
+    """
+
+    def __init__(self, name: str, admit, observe, plain: bool = False):
+        module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
+        self.name, self.module = name, module
+        bind = dict(admit=admit, observe=observe, PLAIN=plain)
+        self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True, **bind)
+        self.components = self.dense if plain else bound_kernel(
+            _decode_span, f"{name}.components", module, DENSE=False, **bind)
+
+    def for_field(self, dense: bool):
+        """The kernel for a dense field (``dense``) or a component field."""
+        return self.dense if dense else self.components
+
+    def __call__(self, ctx: Context, out: Outputs, cache: np.ndarray, n: int, state) -> int:
+        return self.for_field(ctx.field.probs.shape[1] > 0)(ctx, out, cache, n, state)
+
+    def __repr__(self) -> str:
+        return f"<decode loop {self.module}.{self.name}>"
+
+
+def decode_kernel(name: str, admit, observe, plain: bool = False) -> DecodeLoop:
+    """The decode loop ``name`` of the policy whose steps are ``admit`` and ``observe``
+    (:class:`DecodeLoop`; it belongs to the module of ``admit``).
+
     ``plain``: a loop for plain runs only (:func:`is_plain`; any other run raises): the
     same steps and numbers, compiled without the code of the other cases (component
     fields, several heads, output error, snapshots), which slows each of its short steps
     by about half.
     """
-    module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
-    return bound_kernel(_decode_span, name, module, admit=admit, observe=observe, PLAIN=plain)
+    return DecodeLoop(name, admit, observe, plain)
 
 
 def _decode_span(ctx, out, cache, n, state):
-    """The code of every policy's decode loop (:func:`decode_kernel`), compiled once per
-    policy with its steps ``admit`` and ``observe`` and the flag ``PLAIN`` as globals."""
+    """The code of every policy's decode loop (:class:`DecodeLoop`), compiled per policy
+    and kind of field with the steps ``admit`` and ``observe`` and the flags ``PLAIN`` and
+    ``DENSE`` as globals."""
     if PLAIN and not is_plain(ctx, out):  # noqa: F821 (a global of each compiled copy)
         raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
+    if (ctx.field.probs.shape[1] > 0) != DENSE:  # noqa: F821
+        raise ValueError("decode loop: expected the kind of field it was compiled for")
     # Every array out of the bundles once, before the loop (not once per step).
     f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
                                               ctx.prompt_len)
@@ -209,7 +238,7 @@ def _decode_span(ctx, out, cache, n, state):
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
     G = 1 if PLAIN else heads.shape[0]  # noqa: F821
-    dense = PLAIN or f.probs.shape[1] > 0  # noqa: F821
+    dense = DENSE  # noqa: F821
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
