@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from kvsim.numerics.field import FieldData, component_probs_at
+from kvsim.numerics.field import FieldData, probs_at
 from kvsim.numerics.jit import bound_kernel, jit, jit_inline
 from kvsim.numerics.lanes import lane_sum
 from kvsim.numerics.prefetch import prefetch
@@ -175,6 +175,13 @@ def is_plain(ctx, out):
             and ctx.full_output.shape[2] == 0 and out.snap_steps.shape[0] == 0)
 
 
+@jit_inline
+def _no_field(f, row_max, row_sum, h, q, keys, n, out, work, cached):
+    """The ``field_probs`` of a loop for dense fields, which never calls it: the loop
+    then inlines none of the logit code."""
+    return None
+
+
 class DecodeLoop:
     """A policy's compiled decode loop, called as ``loop(ctx, out, cache, n, state) -> n``:
     the steps ``admit`` and ``observe`` (``jit_inline``) driven token by token over decode
@@ -194,9 +201,10 @@ class DecodeLoop:
         module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
         self.name, self.module = name, module
         bind = dict(admit=admit, observe=observe, PLAIN=plain)
-        self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True, **bind)
+        self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True,
+                                  field_probs=_no_field, **bind)
         self.components = self.dense if plain else bound_kernel(
-            _decode_span, f"{name}.components", module, DENSE=False, **bind)
+            _decode_span, f"{name}.components", module, DENSE=False, field_probs=probs_at, **bind)
 
     def for_field(self, dense: bool):
         """The kernel for a dense field (``dense``) or a component field."""
@@ -223,8 +231,8 @@ def decode_kernel(name: str, admit, observe, plain: bool = False) -> DecodeLoop:
 
 def _decode_span(ctx, out, cache, n, state):
     """The code of every policy's decode loop (:class:`DecodeLoop`), compiled per policy
-    and kind of field with the steps ``admit`` and ``observe`` and the flags ``PLAIN`` and
-    ``DENSE`` as globals."""
+    and kind of field with the steps ``admit`` and ``observe``, the flags ``PLAIN`` and
+    ``DENSE`` and, for component fields, ``field_probs`` (:func:`probs_at`) as globals."""
     if PLAIN and not is_plain(ctx, out):  # noqa: F821 (a global of each compiled copy)
         raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
     if (ctx.field.probs.shape[1] > 0) != DENSE:  # noqa: F821
@@ -281,7 +289,8 @@ def _decode_span(ctx, out, cache, n, state):
                     for j in range(n):
                         prefetch(f.probs, h, t + 1, cache[j])
             else:
-                component_probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
+                field_probs(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work,  # noqa: F821
+                            cached)
         if PLAIN:  # noqa: F821
             record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
         else:

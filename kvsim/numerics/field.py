@@ -171,15 +171,6 @@ def _exp_scaled(f, row_max, row_sum, h, q, n, out):
         out[j] = exp_nonpositive(out[j] - top) * scale
 
 
-@jit
-def component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
-    """:func:`probs_at` of a component field, a kernel of its own: every policy's decode
-    loop calls it, so it is compiled once, not once per policy (most of its time goes to
-    the ``n`` logits and exponentials, not to the call)."""
-    logits_at(f, h, q, keys, n, out, work, cached)
-    _exp_scaled(f, row_max, row_sum, h, q, n, out)
-
-
 @jit_inline
 def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
     """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out`` (``work`` and
@@ -191,7 +182,8 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
         for j in range(n):
             out[j] = f.probs[h, q, keys[j]]
         return
-    component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached)
+    logits_at(f, h, q, keys, n, out, work, cached)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)
 
 
 @jit_inline
