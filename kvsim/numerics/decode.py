@@ -18,9 +18,8 @@ mutable counters are 1-element arrays) and two steps, compiled with ``jit_inline
 
 The loop is generic: it knows no policy. Each policy compiles its own copy of it, with
 its steps as globals: ``decode = decode_kernel("decode", admit, observe)``
-(:func:`decode_kernel`, :func:`kvsim.numerics.jit.bound_kernel`). The component-field
-attention of a step is one kernel shared by every loop
-(:func:`kvsim.numerics.field.component_probs_at`). The same ``admit``/``observe`` run
+(:func:`decode_kernel`, :func:`kvsim.numerics.jit.bound_kernel`), one per kind of field
+(:class:`DecodeLoop`). The same ``admit``/``observe`` run
 one step at a time from Python in :class:`kvsim.protocols.stepping.Stepper`.
 """
 
