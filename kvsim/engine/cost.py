@@ -19,6 +19,7 @@ from kvsim.attention import files, trace
 from kvsim.errors import KvsimError, ScenarioError
 from kvsim.engine.experiments import SNAPSHOTS
 from kvsim.numerics import fullpass
+from kvsim.numerics.decode import DecodeLoop
 from kvsim.numerics.fullpass import BLOCKS
 from kvsim.policies import POLICIES
 from kvsim.resources import check_memory, size_text
@@ -153,14 +154,17 @@ def _logits(z: _Size) -> float:
 
 def kernels(variants: list[Scenario]) -> list:
     """The compiled loops a run of ``variants`` calls: the full pass's (of a dense or a
-    component field) and each policy's decode loop (each once)."""
+    component field) and each policy's decode loop for that field (each once)."""
     found = {}
     for v in variants:
-        block = fullpass.block_kernel(v.source in DENSE)
+        dense = v.source in DENSE
+        block = fullpass.block_kernel(dense)
         found.setdefault(id(block), block)
-    for p in (p for v in variants for e in v.experiments for p in e.policies):
-        if POLICIES[p.kind].steps is not None:
-            found.setdefault(id(POLICIES[p.kind].steps.decode), POLICIES[p.kind].steps.decode)
+        for p in (p for e in v.experiments for p in e.policies):
+            loop = POLICIES[p.kind].steps.decode if POLICIES[p.kind].steps else None
+            if loop is not None:
+                loop = loop.for_field(dense) if isinstance(loop, DecodeLoop) else loop
+                found.setdefault(id(loop), loop)
     return list(found.values())
 
 

@@ -16,17 +16,10 @@ mutable counters are 1-element arrays) and two steps, compiled with ``jit_inline
     observed output ``o~`` of head ``g`` where the field has values (shape (G, 0)
     otherwise). Update the state from them.
 
-The loop is generic: it knows no policy. Each policy compiles its own loop as a small
-top-level kernel that names its steps as globals,
-
-.. code-block:: python
-
-    @jit
-    def decode(ctx, out, cache, n, state):
-        return decode_loop(ctx, out, cache, n, state, admit, observe)
-
-because a kernel that takes compiled functions as *arguments* is never an on-disk
-cache hit (Numba types a dispatcher per process). The same ``admit``/``observe`` run
+The loop is generic: it knows no policy. Each policy compiles its own copy of it, with
+its steps as globals: ``decode = decode_kernel("decode", admit, observe)``
+(:func:`decode_kernel`, :func:`kvsim.numerics.jit.bound_kernel`), one per kind of field
+(:class:`DecodeLoop`). The same ``admit``/``observe`` run
 one step at a time from Python in :class:`kvsim.protocols.stepping.Stepper`.
 """
 
@@ -34,10 +27,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numba
 import numpy as np
 
 from kvsim.numerics.field import FieldData, probs_at
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.jit import bound_kernel, jit, jit_inline
 from kvsim.numerics.lanes import lane_sum
 from kvsim.numerics.prefetch import prefetch
 
@@ -174,19 +168,6 @@ def observe_nothing(state, cache, n, obs, mass, outputs):
 
 
 @jit_inline
-def decode_loop(ctx, out, cache, n, state, admit, observe):
-    """Simulate decode steps ``ctx.start .. ctx.stop-1`` of one KV head; fill ``out``
-(step ``t - prompt_len`` for token ``t``).
-
-    ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
-    decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
-    the full attention of each query head over the cache, record the metrics and the
-    snapshot, ``observe``. Returns the final number of cached keys.
-    """
-    return _decode_span(ctx, out, cache, n, state, admit, observe, False)
-
-
-@jit_inline
 def is_plain(ctx, out):
     """Whether a run is plain: one query head of a dense matrix, no values, no snapshots."""
     return (ctx.field.probs.shape[1] > 0 and ctx.heads.shape[0] == 1
@@ -194,19 +175,67 @@ def is_plain(ctx, out):
 
 
 @jit_inline
-def decode_plain(ctx, out, cache, n, state, admit, observe):
-    """:func:`decode_loop` of a plain run (:func:`is_plain`; any other run raises): the
+def _no_field(f, row_max, row_sum, h, q, keys, n, out, work, cached):
+    """The ``field_probs`` of a loop for dense fields, which never calls it: the loop
+    then inlines none of the logit code."""
+    return None
+
+
+class DecodeLoop:
+    """A policy's compiled decode loop, called as ``loop(ctx, out, cache, n, state) -> n``:
+    the steps ``admit`` and ``observe`` (``jit_inline``) driven token by token over decode
+    steps ``ctx.start .. ctx.stop-1`` of one KV head, filling ``out`` (step
+    ``t - prompt_len`` for token ``t``).
+
+    ``cache[:n]`` holds the prefill selection (slot order) and ``state`` the policy's
+    decode state; ``cache.shape[0]`` is the budget. Per step: ``admit`` the token, read
+    the full attention of each query head over the cache, record the metrics and the
+    snapshot, ``observe``. Returns the final number of cached keys.
+
+    One kernel per kind of field (:meth:`for_field`: a dense matrix, or components), each
+    compiled only when a run has that kind: a dense run compiles none of the logit code.
+    """
+
+    def __init__(self, name: str, admit, observe, plain: bool = False):
+        module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
+        self.name, self.module = name, module
+        bind = dict(admit=admit, observe=observe, PLAIN=plain)
+        self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True,
+                                  field_probs=_no_field, **bind)
+        self.components = self.dense if plain else bound_kernel(
+            _decode_span, f"{name}.components", module, DENSE=False, field_probs=probs_at, **bind)
+
+    def for_field(self, dense: bool):
+        """The kernel for a dense field (``dense``) or a component field."""
+        return self.dense if dense else self.components
+
+    def __call__(self, ctx: Context, out: Outputs, cache: np.ndarray, n: int, state) -> int:
+        return self.for_field(ctx.field.probs.shape[1] > 0)(ctx, out, cache, n, state)
+
+    def __repr__(self) -> str:
+        return f"<decode loop {self.module}.{self.name}>"
+
+
+def decode_kernel(name: str, admit, observe, plain: bool = False) -> DecodeLoop:
+    """The decode loop ``name`` of the policy whose steps are ``admit`` and ``observe``
+    (:class:`DecodeLoop`; it belongs to the module of ``admit``).
+
+    ``plain``: a loop for plain runs only (:func:`is_plain`; any other run raises): the
     same steps and numbers, compiled without the code of the other cases (component
     fields, several heads, output error, snapshots), which slows each of its short steps
-    by about half."""
-    if not is_plain(ctx, out):
+    by about half.
+    """
+    return DecodeLoop(name, admit, observe, plain)
+
+
+def _decode_span(ctx, out, cache, n, state):
+    """The code of every policy's decode loop (:class:`DecodeLoop`), compiled per policy
+    and kind of field with the steps ``admit`` and ``observe``, the flags ``PLAIN`` and
+    ``DENSE`` and, for component fields, ``field_probs`` (:func:`probs_at`) as globals."""
+    if PLAIN and not is_plain(ctx, out):  # noqa: F821 (a global of each compiled copy)
         raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
-    return _decode_span(ctx, out, cache, n, state, admit, observe, True)
-
-
-@jit_inline
-def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
-    """:func:`decode_loop`; ``plain`` (a constant) when :func:`is_plain` holds."""
+    if (ctx.field.probs.shape[1] > 0) != DENSE:  # noqa: F821
+        raise ValueError("decode loop: expected the kind of field it was compiled for")
     # Every array out of the bundles once, before the loop (not once per step).
     f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
                                               ctx.prompt_len)
@@ -215,8 +244,8 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
     snap_steps, snapshots = out.snap_steps, out.snapshots
     budget = cache.shape[0]
     T = f.key_bias.shape[1]
-    G = 1 if plain else heads.shape[0]
-    dense = plain or f.probs.shape[1] > 0
+    G = 1 if PLAIN else heads.shape[0]  # noqa: F821
+    dense = DENSE  # noqa: F821
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
@@ -237,7 +266,7 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
         snap += 1
     for t in range(start, stop):
         step = t - prompt_len
-        slot = admit(state, cache, n, t)
+        slot = admit(state, cache, n, t)  # noqa: F821 (a global of each compiled copy)
         if slot < n:
             for g in range(G):
                 hits[g] -= important[g, cache[slot]]
@@ -259,12 +288,13 @@ def _decode_span(ctx, out, cache, n, state, admit, observe, plain):
                     for j in range(n):
                         prefetch(f.probs, h, t + 1, cache[j])
             else:
-                probs_at(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work, cached)
-        if plain:
+                field_probs(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work,  # noqa: F821
+                            cached)
+        if PLAIN:  # noqa: F821
             record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
         else:
             record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
                    out_mass, out_recall, out_error)
             snap = snapshot(cache, n, step, snap_steps, snapshots, snap)
-        observe(state, cache, n, obs, mass, outputs)
+        observe(state, cache, n, obs, mass, outputs)  # noqa: F821
     return n

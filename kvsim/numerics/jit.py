@@ -12,7 +12,10 @@ import ast
 import functools
 import hashlib
 import os
+import sys
 from pathlib import Path
+from types import FunctionType
+from typing import Callable
 
 import numba
 from numba import njit
@@ -58,8 +61,9 @@ def source_stamp(path: Path) -> str:
             seen.add(current)
             todo.extend(_imports(current))
     digest = hashlib.sha256()
-    for file in sorted(seen):
-        digest.update(str(file.relative_to(_PACKAGE)).encode() + b"\0" + file.read_bytes())
+    for file in sorted(seen):  # a file outside kvsim (a policy of one's own) by its path
+        name = file.relative_to(_PACKAGE) if _PACKAGE in file.parents else file
+        digest.update(str(name).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()
 
 
@@ -73,16 +77,37 @@ def _source_digest() -> str:
 
 
 class _KernelLocator(caching.UserProvidedCacheLocator):
-    """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`."""
+    """Numba's cache locator for kvsim's own kernels: stamped by :func:`source_stamp`.
+
+    A kernel whose code lives in a kvsim file but which belongs to another module (a
+    policy's decode loop: the loop's code with the policy's steps as globals,
+    :func:`bound_kernel`) is stamped by both files and named by its module;
+    such a kernel is not cached if that module has no file (:func:`bound_kernel`)."""
+
+    def __init__(self, py_func, py_file, home: Path | None = None):
+        super().__init__(py_func, py_file)
+        self._home, self._module = home, py_func.__module__
 
     def get_source_stamp(self):
-        return source_stamp(Path(self._py_file).resolve())
+        stamp = source_stamp(Path(self._py_file).resolve())
+        return stamp if self._home is None else stamp + source_stamp(self._home)
+
+    def get_disambiguator(self):
+        base = super().get_disambiguator()
+        return base if self._home is None else f"{base}-{self._module.replace('.', '_')}"
 
     @classmethod
     def from_function(cls, py_func, py_file):
-        if _PACKAGE not in Path(py_file).resolve().parents:
+        if _PACKAGE not in Path(py_file).resolve().parents or not numba.config.CACHE_DIR:
             return None
-        return super().from_function(py_func, py_file)
+        home = getattr(sys.modules.get(py_func.__module__), "__file__", None)
+        home = home and Path(home).resolve()
+        self = cls(py_func, py_file, None if home in (None, Path(py_file).resolve()) else home)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None
+        return self
 
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
@@ -119,3 +144,20 @@ def cache_is_warm() -> bool:
     """Whether compiled kernels are already on disk (of this source or an earlier one)."""
     folder = numba.config.CACHE_DIR
     return not folder or any(Path(folder).rglob("*.nbi"))  # unknown without a cache folder
+
+
+def bound_kernel(code: Callable, name: str, module: str, **names) -> Callable:
+    """A kernel ``name`` of module ``module`` compiled from the code of the plain function
+    ``code`` with ``names`` bound as globals (compiled functions, constants): a kernel
+    generic in the functions it calls, each binding compiled directly.
+
+    Not a kernel that inlines a generic ``jit_inline`` body and is passed the functions:
+    Numba's inlining copies the callee's whole body, once per level and once more for
+    safekeeping, which made half of a cold start's compilation. Nor a kernel that takes
+    the functions as arguments: that is never an on-disk cache hit (Numba types a
+    dispatcher per process). Cached (stamped by both files) if ``module`` has a file."""
+    fn = FunctionType(code.__code__, {**code.__globals__, **names}, name)
+    fn.__qualname__, fn.__module__, fn.__doc__ = name, module, code.__doc__
+    if getattr(sys.modules.get(module), "__file__", None) is None:
+        return njit(**dict(_OPTIONS, cache=False))(fn)
+    return jit(fn)

@@ -13,9 +13,8 @@ this registry. A score-only rule is one function handed to
   the shared helpers of :mod:`kvsim.numerics.kernels` (``top_ranked``,
   ``lowest_ranked_slot`` with the total order, ``ring_slot``, ``combine_observed``,
   ``combine_rows``);
-- ``decode``: ``@jit def decode(ctx, out, cache, n, state): return decode_loop(ctx, out,
-  cache, n, state, admit, observe)``, naming the steps as globals (a kernel taking them
-  as arguments would recompile in every process);
+- ``decode = decode_kernel("decode", admit, observe)``: the policy's own copy of the
+  decode loop of :mod:`kvsim.numerics.decode`, with its steps as globals;
 - ``start(prompt, budget, params, T) -> (kept, state)``: the prefill selection from the
   prompt rows of a :class:`Group` (``prompt_scores()``, ``row_scores(lo, hi)``, ``keys``,
   ``values``; ``gqa``, ``seed``) and the decode state sized for positions ``< T``;

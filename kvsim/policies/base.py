@@ -196,7 +196,7 @@ class Steps:
     is a :class:`Group` of which only the prompt rows are read (the
     :class:`~kvsim.protocols.stepping.Stepper` builds one from a prompt's attention).
     ``admit``/``observe``: the compiled steps; ``decode``: the policy's compiled loop,
-    ``decode_loop(ctx, out, cache, n, state, admit, observe)``. ``prepare(state, group,
+    ``decode_kernel("decode", admit, observe)``. ``prepare(state, group,
     params, t)``, where given, runs before ``admit`` of token ``t`` one step at a time
     (the simulator's ``start`` has done its work for every position already).
     ``rank(state, cache, n, t, seed) -> (value (n,), protected (n,) bool)``, where given,
@@ -205,8 +205,8 @@ class Steps:
     :mod:`kvsim.protocols.batched`); pages and thresholds need it.
     ``plain``, where given, is the loop of a plain run (one query head of a dense matrix,
     no values, no snapshots) and the states it takes (:class:`Plain`): the same numbers as
-    ``decode``, from :func:`kvsim.numerics.decode.decode_plain`, a kernel of its own so that
-    only plain runs compile it.
+    ``decode``, from :func:`kvsim.numerics.decode.decode_kernel` with ``plain=True``, a
+    kernel of its own so that only plain runs compile it.
     """
 
     start: Callable[[Group, int, dict, int], tuple[np.ndarray, NamedTuple]]

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_kernel
 from kvsim.numerics.field import probs_row
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
@@ -101,10 +101,7 @@ def observe(state, cache, n, obs, mass, outputs):
             state.prev[g, j] = obs[g, j] / m if m > 0.0 else 0.0
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``cake``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def attention_rows(group: Group, h: int, lo: int, hi: int) -> np.ndarray:

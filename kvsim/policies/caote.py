@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_kernel
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
 from kvsim.policies.layout import StateLayout
@@ -54,10 +54,7 @@ def observe(state, cache, n, obs, mass, outputs):
     kernels.combine_rows(state.rows, n, state.gqa, state.score)
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``caote``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def _prompt_scores(prompt: Group) -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop, decode_plain
+from kvsim.numerics.decode import decode_kernel
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import (Group, Param, Plain, Policy, Presentation, Steps, Trace, current,
                                  run_decode)
@@ -97,16 +97,10 @@ def observe_head(state, cache, n, obs, mass, outputs):
         state.score[j] += obs[0, j] / m if m > 0.0 else 0.0
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``h2o``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
-@jit
-def decode_observed(ctx, out, cache, n, state):
-    """The loop of a plain run (``Steps.plain``) adding one head's observed attention."""
-    return decode_plain(ctx, out, cache, n, state, admit, observe_head)
+decode_observed = decode_kernel("decode_observed", admit, observe_head, plain=True)
 
 
 PLAIN = Plain(decode_observed, lambda state: not (state.full or state.normalize))

@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop, observe_nothing
+from kvsim.numerics.decode import decode_kernel, observe_nothing
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
 from kvsim.policies.layout import StateLayout
@@ -74,10 +74,7 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``keydiff``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+decode = decode_kernel("decode", admit, observe_nothing)
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):

@@ -27,8 +27,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import Outputs, decode_loop
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import Outputs, decode_kernel
+from kvsim.numerics.jit import jit_inline
 from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace, snapshot_steps
 
@@ -91,10 +91,7 @@ def observe(state, cache, n, obs, mass, outputs):
             state.row[j] += obs[g, j] / m if m > 0.0 else 0.0
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop recording each step's summed attention."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def forward_max_pool(values: np.ndarray, width: int) -> np.ndarray:

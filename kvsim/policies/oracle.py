@@ -5,7 +5,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import cached_important, copy_kept, count_important, record, snapshot
 from kvsim.numerics.field import component_probs_row
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.jit import bound_kernel, jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace
 
 
@@ -16,34 +16,17 @@ def dense_row(f, row_max, row_sum, h, q, keys, n, out, work):
         out[k] = f.probs[h, q, k]
 
 
-@jit
-def oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
-                snap_steps, snapshots):
-    """Per step and budget, cache the best-ranked keys of the group's combined full row.
+def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
+            snap_steps, snapshots):
+    """Per step and budget, cache the best-ranked keys of the group's combined full row,
+    each full row from ``row`` (a global: :func:`kvsim.numerics.field.probs_row`'s
+    arguments; :data:`oracle_loop`, :data:`dense_oracle_loop`).
 
     Every budget ``budgets[i]`` (``by_size``: their indices, largest budget first) shares
     one evaluation of each row; its outputs are ``out_*[i]``, ``snapshots[i]`` its caches
     at ``snap_steps``, and ``out_kept[i, :n]`` its last cached set (the prefill selection
     when there are no decode steps). Returns the number of kept keys per budget.
     """
-    return _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
-                   out_kept, snap_steps, snapshots, component_probs_row)
-
-
-@jit
-def dense_oracle_loop(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
-                      out_kept, snap_steps, snapshots):
-    """:func:`oracle_loop` of a dense field: a kernel of its own, so that a run over dense
-    matrices compiles none of the logit code."""
-    return _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error,
-                   out_kept, snap_steps, snapshots, dense_row)
-
-
-@jit_inline
-def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
-            snap_steps, snapshots, row):
-    """:func:`oracle_loop`, each full row from ``row`` (the arguments of
-    :func:`kvsim.numerics.field.probs_row`)."""
     f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
     T = f.key_bias.shape[1]
     G = heads.shape[0]
@@ -71,7 +54,7 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
                 if important[g, t]:
                     n_important[g] += 1
         for g in range(G):
-            row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)
+            row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)  # noqa: F821
         kernels.combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.
@@ -107,6 +90,13 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
         if t >= prompt_len:
             snap = advanced  # every budget recorded this step's snapshot, or none did
     return kept
+
+
+oracle_loop = bound_kernel(_oracle, "oracle_loop", __name__, row=component_probs_row)
+"""The oracle over a component field."""
+dense_oracle_loop = bound_kernel(_oracle, "dense_oracle_loop", __name__, row=dense_row)
+"""The oracle over a dense field: a kernel of its own, so that a run over dense matrices
+compiles none of the logit code."""
 
 
 def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:

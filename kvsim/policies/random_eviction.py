@@ -4,8 +4,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.numerics.decode import decode_loop, observe_nothing
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import decode_kernel, observe_nothing
+from kvsim.numerics.jit import jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps
 from kvsim.policies.layout import StateLayout
 
@@ -21,10 +21,7 @@ def admit(state, cache, n, t):
     return n if n < cache.shape[0] else state.slots[t - state.prompt_len]
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``random``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+decode = decode_kernel("decode", admit, observe_nothing)
 
 
 def _start(prompt: Group, budget: int, params: dict, T: int):

@@ -6,8 +6,8 @@ a ring) and ``snapkv`` (a pinned selection, then a ring), so they share one comp
 
 from typing import NamedTuple
 
-from kvsim.numerics.decode import decode_loop, observe_nothing
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import decode_kernel, observe_nothing
+from kvsim.numerics.jit import jit_inline
 from kvsim.numerics.kernels import ring_slot
 
 
@@ -25,7 +25,4 @@ def admit(state, cache, n, t):
     return n if n < cache.shape[0] else ring_slot(state.base, state.start, state.width, t)
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of the ring (:func:`kvsim.numerics.decode.decode_loop`)."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+decode = decode_kernel("decode", admit, observe_nothing)

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop, observe_nothing
+from kvsim.numerics.decode import decode_kernel, observe_nothing
 from kvsim.numerics.elementary import exp_nonpositive
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.params import Param
@@ -183,10 +183,7 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``rkv``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+decode = decode_kernel("decode", admit, observe_nothing)
 
 
 def candidate_scores(keys: np.ndarray, queries: np.ndarray, scale: np.ndarray,

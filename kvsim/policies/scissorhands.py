@@ -12,8 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import decode_kernel
+from kvsim.numerics.jit import jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, current
 from kvsim.policies.layout import StateLayout
 from kvsim.policies.scored import prefill, recent_count
@@ -65,10 +65,7 @@ def observe(state, cache, n, obs, mass, outputs):
         row[j] = flag
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``scissorhands``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def _votes(prompt: Group, history: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -23,8 +23,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop, observe_nothing
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import decode_kernel, observe_nothing
+from kvsim.numerics.jit import jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps, Trace, current, run_decode
 from kvsim.policies.layout import StateLayout
 
@@ -74,10 +74,7 @@ def admit(state, cache, n, t):
     return slot
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of every score-only rule."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe_nothing)
+decode = decode_kernel("decode", admit, observe_nothing)
 
 
 def start(score: Score, prompt: Group, budget: int, params: dict, T: int,

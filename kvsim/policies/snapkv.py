@@ -11,7 +11,7 @@ import numpy as np
 
 from kvsim.errors import Problem
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
+from kvsim.numerics.decode import decode_kernel
 from kvsim.numerics.jit import jit, jit_inline
 from kvsim.policies.base import Group, Param, Policy, Presentation, Steps
 from kvsim.policies.layout import StateLayout
@@ -141,10 +141,7 @@ def observe(state, cache, n, obs, mass, outputs):
     return None
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``snapkv``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def _state(params: dict, P: int, budget: int, G: int, gqa: int, n_pinned: int,

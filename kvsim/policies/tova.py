@@ -5,8 +5,8 @@ from typing import NamedTuple
 import numpy as np
 
 from kvsim.numerics import kernels
-from kvsim.numerics.decode import decode_loop
-from kvsim.numerics.jit import jit, jit_inline
+from kvsim.numerics.decode import decode_kernel
+from kvsim.numerics.jit import jit_inline
 from kvsim.policies.base import Group, Policy, Presentation, Steps, current
 from kvsim.policies.layout import StateLayout
 
@@ -33,10 +33,7 @@ def observe(state, cache, n, obs, mass, outputs):
     kernels.combine_observed(obs, mass, n, state.gqa, state.score)
 
 
-@jit
-def decode(ctx, out, cache, n, state):
-    """The decode loop of ``tova``."""
-    return decode_loop(ctx, out, cache, n, state, admit, observe)
+decode = decode_kernel("decode", admit, observe)
 
 
 def _last_attention(group: Group) -> np.ndarray:
