@@ -71,6 +71,20 @@ def test_a_press_in_the_closed_loop_decodes_as_kvpress_itself():
         assert np.isnan(nll[-1]) and kl.mean() > 1e-4, run.label
 
 
+def test_kvsim_attention_runs_under_kvpress_wrappers():
+    """kvpress wraps every registered attention function (``attention_patch``) in one that
+    passes ``dropout`` by position; kvsim's, wrapped after it was registered, still runs
+    the same prefill (``bench --tasks`` imports kvpress after the model is attached)."""
+    from kvpress.attention_patch import patch_attention_functions
+
+    from kvsim.tools.study.model import prefill
+
+    net, _, full = tiny_llama()
+    patch_attention_functions()
+    again = prefill(net, full.token_ids)
+    np.testing.assert_array_equal(again.logits, full.logits)
+
+
 def _closed_loop_file(tmp_path, tables: str):
     """A closed-loop file for a model folder of the llama family (config.json and empty
     weights: nothing loads), a text of its own, the ``tables``."""

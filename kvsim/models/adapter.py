@@ -66,10 +66,12 @@ def windows(config) -> list[int]:
     return [window if t == "sliding_attention" else 0 for t in types]
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                sliding_window=None, softcap=None, **kwargs):
     """The registered attention function: hands the layer's tensors and geometry (what the
-    model passes: the mask it would build is not passed) to the active pass."""
+    model passes: the mask it would build is not passed) to the active pass. Its arguments
+    are in SDPA's order (``dropout`` sixth): importing kvpress wraps every registered
+    attention function in one that passes ``dropout`` by position."""
     if scaling is None:  # transformers' default
         scaling = module.head_dim ** -0.5
     geometry = Geometry(float(scaling), int(sliding_window or 0), float(softcap or 0.0))
