@@ -144,6 +144,24 @@ def test_kind_settings_and_bad_kind(tmp_path):
         config('kind = "niah"')
 
 
+def test_passkey_only_tools_refuse_other_kinds(tmp_path):
+    """The parity and ``bench --tasks`` score the passkey's answer: another kind is one
+    line, before any model loads."""
+    from kvsim.errors import KvsimError
+    from kvsim.tools.bench.tasks import task_rows
+    from kvsim.tools.task.parity import check
+
+    (tmp_path / "t.toml").write_text('name = "t"\n[task]\nkind = "niah_single"\n'
+                                     'lengths = [1024]\ndepths = [0.5]\nbudgets = [64]\n'
+                                     'compress = ["prefill_only"]\n[policies.snapkv]\n')
+    with pytest.raises(KvsimError, match=r"t\.toml: task\.kind: expected 'passkey' \(the "
+                                         r"parity scores the passkey's answer\), got "
+                                         r"'niah_single'$"):
+        check(load_config(tmp_path / "t.toml"))
+    with pytest.raises(KvsimError, match=r"task\.kind: expected 'passkey' \(bench --tasks"):
+        task_rows(tmp_path / "t.toml")
+
+
 @pytest.mark.parametrize("report", ["passkey_smollm2", "passkey_gemma3"])
 def test_committed_passkey_results_read_and_write_back_unchanged(report, tmp_path):
     from pathlib import Path

@@ -31,6 +31,7 @@ import numpy as np
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import PolicyConfig
 from kvsim.tools.study.workers import FORKED, forked_map
+from kvsim.tools.task.kinds import PASSKEY
 
 
 def tova_all_heads(full, at: int, budget: int, layer: int) -> np.ndarray:
@@ -325,9 +326,13 @@ def parity_rows(cfg, net, tokenizer, workers: int = 1, progress: bool = True) ->
 
 
 def check(cfg) -> None:
-    """A task file fit for parity: ``prefill_only`` among its protocols, every policy with a
-    kvpress twin, no press tables; each problem a one-line :class:`KvsimError`."""
+    """A task file fit for parity: the passkey kind, ``prefill_only`` among its protocols,
+    every policy with a kvpress twin, no press tables; each problem a one-line
+    :class:`KvsimError`."""
     where = f"{cfg.path}: "
+    if cfg.kind != PASSKEY:
+        raise KvsimError(f"{where}task.kind: expected 'passkey' (the parity scores the "
+                         f"passkey's answer), got {cfg.kind!r}")
     if "prefill_only" not in cfg.compress:
         raise KvsimError(f"{where}task.compress: expected 'prefill_only' (kvpress's protocol), "
                          f"got {list(cfg.compress)}")
