@@ -67,7 +67,7 @@ def ticking(item: tuple) -> int:
     """A job that counts ``n`` ticks, waits ``pause`` seconds and returns ``10 n``."""
     import time
 
-    from kvsim.tools.study.workers import tick
+    from kvsim.tools.study.job import tick
 
     n, pause = item
     for _ in range(n):

@@ -27,7 +27,8 @@ from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.models.adapter import attach
 from kvsim.tools.study.grid import grid_stepper, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
-from kvsim.tools.study.workers import FORKED, study_map, tick
+from kvsim.tools.study.job import FORKED, tick
+from kvsim.tools.study.workers import study_map
 from kvsim.tools.closed_loop.open_loop import open_loop
 from kvsim.tools.closed_loop.presses import PressRun, press_runs
 from kvsim.tools.closed_loop.presses import open_loop as press_open_loop

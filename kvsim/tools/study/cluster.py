@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from kvsim.errors import KvsimError
+from kvsim.tools.study.job import FORKED
 
 _ACTIVE: list = []  # (client, {id: (part, future)}) of the open cluster: its scattered parts
 _SOURCES: dict = {}  # id(net) -> (how it was loaded, tokenizer), while the net lives
@@ -119,9 +120,8 @@ def _share(part):
 def _run_task(fn: Callable, job: list, item, ticks: tuple | None):
     """On a worker: ``fn(item)`` with the job (its model loaded here, once per process) as
     ``FORKED["job"]``, alone in the process, torch on one thread; with ``ticks`` (topic,
-    index), its :func:`~kvsim.tools.study.workers.tick` calls go to the client as events."""
+    index), its :func:`~kvsim.tools.study.job.tick` calls go to the client as events."""
     from kvsim.models.threads import one_thread
-    from kvsim.tools.study.workers import FORKED
 
     with _LOCK, one_thread():
         FORKED["job"] = tuple(p.here() if isinstance(p, _Source) else p for p in job)
@@ -164,7 +164,7 @@ def cluster_map(fn: Callable, items: list, job: tuple, bar=None,
                 weight: Callable | None = None) -> list:
     """``[fn(item) for item in items]``, in order, each item one task on the open cluster
     (:func:`on_cluster`); ``bar`` advances by one as each item is done, or, with
-    ``weight``, by what ``fn`` counts with :func:`~kvsim.tools.study.workers.tick` as it
+    ``weight``, by what ``fn`` counts with :func:`~kvsim.tools.study.job.tick` as it
     runs (``weight(item)`` in all for an item)."""
     from dask.distributed import as_completed
     from distributed.scheduler import KilledWorker

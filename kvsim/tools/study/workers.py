@@ -1,5 +1,5 @@
 """Where a study's maps run (:func:`study_map`): forked worker processes that inherit the
-parent's model and settings (:data:`FORKED`) instead of receiving them, and that an
+parent's model and settings (:data:`~kvsim.tools.study.job.FORKED`) instead of receiving them, and that an
 interrupt stops at once (:func:`kvsim.forked.forked_pool`); or, with ``--dask``, a Dask
 cluster (:mod:`.cluster`). The numbers never depend on where: each job decodes alone, torch
 on one thread."""
@@ -12,11 +12,8 @@ from queue import Empty
 from typing import Callable, Iterable
 
 from kvsim.forked import forked_pool as _forked_pool
-
-FORKED: dict = {}
-"""What a job's worker holds: ``FORKED["job"]``, the model, its runs and settings (set by
-the parent before the pool forks; on a cluster, sent to each worker);
-``FORKED["tick"]``, where :func:`tick` counts."""
+from kvsim.tools.study import cluster
+from kvsim.tools.study.job import FORKED, nothing
 
 
 def _worker_init(queue=None) -> None:
@@ -26,18 +23,8 @@ def _worker_init(queue=None) -> None:
 
 def forked_pool(workers: int, queue=None):
     """A pool of ``workers`` forked processes that an interrupt stops at once
-    (:func:`kvsim.forked.forked_pool`), whose :func:`tick` puts on ``queue``."""
+    (:func:`kvsim.forked.forked_pool`), whose :func:`~kvsim.tools.study.job.tick` puts on ``queue``."""
     return _forked_pool(workers, _worker_init, (queue,))
-
-
-def tick(n: int) -> None:
-    """From a job of a map with a ``weight``: advance the map's progress bar by ``n`` now
-    (from a forked worker through a queue, from a cluster's worker as a Dask event)."""
-    FORKED.get("tick", _nothing)(n)
-
-
-def _nothing(n: int) -> None:
-    pass
 
 
 def _take(queue, update, timeout: float) -> int:
@@ -70,9 +57,7 @@ def study_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
     (:func:`~kvsim.tools.study.cluster.on_cluster`), else on up to ``workers`` forked
     processes (:func:`forked_map`). ``fn`` reads ``job`` as ``FORKED["job"]``. ``bar``
     advances by one as each item is done; with ``weight``, by what ``fn`` counts with
-    :func:`tick` as it runs (``weight(item)`` in all for an item)."""
-    from kvsim.tools.study import cluster
-
+    :func:`~kvsim.tools.study.job.tick` as it runs (``weight(item)`` in all for an item)."""
     if cluster.active() is not None:
         return cluster.cluster_map(fn, list(items), job, bar, weight)
     return forked_map(fn, items, workers, job, bar, weight)
@@ -83,9 +68,9 @@ def forked_map(fn: Callable, items: Iterable, workers: int, job, bar=None,
     """``[fn(item) for item in items]``, in order, on up to ``workers`` forked processes
     (here when one would do), each of which inherits ``job`` as ``FORKED["job"]``;
     ``bar.update()`` as each item is done, or, with ``weight``, ``bar.update(n)`` as ``fn``
-    calls :func:`tick` (``weight(item)`` in all for an item)."""
+    calls :func:`~kvsim.tools.study.job.tick` (``weight(item)`` in all for an item)."""
     items = list(items)
-    update = bar.update if bar is not None else _nothing
+    update = bar.update if bar is not None else nothing
     FORKED["job"] = job
     try:
         if min(workers, len(items)) <= 1:

@@ -15,7 +15,8 @@ from kvsim.models.preflight import NEEDS
 from kvsim.tools.study.run import run_report
 from kvsim.tools.study.types import StudyType
 from kvsim.tools.study.cluster import load_shared
-from kvsim.tools.study.workers import FORKED, study_map
+from kvsim.tools.study.job import FORKED
+from kvsim.tools.study.workers import study_map
 from kvsim.tools.task.config import TaskConfig, load_config
 from kvsim.tools.task.kinds import PASSKEY
 

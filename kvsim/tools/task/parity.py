@@ -30,7 +30,8 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import PolicyConfig
-from kvsim.tools.study.workers import FORKED, forked_map
+from kvsim.tools.study.job import FORKED
+from kvsim.tools.study.workers import forked_map
 from kvsim.tools.task.kinds import PASSKEY
 
 
