@@ -106,7 +106,8 @@ def test_only_api_rows_replace_the_api_rows_of_bench_json(tmp_path, monkeypatch,
 
 def test_the_compile_table_names_each_kernel_a_first_run_compiles(tmp_path):
     """The bench's first run in an empty kernel cache is recorded: a row per compiled
-    kernel (the full pass of its dense matrix, the window's ring loop), its own seconds
+    kernel (the full pass of its dense matrix, the window's ring loop for a dense field
+    and not its loop for component fields), its own seconds
     within its inclusive seconds, and Numba's passes summed; then the warm run."""
     from kvsim.tools.bench import end_to_end
     from kvsim.tools.bench.compile import lines
@@ -119,10 +120,14 @@ def test_the_compile_table_names_each_kernel_a_first_run_compiles(tmp_path):
     result = end_to_end(tmp_path / "s.toml")
     assert result["cold"]["seconds"] > 0 and result["warm"]["peak_mb"] > 0
     kernels = result["compile"]["kernels"]
-    assert {"kvsim.numerics.fullpass._dense_block", "kvsim.policies.ring.decode"} <= set(kernels)
+    assert {"kvsim.numerics.fullpass._dense_block", "kvsim.policies.ring.decode.dense"} <= \
+        set(kernels)
+    assert "kvsim.policies.ring.decode.components" not in kernels
     assert all(0 < r["self_s"] <= r["total_s"] and r["signatures"] >= 1 for r in kernels.values())
     assert result["compile"]["passes"]["native_lowering"] > 0
-    assert "kvsim.policies.ring.decode" in "\n".join(lines(result["compile"], len(kernels)))
+    assert "kvsim.policies.ring.decode.dense" in "\n".join(lines(result["compile"], len(kernels)))
+
+
 def test_task_rows_on_the_tiny_model(tmp_path, monkeypatch):
     """``bench --tasks`` on a tiny Llama: the floor, kvsim's trial and their ratio, and
     kvpress's rows only where kvpress is importable."""
