@@ -39,8 +39,6 @@ def _check_line(cfg: ClosedLoopConfig) -> str:
 
 STUDY = StudyType(
     command="closed-loop", table="closed_loop", what="closed-loop", saved="closed_loop.json",
-    usage="kvsim closed-loop FILE.toml [--out DIR] [--force] [--quiet] "
-          "[--workers N | --dask ADDRESS] [--redraw]",
     summary="run each policy and budget inside a real model and report how well the open-loop "
             "mass predicts its KL and NLL (needs the capture extra)",
     description="Run every policy and budget of a closed-loop file inside a real model (each "

@@ -32,7 +32,7 @@ class StudyType:
       table that marks its files (``validate`` tells them apart by it); ``what``: its name in
       messages and report notes; ``saved``: the JSON file of its report folder that holds
       ``{"settings": ..., "facts": ...}`` and marks the folder as its report;
-    - ``usage`` and ``summary``: its lines in ``kvsim --help``; ``description``,
+    - ``summary``: its line in ``kvsim --help``, under :attr:`usage`; ``description``,
       ``workers_help`` and ``epilog``: its own ``--help``;
     - ``load_config(path)``: the validated config (a frozen dataclass with ``name``), every
       problem found before a model loads; ``check_line(cfg)``: what ``validate`` prints
@@ -52,7 +52,6 @@ class StudyType:
     table: str
     what: str
     saved: str
-    usage: str
     summary: str
     description: str
     workers_help: str
@@ -66,6 +65,14 @@ class StudyType:
     added: dict = dataclasses.field(default_factory=dict)
     gate: Callable | None = None
     epilog: str | None = None
+
+    @property
+    def usage(self) -> str:
+        """Its line in ``kvsim --help``: the options the CLI gives every study, and
+        ``--redraw`` and ``--gate`` where it has them."""
+        extra = (" [--redraw]" if self.redraw else "") + (" [--gate]" if self.gate else "")
+        return (f"kvsim {self.command} FILE.toml [--out DIR] [--force] [--quiet] "
+                f"[--workers N | --dask ADDRESS]{extra}")
 
 
 _REGISTERED: dict[str, StudyType] = {}

@@ -195,8 +195,6 @@ examples:
 
 STUDY = StudyType(
     command="task", table="task", what="task", saved="task.json",
-    usage="kvsim task FILE.toml [--out DIR] [--force] [--quiet] [--workers N | --dask ADDRESS] "
-          "[--redraw] [--gate]",
     summary="the passkey task (or a RULER needle kind) inside a real model under every policy, budget and question "
             "protocol, beside the simulator's prediction",
     description="Run the passkey task (or one of RULER's needle kinds) inside a real model (SmolLM2-135M from the "
