@@ -26,8 +26,6 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.errors import KvsimError
-
 TASK = Path(__file__).resolve().parents[3] / "scenarios" / "passkey_smollm2.toml"
 
 
@@ -88,13 +86,11 @@ def task_rows(path: Path = TASK, length: int | None = None, prompts: int = 2) ->
     from kvsim.tools.task import inputs
     from kvsim.tools.task.command import filler_ids, prompt_frame
     from kvsim.tools.task.config import load_config
-    from kvsim.tools.task.kinds import PASSKEY
+    from kvsim.tools.task.kinds import require_passkey
     from kvsim.tools.task.trial import run_trial
 
     cfg = load_config(path)
-    if cfg.kind != PASSKEY:
-        raise KvsimError(f"{path}: task.kind: expected 'passkey' (bench --tasks times the "
-                         f"passkey task), got {cfg.kind!r}")
+    require_passkey(cfg, "bench --tasks times the passkey task")
     length = length or max(cfg.lengths)
     cfg = dataclasses.replace(cfg, lengths=(length,), trials=1)
     net, tokenizer = load_model(str(cfg.model), cfg.gguf_file)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.errors import KvsimError
 from kvsim.tools.task import inputs
 
 PASSKEY = "passkey"
@@ -96,6 +97,14 @@ KINDS = {k.name: k for k in (
     Kind(DECODE_RECALL, "niah_single_2", first=FIRST),
 )}
 NAMES = (PASSKEY, *KINDS)
+
+
+def require_passkey(cfg, why: str) -> None:
+    """A one-line :class:`KvsimError` unless the task file ``cfg`` is of the passkey kind
+    (``why``: what needs it, in the message)."""
+    if cfg.kind != PASSKEY:
+        raise KvsimError(f"{cfg.path}: task.kind: expected 'passkey' ({why}), got "
+                         f"{cfg.kind!r}")
 
 
 def string_match_all(answer: str, expected: tuple[str, ...]) -> float:

@@ -32,7 +32,7 @@ from kvsim.errors import KvsimError
 from kvsim.scenario.load import PolicyConfig
 from kvsim.tools.study.job import FORKED
 from kvsim.tools.study.workers import forked_map
-from kvsim.tools.task.kinds import PASSKEY
+from kvsim.tools.task.kinds import require_passkey
 
 
 def tova_all_heads(full, at: int, budget: int, layer: int) -> np.ndarray:
@@ -331,9 +331,7 @@ def check(cfg) -> None:
     every policy with a kvpress twin, no press tables; each problem a one-line
     :class:`KvsimError`."""
     where = f"{cfg.path}: "
-    if cfg.kind != PASSKEY:
-        raise KvsimError(f"{where}task.kind: expected 'passkey' (the parity scores the "
-                         f"passkey's answer), got {cfg.kind!r}")
+    require_passkey(cfg, "the parity scores the passkey's answer")
     if "prefill_only" not in cfg.compress:
         raise KvsimError(f"{where}task.compress: expected 'prefill_only' (kvpress's protocol), "
                          f"got {list(cfg.compress)}")
