@@ -31,6 +31,7 @@ from kvsim.errors import KvsimError
 from kvsim.models import catalog
 from kvsim.models import adapter, gguf_tokenizer
 from kvsim.models.preflight import INSTALL
+from kvsim.npz import write_npz
 from kvsim.paths import read_text
 
 TOLERANCE = 2e-3  # max |p_replayed - p_model| allowed: float16 vectors, float32 model
@@ -231,6 +232,6 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
         meta["licence"] = catalog.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, meta=np.array(json.dumps(meta)), **trace)
+    write_npz(tmp, {"meta": np.array(json.dumps(meta)), **trace}, level=6)
     os.replace(tmp, out)
     return out
