@@ -534,6 +534,20 @@ def test_report_files_from_rows(tmp_path):
             assert image.size[0] <= MAX_WIDTH_PX, name
 
 
+def test_the_protocols_line_describes_the_files_protocols_only(tmp_path):
+    from kvsim.tools.task.report import write_files
+
+    cfg = task_config(configs(8), compress=("after_question",))
+    facts = {"command": "kvsim task t.toml", "kvsim": "0", "commit": None, "date": "today",
+             "wall_seconds": 1.0, "cores": 2, "workers": 1, "load_average": (1.0, 1.0, 1.0),
+             "layers": 2, "heads": 4, "kv_heads": 2, "question_len": 10}
+    write_files(cfg, synthetic_rows(cfg), facts, tmp_path)
+    line = next(x for x in (tmp_path / "report.md").read_text().splitlines()
+                if x.startswith("- protocols:"))
+    assert "`after_question` compresses" in line
+    assert "before_question" not in line and "prefill_only" not in line
+
+
 def test_retention_bins_hold_exact_ends_apart():
     from kvsim.tools.task.report import retention_bins
 
@@ -604,6 +618,9 @@ def test_auc_balanced_accuracy_and_brier_against_plain_definitions():
     # a separating predictor: AUC 1, its held-out balanced accuracy 1, Brier 0
     sep = prediction.cross_validated(y + 0.1 * rng.random(60), y, fold)
     assert sep["balanced_accuracy"] == 1.0 and sep["brier"] == 0.0
+    # one class only (every run fails): no balanced accuracy, as no AUC; Brier still holds
+    none = prediction.cross_validated(x, np.zeros(60), fold)
+    assert np.isnan(none["balanced_accuracy"]) and none["brier"] >= 0
 
 
 # --- Gemma-3: sliding-window layers keep their window, budgets per global layer ----------

@@ -152,7 +152,8 @@ def folds(groups: np.ndarray, seed: int) -> np.ndarray:
 def cross_validated(x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> dict:
     """Balanced accuracy and Brier score of ``x`` (threshold and logistic calibration
     fitted on the other folds) and of the base rate, on the pooled held-out runs (nan with
-    fewer than two folds: nothing to fit on)."""
+    fewer than two folds: nothing to fit on; balanced accuracy nan where every run fails or
+    every run succeeds, as the AUC: there is no second class to tell apart)."""
     if np.unique(fold).size < 2:
         return {"balanced_accuracy": math.nan, "brier": math.nan, "base_brier": math.nan}
     hit = np.zeros(y.size, bool)
@@ -167,7 +168,8 @@ def cross_validated(x: np.ndarray, y: np.ndarray, fold: np.ndarray) -> dict:
         prob[test] = logistic(x[train], y[train])(x[test])
         base[test] = y[train].mean()
     actual = y > 0
-    return {"balanced_accuracy": balanced_accuracy(hit, actual),
+    one_class = actual.all() or not actual.any()  # nothing to tell apart
+    return {"balanced_accuracy": math.nan if one_class else balanced_accuracy(hit, actual),
             "brier": float(((prob - y) ** 2).mean()),
             "base_brier": float(((base - y) ** 2).mean())}
 

@@ -39,6 +39,15 @@ KIND_HELD = "every span the answer needs: each asked value's digit tokens (vt: e
 SCORE_TYPES = {"score_all": float, "score_part": float}  # a RULER kind's, before the last
 RECALL_TYPES = {"recall_retention": float, "echo": int}  # decode_recall's, after the scores
 RETENTION_BINS = (0.25, 0.5, 0.75)  # inner edges of the run-level bins (0 and 1 exactly: bins of their own)
+PROTOCOL_TEXT = {
+    "after_question": "`after_question` compresses the whole prompt after a full prefill",
+    "before_question": "`before_question` compresses the context before the question from its "
+                       "own queries, then the question joins without eviction (decode budget "
+                       "B + Q)",
+    "prefill_only": "`prefill_only` (kvpress's protocol) compresses the context before the "
+                    "question as `before_question`, then the question and the answer join "
+                    "without eviction (peak B + Q + answer)",
+}
 LOOKS = {  # per protocol: marker face and line style in the retention figure
     "before_question": ("none", ":"), "after_question": ("full", "-"),
     "prefill_only": ("half", "--")}
@@ -392,11 +401,7 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
            f"predicted) and `echo` whether the generated text repeats the value; the "
            f"prediction below is the prefill's selection only and cannot see an eviction "
            f"during the generation"] if cfg.generate_tokens else []),
-        "- protocols: `after_question` compresses the whole prompt after a full prefill; "
-        "`before_question` compresses the context before the question from its own queries, "
-        "then the question joins without eviction (decode budget B + Q); `prefill_only` "
-        "(kvpress's protocol) compresses as `before_question`, then the question and the "
-        "answer join without eviction (peak B + Q + answer)",
+        "- protocols: " + "; ".join(PROTOCOL_TEXT[p] for p in cfg.compress),
         "", "## The full-cache gate", "",
         f"The full cache's answers per cell (successes of trials). A cell where it answers "
         f"under {GATE:.0%} of its trials is no reference for a policy: it is flagged (✗) and "
@@ -430,7 +435,8 @@ def markdown(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
               "compressed model: " + "; ".join(f"`{k}`: {v}" for k, v in PREDICTORS.items())
               + f". AUC: the chance that a run that succeeds scores above one that fails "
               f"(0.5: no better than the base rate), with a 95% bootstrap interval over trials "
-              f"({cfg.bootstrap} resamples). Balanced accuracy (the base rate's: 0.50) and "
+              f"({cfg.bootstrap} resamples); n/a where every run fails or every run succeeds. "
+              f"Balanced accuracy (the base rate's: 0.50; n/a as the AUC) and "
               f"Brier score (lower is better; beside it the base rate's) are cross-validated "
               f"over trials in 5 folds: the threshold and a logistic calibration are fitted "
               f"on the other folds.", ""]
