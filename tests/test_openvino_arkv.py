@@ -73,6 +73,18 @@ def test_diversity_by_hand():
     assert arkv_most_diverse(got.tolist(), [0, 1], 1, 2) == {1}
 
 
+def test_a_similarity_equal_to_its_row_mean_stays():
+    """Keys whose norms are powers of 2 far above eps, so every cosine is exact: e, e, h,
+    h' with e = (1, 0, 0, 0), h = (1, 1, 1, 1)/2, h' = (1, -1, 1, 1)/2. The rows of e are
+    [0, 1, .5, .5], mean .5: the .5's stay (the code's ``>=``); the rows of h and h' are
+    all .5 off the diagonal."""
+    keys = np.array([[2.0**20, 0, 0, 0], [2.0**20, 0, 0, 0],
+                     [2.0**19] * 4, [2.0**19, -2.0**19, 2.0**19, 2.0**19]])
+    want = -np.array([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.5, 0.5]])
+    np.testing.assert_array_equal(block_diversity([keys], 2), want)
+    np.testing.assert_array_equal(arkv_block_diversity([keys.tolist()], 2), want)
+
+
 @pytest.mark.parametrize("scores, capacity, mass, rest, kept", [
     ([1.0, 5.0, 3.0, 1.0], 3, 0.5, [0, 2, 3], 1),   # 5 >= 0.5 * 10
     ([1.0, 5.0, 3.0, 1.0], 3, 0.8, [0, 3], 2),      # 5 + 3 >= 8

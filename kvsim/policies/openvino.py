@@ -14,10 +14,10 @@ middle go (a block's score: its keys' scores summed in order; ties: the lower bl
 the code's ``nth_element`` comparator), leaving ``A - start - recent`` tokens of middle.
 
 Every KV head of the layer holds the same cache, so a run simulates the layer jointly (each
-KV head's rows through the shared cache) and reports its own KV head. Left out: the
-``ADAPTIVE_RKV`` mode (its block diversity comes from OpenVINO core's attention kernel),
-KVCrush's add-back (off by default in the code) and RoPE re-rotation (``apply_rotation``,
-off by default: kvsim's keys keep their positions).
+KV head's rows through the shared cache) and reports its own KV head (:func:`simulate`,
+which ``openvino_arkv``, the ``ADAPTIVE_RKV`` mode, shares). Left out: KVCrush's add-back
+(off by default in the code) and RoPE re-rotation (``apply_rotation``, off by default:
+kvsim's keys keep their positions).
 """
 
 from __future__ import annotations

@@ -33,12 +33,12 @@ EPS = float(np.finfo(np.float32).eps)
 """OpenVINO core's ``normalize_l2`` epsilon (added to the squared norm)."""
 
 PARAMS = {
+    **{k: v for k, v in openvino.PARAMS.items() if k != "mode"},
     "attention_mass": Param(float, 0.9, "share of the evictable blocks' total score the "
                             "highest-scoring blocks keep before diversity fills the rest",
                             low=0.0, high=1.0, expect="a number in [0, 1]"),
     "window_size": Param(int, 8, "registrations whose mean gives the scores", low=1,
                          high=2**20, expect="an integer in [1, 2^20]"),
-    **{k: v for k, v in openvino.PARAMS.items() if k != "mode"},
 }
 
 
