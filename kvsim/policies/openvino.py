@@ -22,7 +22,7 @@ kvsim's keys keep their positions).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -147,6 +147,16 @@ def block_sums(value: np.ndarray, first: int, blocks: int, S: int) -> np.ndarray
     return out
 
 
+class Tracked(Protocol):
+    """Scores of the keys past the start area, as :func:`simulate` drives them."""
+
+    def prefill(self, scores: np.ndarray, start: int, P: int, window: int) -> None: ...
+
+    def register(self, row: np.ndarray) -> None: ...
+
+    def remove(self, drop: np.ndarray) -> None: ...
+
+
 class Scores:
     """The tracked keys' accumulated scores and, for ``norm_sum``, how many registered
     queries saw each (in cache order, the start area left out)."""
@@ -207,7 +217,7 @@ def evicted_slots(scores: Scores, n: int, params: dict, budget: int) -> np.ndarr
     return slots_of(np.sort(order[:last - first - stay]) + first, S)
 
 
-def simulate(group: Group, budget: int, params: dict, scores,
+def simulate(group: Group, budget: int, params: dict, scores: Tracked,
              choose: Callable[[np.ndarray, int], np.ndarray]) -> Trace:
     """Run the layer through its shared cache: ``scores`` (``prefill``, ``register``,
     ``remove``) tracks the keys past the start area; ``choose(cache, n)`` gives the slots
