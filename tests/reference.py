@@ -1253,6 +1253,22 @@ def forward_max_pool(values, width):
     return [max(values[i:i + width]) for i in range(len(values))]
 
 
+def layer_prompt_row(sources, P, snapkv_window):
+    """The layer's prefill scores of keys 0 .. P-1: each query head's attention summed over
+    the last ``snapkv_window`` prompt queries (0: all), then over the KV head's query
+    heads, then over the KV heads."""
+    lo = P - min(snapkv_window, P) if snapkv_window else 0
+    return [sum_seq([sum_seq([sum_seq(s.probs[g, lo:P, k]) for g in range(s.G)])
+                     for s in sources]) for k in range(P)]
+
+
+def layer_row(sources, t, cache):
+    """Query t's observed attention over the cache, summed over each KV head's query heads,
+    then over the layer's KV heads (a dict by key)."""
+    per_kv = [head_observed(s, t, cache) for s in sources]
+    return {k: sum_seq([sum_seq([obs[k] for obs in heads]) for heads in per_kv]) for k in cache}
+
+
 def policy_openvino(src, P, T, B, gqa, mode, block, start_blocks, recent_blocks, snapkv_window,
                     pool, layer=None):
     """OpenVINO's block eviction over a layer (``layer``: its KV heads' sources in order,
@@ -1269,8 +1285,7 @@ def policy_openvino(src, P, T, B, gqa, mode, block, start_blocks, recent_blocks,
     cache = list(range(P))
     if P > start:
         lo = P - min(snapkv_window, P) if snapkv_window else 0
-        row = [sum_seq([sum_seq([sum_seq(s.probs[g, lo:P, k]) for g in range(s.G)])
-                        for s in sources]) for k in range(P)]
+        row = layer_prompt_row(sources, P, snapkv_window)
         tracked = list(range(start, P))
         seen_by = P if snapkv_window == 0 else min(snapkv_window, P)
         for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
@@ -1306,12 +1321,134 @@ def policy_openvino(src, P, T, B, gqa, mode, block, start_blocks, recent_blocks,
         cache.append(t)
         steps.append(list(cache))
         if len(cache) > start:
-            per_kv = [head_observed(s, t, cache) for s in sources]
-            row = {k: sum_seq([sum_seq([obs[k] for obs in heads]) for heads in per_kv])
-                   for k in cache}
+            row = layer_row(sources, t, cache)
             tracked = cache[start:]
             for k, v in zip(tracked, forward_max_pool([row[k] for k in tracked], pool)):
                 acc[k], seen[k] = acc.get(k, 0.0) + v, seen.get(k, 0) + 1
+    return prefill, steps
+
+
+def arkv_block_diversity(key_sets, S):
+    """OpenVINO core's ``AdaptiveRKVDiversityCalculator`` on an evictable area: ``key_sets``
+    one list of n key vectors per KV head. Each key over sqrt(|k|^2 + eps) (float32's eps);
+    per head the cosine similarities with the diagonal zeroed, each value below its row's
+    mean (over all n, the zero included) zeroed; the mean over heads; per block of S rows,
+    minus the sum of its rows: an (n / S) x n list."""
+    eps = float(np.finfo(np.float32).eps)
+    n = len(key_sets[0])
+    total = [[0.0] * n for _ in range(n)]
+    for keys in key_sets:
+        unit = []
+        for k in keys:
+            norm = math.sqrt(sum_seq([float(x) * float(x) for x in k]) + eps)
+            unit.append([float(x) / norm for x in k])
+        for i in range(n):
+            sim = [0.0 if i == j else sum_seq([a * b for a, b in zip(unit[i], unit[j])])
+                   for j in range(n)]
+            mean = sum_seq(sim) / n
+            for j in range(n):
+                _note_threshold(sim[j], mean, "arkv row mean")
+                total[i][j] += sim[j] if sim[j] >= mean else 0.0
+    out = [[0.0] * n for _ in range(n // S)]
+    for b in range(n // S):
+        for j in range(n):
+            for i in range(b * S, b * S + S):
+                out[b][j] -= total[i][j] / len(key_sets)
+    return out
+
+
+def arkv_split(score, capacity, attention_mass):
+    """``get_diversity_block_set``: pop the highest-scoring blocks (the lower first among
+    equals) while their sum is below attention_mass of the total and fewer than
+    ``capacity`` are kept; the rest (ascending) and the count kept."""
+    order = sorted(range(len(score)), key=lambda i: (-score[i], i))
+    expected, total, kept = sum_seq(score) * attention_mass, 0.0, 0
+    while kept < len(order) and kept < capacity:
+        _note_threshold(total, expected, "arkv attention mass")
+        if not total < expected:
+            break
+        total += score[order[kept]]
+        kept += 1
+    return sorted(order[kept:]), kept
+
+
+def arkv_most_diverse(diversity, candidates, count, S):
+    """``get_filtered_block_diversity`` and ``get_most_diverse_blocks``: each candidate's
+    diversity row summed over the candidates' keys (block by block, in order), over their
+    number; the ``count`` highest (the lower block first among equals)."""
+    value = {}
+    for b in candidates:
+        acc = 0.0
+        for c in candidates:
+            acc += sum_seq(diversity[b][c * S:c * S + S])
+        value[b] = acc / (len(candidates) * S)
+    order = sorted(candidates, key=lambda b: (-value[b], b))
+    _note_band([value[b] for b in order[:count]], [value[b] for b in order[count:]],
+               "arkv diversity")
+    return set(order[:count])
+
+
+def policy_openvino_arkv(src, P, T, B, gqa, attention_mass, window_size, block, start_blocks,
+                         recent_blocks, snapkv_window, pool, layer=None):
+    """OpenVINO's block eviction, ADAPTIVE_RKV mode, over a layer (``layer`` as in
+    :func:`policy_openvino`). Scores of the keys past the start area: the first registration
+    (the prefill's SnapKV sum, or the first decode row) as is; then the mean of the last
+    ``window_size`` registrations since the last eviction (missing keys count 0), pooled
+    forward. Before key t joins, if the cache with it exceeds A + S - 1: keep the
+    highest-scoring middle blocks up to attention_mass of their total (at most A - start -
+    recent tokens), fill the rest of that with the most diverse of the other blocks, evict
+    the others; ``gqa`` does not apply."""
+    sources = layer or [src]
+    S, start, recent = block, block * start_blocks, block * recent_blocks
+    A = S * ((B + 1) // S) - S
+    stay = (A - start - recent) // S
+    acc, queue = {}, []
+    cache = list(range(P))
+
+    def register(row, tracked):
+        nonlocal acc
+        entry = dict(zip(tracked, row))
+        if not acc:
+            acc, queue[:] = entry, [entry]
+            return
+        if len(queue) >= window_size:
+            queue.pop(0)
+        queue.append(entry)
+        mean = [sum_seq([e.get(k, 0.0) for e in queue]) / len(queue) for k in tracked]
+        acc = dict(zip(tracked, forward_max_pool(mean, pool)))
+
+    if P > start:
+        row = layer_prompt_row(sources, P, snapkv_window)
+        register(row[start:], list(range(start, P)))
+
+    def evict(n):
+        if n <= A + S - 1:
+            return
+        blocks = [cache[start + i * S:start + (i + 1) * S]
+                  for i in range(n // S - recent // S - start // S)]
+        candidates, kept = arkv_split([sum_seq([acc[k] for k in b]) for b in blocks], stay,
+                                      attention_mass)
+        if stay > kept:
+            area = [k for b in blocks for k in b]
+            diversity = arkv_block_diversity([[s.keys[k] for k in area] for s in sources], S)
+            chosen = arkv_most_diverse(diversity, candidates, stay - kept, S)
+            candidates = [b for b in candidates if b not in chosen]
+        for i in candidates:
+            for k in blocks[i]:
+                cache.remove(k)
+                del acc[k]
+        queue.clear()
+
+    evict(P)
+    prefill = list(cache)
+    steps = []
+    for t in range(P, T):
+        evict(len(cache) + 1)
+        cache.append(t)
+        steps.append(list(cache))
+        if len(cache) > start:
+            row = layer_row(sources, t, cache)
+            register([row[k] for k in cache[start:]], cache[start:])
     return prefill, steps
 
 
@@ -1403,6 +1540,14 @@ REFERENCES = {
         {"block": 1, "start_blocks": 2, "recent_blocks": 1, "pool": 1, "snapkv_window": 3},
         {"block": 3, "start_blocks": 1, "recent_blocks": 1, "mode": "sum", "pool": 2},
         {"block": 2, "start_blocks": 1, "recent_blocks": 2, "snapkv_window": 1, "pool": 4}),
+        small={"block": 1, "start_blocks": 1, "recent_blocks": 1}),
+    "openvino_arkv": Reference(policy_openvino_arkv, (
+        {"block": 1, "start_blocks": 1, "recent_blocks": 1},
+        {"block": 2, "attention_mass": 0.5, "window_size": 2, "snapkv_window": 0},
+        {"block": 1, "start_blocks": 2, "recent_blocks": 1, "pool": 1, "window_size": 1},
+        {"block": 3, "start_blocks": 1, "recent_blocks": 1, "attention_mass": 0.0, "pool": 2},
+        {"block": 2, "start_blocks": 1, "recent_blocks": 2, "attention_mass": 1.0,
+         "snapkv_window": 1, "pool": 4}),
         small={"block": 1, "start_blocks": 1, "recent_blocks": 1}),
     # docs/adding-a-policy.md's example, registered by its test
     "vnorm": Reference(policy_vnorm, ({"recent_ratio": 0.4},)),

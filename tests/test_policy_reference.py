@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from matrices import make_attention
-from policy_checks import (case_id, check, field_source, heads, min_budget, policy_cases,
-                           qk_field, trace_field, valid)
+from policy_checks import (SMALL_PARAMS, case_id, check, field_source, heads, min_budget,
+                           policy_cases, qk_field, trace_field, valid)
 from reference import dense_source
 
 import kvsim
@@ -105,8 +105,9 @@ NEEDING = [pytest.param(n, id=case_id(n, {})) for n, p in POLICIES.items() if p.
 @pytest.mark.parametrize("name", NEEDING)
 def test_dense_matrix_is_a_one_line_error(name):
     A = make_attention(80, "softmax", 0)
-    with pytest.raises(KvsimError) as info:
-        kvsim.simulate(A, name, 64, 6)
+    with pytest.raises(KvsimError) as info:  # parameters that fit the budget (openvino_arkv)
+        kvsim.simulate(A, policies={name: {"kind": name, **SMALL_PARAMS.get(name, {})}},
+                       budgets=[64], prompt_len=6)
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"{name}: needs ")
     assert "dense attention matrix" in message
@@ -127,7 +128,9 @@ budgets = [48]
 @pytest.mark.parametrize("name", NEEDING)
 def test_scenario_source_without_vectors_is_a_one_line_error(tmp_path, name):
     path = tmp_path / "s.toml"
-    path.write_text(SCENARIO.format(name=name))
+    small = "".join(f"{k} = {v}\n" for k, v in SMALL_PARAMS.get(name, {}).items())
+    path.write_text(SCENARIO.format(name=name).replace(f"[policies.{name}]\n",
+                                                       f"[policies.{name}]\n{small}"))
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
     needs = " and ".join(NEED_WORDS[n] for n in sorted(POLICIES[name].needs))

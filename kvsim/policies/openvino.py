@@ -14,15 +14,15 @@ middle go (a block's score: its keys' scores summed in order; ties: the lower bl
 the code's ``nth_element`` comparator), leaving ``A - start - recent`` tokens of middle.
 
 Every KV head of the layer holds the same cache, so a run simulates the layer jointly (each
-KV head's rows through the shared cache) and reports its own KV head. Left out: the
-``ADAPTIVE_RKV`` mode (its block diversity comes from OpenVINO core's attention kernel),
-KVCrush's add-back (off by default in the code) and RoPE re-rotation (``apply_rotation``,
-off by default: kvsim's keys keep their positions).
+KV head's rows through the shared cache) and reports its own KV head (:func:`simulate`,
+which ``openvino_arkv``, the ``ADAPTIVE_RKV`` mode, shares). Left out: KVCrush's add-back
+(off by default in the code) and RoPE re-rotation (``apply_rotation``, off by default:
+kvsim's keys keep their positions).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -57,13 +57,13 @@ def arena(budget: int, block: int) -> int:
     return block * ((budget + 1) // block) - block
 
 
-def _saturation(T: int, params: dict) -> int:
+def saturation(T: int, params: dict) -> int:
     """The smallest budget whose arena holds ``T`` keys (``A + block - 1 >= T``)."""
     S = params["block"]
     return S * -(-(T + 1) // S) - 1
 
 
-def _min_budget(params: dict) -> int:
+def min_budget(params: dict) -> int:
     """The arena must hold one evictable block beside the start and recent areas."""
     return params["block"] * (params["start_blocks"] + params["recent_blocks"] + 2) - 1
 
@@ -138,6 +138,25 @@ def prompt_scores(group: Group, window: int) -> np.ndarray:
     return total
 
 
+def block_sums(value: np.ndarray, first: int, blocks: int, S: int) -> np.ndarray:
+    """``value`` summed over ``blocks`` whole blocks from index ``first``, in order within
+    each block (as the code sums)."""
+    out = np.zeros(blocks)
+    for j in range(S):
+        out += value[first + j:first + blocks * S:S]
+    return out
+
+
+class Tracked(Protocol):
+    """Scores of the keys past the start area, as :func:`simulate` drives them."""
+
+    def prefill(self, scores: np.ndarray, start: int, P: int, window: int) -> None: ...
+
+    def register(self, row: np.ndarray) -> None: ...
+
+    def remove(self, drop: np.ndarray) -> None: ...
+
+
 class Scores:
     """The tracked keys' accumulated scores and, for ``norm_sum``, how many registered
     queries saw each (in cache order, the start area left out)."""
@@ -162,49 +181,61 @@ class Scores:
 
     def block_scores(self, first: int, blocks: int, S: int) -> np.ndarray:
         """Scores of ``blocks`` whole blocks from tracked index ``first``, summed in order."""
-        value = self.acc / self.seen if self.norm else self.acc
-        out = np.zeros(blocks)
-        for j in range(S):  # in order within each block, as the code sums
-            out += value[first + j:first + blocks * S:S]
-        return out
+        return block_sums(self.acc / self.seen if self.norm else self.acc, first, blocks, S)
 
     def remove(self, drop: np.ndarray) -> None:
         self.acc, self.seen = np.delete(self.acc, drop), np.delete(self.seen, drop)
+
+
+def evictable(n: int, params: dict, budget: int) -> tuple[int, int, int] | None:
+    """When the cache holds ``n`` keys (the incoming one counted) and exceeds the arena: the
+    evictable blocks ``first .. last - 1`` and how many of them stay (``A - start - recent``
+    tokens); None while ``n`` fits."""
+    S = params["block"]
+    start, recent = S * params["start_blocks"], S * params["recent_blocks"]
+    A = arena(budget, S)
+    if n <= A + S - 1:
+        return None
+    return start // S, n // S - recent // S, (A - start - recent) // S
+
+
+def slots_of(blocks: np.ndarray, S: int) -> np.ndarray:
+    """The cache slots of whole blocks (ascending block indices)."""
+    return (blocks[:, None] * S + np.arange(S)).ravel()
 
 
 def evicted_slots(scores: Scores, n: int, params: dict, budget: int) -> np.ndarray:
     """The cache slots to free when the cache holds ``n`` keys (the incoming one
     counted): the lowest-scoring blocks of the middle, none while ``n`` fits the arena."""
     S = params["block"]
-    start, recent = S * params["start_blocks"], S * params["recent_blocks"]
-    A = arena(budget, S)
-    if n <= A + S - 1:
+    area = evictable(n, params, budget)
+    if area is None or area[1] - area[0] <= area[2]:
         return np.zeros(0, np.int64)
-    first, last = start // S, n // S - recent // S  # the evictable blocks
-    count = (last - first) - (A - start - recent) // S
-    if count <= 0:
-        return np.zeros(0, np.int64)
+    first, last, stay = area
     score = scores.block_scores(0, last - first, S)
     order = np.lexsort((np.arange(score.shape[0]), score))  # lowest first, then lower index
-    blocks = np.sort(order[:count]) + first
-    return (blocks[:, None] * S + np.arange(S)).ravel()
+    return slots_of(np.sort(order[:last - first - stay]) + first, S)
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
+def simulate(group: Group, budget: int, params: dict, scores: Tracked,
+             choose: Callable[[np.ndarray, int], np.ndarray]) -> Trace:
+    """Run the layer through its shared cache: ``scores`` (``prefill``, ``register``,
+    ``remove``) tracks the keys past the start area; ``choose(cache, n)`` gives the slots
+    to free when the cache ``cache`` (its first keys) holds ``n`` keys, the incoming counted."""
     S, P, T = params["block"], group.prompt_len, group.T
     start = S * params["start_blocks"]
-    scores = Scores(params)
     window = params["snapkv_window"]
     scores.prefill(group.shared(("openvino", window), lambda: prompt_scores(group, window)),
                    start, P, window)
     kept = np.arange(P)
-    drop = evicted_slots(scores, P, params, budget)
-    scores.remove(drop - start)
-    kept = np.delete(kept, drop)
+    drop = choose(kept, P)
+    if drop.size:
+        scores.remove(drop - start)
+        kept = np.delete(kept, drop)
     members = [_Member(m, budget, kept) for m in group.layer_groups()]
     n = kept.shape[0]
     for t in range(P, T):
-        drop = evicted_slots(scores, n + 1, params, budget)
+        drop = choose(members[0].cache, n + 1)
         if drop.size:
             scores.remove(drop - start)
             for m in members:
@@ -221,14 +252,24 @@ def _run(group: Group, budget: int, params: dict) -> Trace:
     return own.trace
 
 
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    scores = Scores(params)
+    return simulate(group, budget, params, scores,
+                    lambda cache, n: evicted_slots(scores, n, params, budget))
+
+
+def closed_loop(params: dict) -> str:
+    """Why the closed loop cannot step it one KV head at a time."""
+    return ("it evicts the same blocks in every KV head of a layer, from all of their "
+            "attention, and the closed loop steps each KV head on its own")
+
+
 POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per layer, whole "
                 "blocks of the middle by pooled accumulated attention", PARAMS, run=_run,
-                min_budget=_min_budget, saturation=_saturation,
+                min_budget=min_budget, saturation=saturation,
                 floor_reason="start, recent and one evictable block, less 1 (block * "
                              "(start_blocks + recent_blocks + 2) - 1)",
-                closed_loop=lambda params: "it evicts the same blocks in every KV head of a "
-                                           "layer, from all of their attention, and the closed "
-                                           "loop steps each KV head on its own",
+                closed_loop=closed_loop,
                 presentation=Presentation(
                     family="engine", color="#0077ee", marker="D",
                     reads="attention (every KV head of the layer)",
