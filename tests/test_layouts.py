@@ -35,6 +35,14 @@ def slot_fields(small, large) -> frozenset[str]:
                      and getattr(large, name).shape[-1] == value.shape[-1] + 1)
 
 
+def pair_fields(small, large) -> frozenset[str]:
+    """The fields whose last two axes grow with the budget (a matrix over the slots)."""
+    return frozenset(name for name, value in small._asdict().items()
+                     if isinstance(value, np.ndarray) and value.ndim >= 2
+                     and getattr(large, name).shape[-2:] == (value.shape[-2] + 1,
+                                                             value.shape[-1] + 1))
+
+
 @pytest.mark.parametrize("name, given", STEPPED)
 def test_every_declared_layout_matches_the_state_it_describes(name, given):
     policy = POLICIES[name]
@@ -46,6 +54,7 @@ def test_every_declared_layout_matches_the_state_it_describes(name, given):
         small, large = probe(name, params, P, budget)
         fields = set(small._fields)
         assert layout.slot_fields(params) == slot_fields(small, large), (name, P)
+        assert layout.pairs == pair_fields(small, large), (name, P)
         assert layout.ring == ({"base", "start", "width"} <= fields), name
         assert layout.slot_of == ("slot_of" in fields), name
         assert layout.position_rule == (policy.steps.decode is ring.decode), name

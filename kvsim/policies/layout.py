@@ -28,6 +28,8 @@ class StateLayout:
     positions to slots. ``ring``: the state has a ring ``base``, ``start``, ``width``
     (slots ``base ..`` refilled oldest first; the slots below ``base`` protected).
     ``position_rule``: the policy keeps keys by position alone (a ring with no score).
+    ``pairs``: those of the per-slot fields that hold one entry per pair of slots, on their
+    last two axes (a matrix over the slots).
 
     Fixed parts: ``recent(budget, params)``, the newest tokens never evicted, held in the
     state's ``recent`` field (a policy that also gives ``Policy.run_capped`` takes
@@ -42,6 +44,7 @@ class StateLayout:
     slot_of: bool = False
     ring: bool = False
     position_rule: bool = False
+    pairs: frozenset[str] = frozenset()
     recent: Callable[[int, dict], int] | None = None
     sinks: Callable[[dict], int] = _none
     widen: Callable[[NamedTuple, int, int, int], NamedTuple] | None = None
@@ -67,7 +70,7 @@ def widen(state: NamedTuple, layout: StateLayout, params: dict, budget: int, ext
     cache has room), and later steps evict from the ``budget + extra`` slots.
 
     The per-slot fields are padded with zeros along their last axis (a new slot holds no
-    score, no vote, no pin); a ring widens by ``extra``, so that its oldest key still leaves
+    score, no vote, no pin), the pair fields along the one before too; a ring widens by ``extra``, so that its oldest key still leaves
     first; then the layout's own ``widen`` hook, if any.
     """
     if extra <= 0:
@@ -76,6 +79,9 @@ def widen(state: NamedTuple, layout: StateLayout, params: dict, budget: int, ext
     for name in layout.slot_fields(params):
         value = fields[name]
         fields[name] = np.pad(value, [(0, 0)] * (value.ndim - 1) + [(0, extra)])
+    for name in layout.pairs:
+        value = fields[name]
+        fields[name] = np.pad(value, [(0, 0)] * (value.ndim - 2) + [(0, extra), (0, 0)])
     if layout.ring:
         fields["width"] = int(fields["width"]) + extra
     state = type(state)(**fields)

@@ -60,7 +60,10 @@ class State(NamedTuple):
     kernel: int
     lam: float
     unit: np.ndarray      # (d, B + 1): the unit key of each slot
-    gathered: np.ndarray  # (d, B + 1) scratch: the candidates' unit keys in position order
+    cos: np.ndarray       # (B + 1, B + 1): the cosine of the unit keys of two cached slots
+    logits: np.ndarray    # (B + 1, B + 1): the group max logit of a slot's query on a
+                          # slot's key, for keys older than the query
+    voted: np.ndarray     # (B + 1,) int64: 1 where the slot's query row of logits is set
     idx: np.ndarray       # (B + 1,) int64 scratch: the candidates' slots in position order
     pos: np.ndarray       # (B + 1,) int64 scratch: their positions
     score: np.ndarray     # (B + 1,) scratch
@@ -81,26 +84,33 @@ def unit_key(keys, k, unit, slot):
 
 
 @jit
-def redundancy(units, n, out, colsum, row):
-    """``out[:n]``: the softmax of the masked column means of the cosine matrix of the unit
-    keys ``units[:, :n]`` (in position order), one row at a time."""
+def cosine(units, a, b):
+    """The cosine of unit keys ``units[:, a]`` and ``units[:, b]``, summed in order of
+    dimension (the same number either way round)."""
+    total = 0.0
+    for dim in range(units.shape[0]):
+        total += units[dim, a] * units[dim, b]
+    return total
+
+
+@jit
+def mask_and_add(row, i, n, colsum):
+    """Row ``i`` of the cosine matrix (``row[:n]``): zero its diagonal and its last cosine
+    above the threshold (the first key when there is none, the code's index trick), then
+    add it to the column sums."""
+    row[i] = 0.0
+    last = 0
     for j in range(n):
-        colsum[j] = 0.0
-    for i in range(n):
-        for j in range(n):
-            row[j] = 0.0
-        for dim in range(units.shape[0]):  # each cosine summed in order of dimension
-            x = units[dim, i]
-            for j in range(n):
-                row[j] += x * units[dim, j]
-        row[i] = 0.0
-        last = 0  # the code's fallback: no cosine above the threshold masks the first key
-        for j in range(n):
-            if row[j] > THRESHOLD:
-                last = j
-        row[last] = 0.0
-        for j in range(n):
-            colsum[j] += row[j]
+        if row[j] > THRESHOLD:
+            last = j
+    row[last] = 0.0
+    for j in range(n):
+        colsum[j] += row[j]
+
+
+@jit
+def softmax_of_means(colsum, n, out):
+    """``out[:n]``: the softmax of the column means ``colsum[:n] / n``."""
     top = -np.inf
     for j in range(n):
         colsum[j] = colsum[j] / n
@@ -114,45 +124,126 @@ def redundancy(units, n, out, colsum, row):
 
 
 @jit
+def redundancy(units, n, out, colsum, row):
+    """``out[:n]``: the softmax of the masked column means of the cosine matrix of the unit
+    keys ``units[:, :n]`` (in position order), one row at a time."""
+    for j in range(n):
+        colsum[j] = 0.0
+    for i in range(n):
+        for j in range(n):
+            row[j] = 0.0
+        for dim in range(units.shape[0]):  # each cosine summed in order of dimension
+            x = units[dim, i]
+            for j in range(n):
+                row[j] += x * units[dim, j]
+        mask_and_add(row, i, n, colsum)
+    softmax_of_means(colsum, n, out)
+
+
+@jit
+def cached_redundancy(cos, idx, n, out, colsum, row):
+    """:func:`redundancy` of the slots ``idx[:n]`` (in position order) from their cosines
+    ``cos``, kept between steps: the same numbers without the ``n^2 d`` products."""
+    for j in range(n):
+        colsum[j] = 0.0
+    for i in range(n):
+        a = idx[i]
+        for j in range(n):
+            row[j] = cos[a, idx[j]]
+        mask_and_add(row, i, n, colsum)
+    softmax_of_means(colsum, n, out)
+
+
+@jit
+def join(units, cos, slot, n):
+    """The cosines of slot ``slot``'s unit key with those of slots ``0 .. n-1``."""
+    for j in range(n):
+        c = cosine(units, slot, j)
+        cos[slot, j] = c
+        cos[j, slot] = c
+
+
+@jit
+def group_logit(keys, queries, scale, q, k):
+    """The max over the group's query heads at position ``q`` of ``scale * q . k`` for the
+    key at position ``k``, each dot summed in order of dimension."""
+    d = keys.shape[0]
+    best = -np.inf
+    for g in range(queries.shape[0]):
+        dot = 0.0
+        for i in range(d):
+            dot += np.float64(queries[g, q, i]) * np.float64(keys[i, k])
+        best = max(best, scale[g] * dot)
+    return best
+
+
+@jit
+def vote(logit, m, out):
+    """``out[:m] +=`` the softmax of ``logit[:m]``."""
+    top = -np.inf
+    for j in range(m):
+        top = max(top, logit[j])
+    total = 0.0
+    for j in range(m):
+        logit[j] = exp_nonpositive(logit[j] - top)
+        total += logit[j]
+    for j in range(m):
+        out[j] += logit[j] / total
+
+
+@jit
 def attention_votes(keys, queries, scale, pos, n, window, out, logit):
     """``out[:n - window]``: the mean over the queries at ``pos[n - window:n]`` of the
     softmax, over the keys at ``pos[:n - window]``, of the group's max logit."""
     m = n - window
-    d = keys.shape[0]
     for j in range(m):
         out[j] = 0.0
     for w in range(n - window, n):
-        q = pos[w]
-        top = -np.inf
         for j in range(m):
-            best = -np.inf
-            for g in range(queries.shape[0]):
-                dot = 0.0
-                for i in range(d):
-                    dot += np.float64(queries[g, q, i]) * np.float64(keys[i, pos[j]])
-                best = max(best, scale[g] * dot)
-            logit[j] = best
-            top = max(top, best)
-        total = 0.0
-        for j in range(m):
-            logit[j] = exp_nonpositive(logit[j] - top)
-            total += logit[j]
-        for j in range(m):
-            out[j] += logit[j] / total
+            logit[j] = group_logit(keys, queries, scale, pos[w], pos[j])
+        vote(logit, m, out)
     for j in range(m):
         out[j] = out[j] / window
+
+
+@jit
+def cached_votes(state, cache, n, t, out, logit):
+    """:func:`attention_votes` of the cache plus ``t`` (slot ``B``), in position order in
+    ``state.idx`` and ``state.pos`` (``n + 1`` of them), from logits kept between steps: a
+    window query's row is computed once, the first time it votes, over the keys cached then
+    (every key older than it: the candidates it will ever vote on)."""
+    m = n + 1 - state.window
+    for j in range(m):
+        out[j] = 0.0
+    for w in range(m, n + 1):
+        row = state.idx[w]
+        if state.voted[row] == 0:
+            for j in range(n):
+                state.logits[row, j] = group_logit(state.keys, state.queries, state.scale,
+                                                   state.pos[w], cache[j])
+            state.voted[row] = 1
+        for j in range(m):
+            logit[j] = state.logits[row, state.idx[j]]
+        vote(logit, m, out)
+    for j in range(m):
+        out[j] = out[j] / state.window
 
 
 @jit
 def scores(keys, queries, scale, pos, units, n, window, kernel, lam, out, work):
     """``out[:n - window]``: ``lam * a - (1 - lam) * r`` of the non-window candidates
     (positions ``pos[:n]`` ascending, unit keys ``units[:, :n]``)."""
-    m = n - window
     redundancy(units, n, work[0], work[1], work[2])
     attention_votes(keys, queries, scale, pos, n, window, out, work[1])
-    pooled = pool(out[:m], kernel, 0)
+    mix(out, n - window, kernel, lam, work[0])
+
+
+@jit
+def mix(votes, m, kernel, lam, redundancy):
+    """``votes[:m] = lam * a - (1 - lam) * r``: ``a`` the votes max-pooled."""
+    pooled = pool(votes[:m], kernel, 0)
     for j in range(m):
-        out[j] = pooled[j] * lam - work[0, j] * (1.0 - lam)
+        votes[j] = pooled[j] * lam - redundancy[j] * (1.0 - lam)
 
 
 @jit_inline
@@ -162,24 +253,34 @@ def admit(state, cache, n, t):
     budget = cache.shape[0]
     if n < budget:
         unit_key(state.keys, t, state.unit, n)
+        join(state.unit, state.cos, n, n)
+        state.voted[n] = 0
         return n
     unit_key(state.keys, t, state.unit, budget)
+    join(state.unit, state.cos, budget, n)
+    state.voted[budget] = 0
     order = np.argsort(cache[:n])  # t is the newest: it comes last
     for i in range(n + 1):
         slot = order[i] if i < n else budget
         state.idx[i] = slot
         state.pos[i] = cache[slot] if i < n else t
-        for dim in range(state.unit.shape[0]):
-            state.gathered[dim, i] = state.unit[dim, slot]
-    scores(state.keys, state.queries, state.scale, state.pos, state.gathered, n + 1,
-           state.window, state.kernel, state.lam, state.score, state.work)
+    m = n + 1 - state.window
+    cached_redundancy(state.cos, state.idx, n + 1, state.work[0], state.work[1],
+                      state.work[2])
+    cached_votes(state, cache, n, t, state.score, state.work[1])
+    mix(state.score, m, state.kernel, state.lam, state.work[0])
     worst = 0  # lowest score, then highest position: the last such in position order
-    for j in range(1, n + 1 - state.window):
+    for j in range(1, m):
         if state.score[j] <= state.score[worst]:
             worst = j
-    slot = state.idx[worst]
+    slot = state.idx[worst]  # never t's: t is in the window
     for dim in range(state.unit.shape[0]):
         state.unit[dim, slot] = state.unit[dim, budget]
+    for j in range(budget):
+        state.cos[slot, j] = state.cos[budget, j]
+        state.cos[j, slot] = state.cos[j, budget]
+        state.logits[slot, j] = state.logits[budget, j]  # t's row (keys older than t)
+    state.voted[slot] = state.voted[budget]
     return slot
 
 
@@ -233,11 +334,13 @@ def _start(prompt: Group, budget: int, params: dict, T: int):
         kept = np.arange(P)
     d = keys.shape[0]
     state = State(keys, queries, scale, window, params["kernel"], params["mix_lambda"],
-                  np.zeros((d, budget + 1)), np.zeros((d, budget + 1)),
+                  np.zeros((d, budget + 1)), np.zeros((budget + 1, budget + 1)),
+                  np.zeros((budget + 1, budget + 1)), np.zeros(budget + 1, np.int64),
                   np.zeros(budget + 1, np.int64), np.zeros(budget + 1, np.int64),
                   np.zeros(budget + 1), np.zeros((3, budget + 1)))
     for s, k in enumerate(kept):
         unit_key(keys, k, state.unit, s)
+        join(state.unit, state.cos, s, s)
     return kept, state
 
 
@@ -254,5 +357,6 @@ POLICY = Policy("rkv", "R-KV: newest window + attention minus redundancy (key co
                           "r`, `a` the window queries' attention (group max logit, max-pooled), `r` the "
                           "key's redundancy (softmax of masked cosine column means); recomputed at every "
                           "eviction")),
-                layout=StateLayout(frozenset({"unit", "gathered", "idx", "pos", "score",
-                                              "work"})))
+                layout=StateLayout(frozenset({"unit", "cos", "logits", "voted", "idx", "pos",
+                                              "score", "work"}),
+                                   pairs=frozenset({"cos", "logits"})))

@@ -19,6 +19,7 @@ class Run:
     def __init__(self, policy: Policy, state, cache: np.ndarray, n: int, slots: frozenset):
         self.policy, self.state, self.cache, self.n, self.slots = policy, state, cache, n, slots
         self.ring, self.slot_of = policy.layout.ring, policy.layout.slot_of
+        self.pairs = policy.layout.pairs
 
     def span(self, group: Group, out: Outputs, t: int, stop: int) -> None:
         """The policy's own decode loop over tokens ``t .. stop-1`` (the cache never full)."""
@@ -34,6 +35,9 @@ class Run:
         for name in self.slots:
             value = getattr(self.state, name)
             value[..., :m] = value[..., keep]
+        for name in self.pairs:  # their slots on the axis before the last too
+            value = getattr(self.state, name)
+            value[..., :m, :] = value[..., keep, :]
         self.cache[:m] = self.cache[keep]
         if self.slot_of:
             self.state.slot_of[self.cache[:m]] = np.arange(m)
