@@ -109,18 +109,26 @@ def mask_and_add(row, i, n, colsum):
 
 
 @jit
+def vote(logit, m, out):
+    """``out[:m] +=`` the softmax of ``logit[:m]`` (``logit`` then holds its exponentials)."""
+    top = -np.inf
+    for j in range(m):
+        top = max(top, logit[j])
+    total = 0.0
+    for j in range(m):
+        logit[j] = exp_nonpositive(logit[j] - top)
+        total += logit[j]
+    for j in range(m):
+        out[j] += logit[j] / total
+
+
+@jit
 def softmax_of_means(colsum, n, out):
     """``out[:n]``: the softmax of the column means ``colsum[:n] / n``."""
-    top = -np.inf
     for j in range(n):
         colsum[j] = colsum[j] / n
-        top = max(top, colsum[j])
-    total = 0.0
-    for j in range(n):
-        out[j] = exp_nonpositive(colsum[j] - top)
-        total += out[j]
-    for j in range(n):
-        out[j] = out[j] / total
+        out[j] = 0.0
+    vote(colsum, n, out)
 
 
 @jit
@@ -175,20 +183,6 @@ def group_logit(keys, queries, scale, q, k):
             dot += np.float64(queries[g, q, i]) * np.float64(keys[i, k])
         best = max(best, scale[g] * dot)
     return best
-
-
-@jit
-def vote(logit, m, out):
-    """``out[:m] +=`` the softmax of ``logit[:m]``."""
-    top = -np.inf
-    for j in range(m):
-        top = max(top, logit[j])
-    total = 0.0
-    for j in range(m):
-        logit[j] = exp_nonpositive(logit[j] - top)
-        total += logit[j]
-    for j in range(m):
-        out[j] += logit[j] / total
 
 
 @jit
