@@ -12,9 +12,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 
 _STOP = {signal.SIGINT, signal.SIGTERM}
+
+
+class WorkerLost(OSError):
+    """A worker process ended abruptly: the machine's doing (most often the system's
+    out-of-memory killer), so the command line gives it as one line, exit status 1."""
 
 
 def _worker_init(initializer, initargs) -> None:
@@ -39,10 +45,14 @@ def forked_pool(workers: int, initializer=None, initargs: tuple = ()):
         # workers (raised before it, it left them waiting for jobs, orphaned, for ever).
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         yield pool
-    except BaseException:
+    except BaseException as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         if pool is not None:
             _stop(pool)
+        if isinstance(exc, BrokenProcessPool):
+            raise WorkerLost(f"a worker process of {workers} ended abruptly (killed, most often "
+                             f"by the system for want of memory); no report written: run with "
+                             f"fewer --workers") from None
         raise
     pool.shutdown()
 

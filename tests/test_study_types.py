@@ -95,3 +95,24 @@ def test_forked_jobs_tick_the_bar_to_its_total():
         assert forked_map(ticking, items, workers, (), bar, lambda item: item[0]) == \
             [10 * n for n in range(1, 9)]
         assert sum(bar.updates) == 36, workers
+
+
+def _dies(item: int) -> int:
+    if item == 3:
+        import os
+        os._exit(1)  # as the out-of-memory killer ends a worker
+    return item
+
+
+def test_a_worker_killed_mid_run_is_one_line_of_the_machine():
+    """A worker that the system kills (the OOM killer ended one in a 2,048-token task run)
+    was a BrokenProcessPool traceback; it is an OSError the command line prints as one
+    line (exit 1)."""
+    from kvsim.forked import WorkerLost
+    from kvsim.tools.study.workers import forked_map
+
+    with pytest.raises(WorkerLost, match=r"^a worker process of 2 ended abruptly \(killed, "
+                                         r"most often by the system for want of memory\)"):
+        forked_map(_dies, range(6), 2, ())
+    assert issubclass(WorkerLost, OSError)
+
