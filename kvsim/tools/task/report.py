@@ -237,7 +237,9 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
                  f"that pass the full-cache gate)", fontsize=10)
     fig.tight_layout(rect=(0, 0.17, 1, 1))
     names += _save(fig, folder, "accuracy_vs_budget", cfg)
-    fig, ax = plt.subplots(figsize=(7.5, 6.2))
+    entries = len(labels) + 2 * len(cfg.compress) + 1  # policies, bins, protocols, full
+    legend_in = 0.6 + 0.15 * math.ceil(entries / 2)  # two columns under the axes
+    fig, ax = plt.subplots(figsize=(7.5, 4.6 + legend_in))
     full_cache(ax, f"full cache: {_pct(full_acc)} (band: Wilson 95%)")
     hidden = _hidden_markers(acc, labels, cfg.compress)
     from matplotlib.colors import to_rgba
@@ -272,14 +274,14 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
                          label=_label(p)) for p in cfg.compress]
     handles, texts = ax.get_legend_handles_labels()
     fig.legend([*handles, *styles], [*texts, *(h.get_label() for h in styles)], fontsize=7,
-               ncol=3, loc="lower center", frameon=False,
+               ncol=2, loc="lower center", frameon=False,
                title="markers: a policy at one budget (mean over trials)\nblack: the share "
                      "of single runs answered, pooled by retention bin\n(0, (0, ¼), [¼, ½), "
                      "[½, ¾), [¾, 1), 1), Wilson 95% bars",
                title_fontsize=7)
     ax.set_title(f"{cfg.name}: predicted retention against the model's accuracy\n(the "
                  f"cells that pass the full-cache gate)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.26, 1, 1))
+    fig.tight_layout(rect=(0, legend_in / (4.6 + legend_in), 1, 1))
     names += _save(fig, folder, "retention_vs_accuracy", cfg)
     return names
 
