@@ -265,7 +265,8 @@ def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
                     mfc=face(protocol, "0.15") if LOOKS[protocol][0] != "none" else "white",
                     capsize=2, zorder=3,
                     label=f"runs binned by retention, {_label(protocol).split(' (')[0]}")
-    ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding the key)")
+    ax.set_xlabel("simulator: needle retention (share of layer × KV head caches holding " + (
+        "the key)" if cfg.kind == PASSKEY else "the spans the answer needs)"))
     ax.set_ylabel(f"model: {cfg.kind} accuracy")
     ax.set_xlim(-0.03, 1.03)
     ax.set_ylim(-0.03, 1.03)
