@@ -112,3 +112,22 @@ def test_sigterm_and_sighup_stop_like_sigint(tmp_path):
     # Only the finished units of the run started with --resume stay; no lock, no
     # temporary folder.
     assert sorted(p.name for p in tmp_path.iterdir()) == [".a.units", "s.toml"]
+
+
+def test_a_signal_held_while_the_lock_is_taken_leaves_no_lock_file(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM while the lock is being taken is held until the lock file exists
+    and is owned, then arrives inside ``__enter__``, where no ``__exit__`` follows: the lock
+    must be given back there (test_interrupts met a ``.r.lock`` left behind)."""
+    lock = ReportLock(tmp_path / "r")
+    take = lock._take
+
+    def interrupted_take():
+        take()
+        raise KeyboardInterrupt  # as the held signal, delivered when the block ends
+
+    monkeypatch.setattr(lock, "_take", interrupted_take)
+    with pytest.raises(KeyboardInterrupt):
+        lock.__enter__()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    with ReportLock(tmp_path / "r"):  # free for the next run
+        pass

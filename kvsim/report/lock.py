@@ -80,8 +80,13 @@ class ReportLock:
     def __enter__(self) -> "ReportLock":
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            with held():  # the lock file is created and owned, or neither
-                self._take()
+            try:
+                with held():  # the lock file is created and owned, or neither
+                    self._take()
+            except BaseException:  # a signal held during _take arrives as it ends: no
+                if self.fd is not None:  # __exit__ will run, so give the lock back here
+                    self.__exit__(None, None, None)
+                raise
         except OSError as exc:
             raise KvsimError(f"expected a report folder that can be written "
                              f"({exc.strerror or exc})", str(self.out)) from None
