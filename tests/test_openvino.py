@@ -96,21 +96,29 @@ def test_layer_reference(seed):
     G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
     T = int(rng.integers(12, 40))
     field = model_field(rng, T, G, kv_heads=kv_heads)
-    sources = layer_sources(field)
     params = {"block": int(rng.integers(1, 4)), "start_blocks": int(rng.integers(1, 3)),
               "recent_blocks": 1, "snapkv_window": int(rng.integers(0, 5)),
               "pool": int(rng.integers(1, 5)), "mode": ("sum", "norm_sum")[seed % 2]}
-    resolved = resolve_params(OPENVINO, params)
-    low = OPENVINO.min_budget(resolved)
+    check_layer_runs(OPENVINO, policy_openvino, rng, field, T, kv_heads, params, seed)
+
+
+def check_layer_runs(policy, reference, rng, field, T: int, kv_heads: int, params: dict,
+                     seed: int) -> None:
+    """``policy`` against its plain layer ``reference`` on every KV head of ``field``, at
+    prompts 0, random and T and budgets at the floor and random: the same cache at every
+    step, alike in every KV head."""
+    sources = layer_sources(field)
+    resolved = resolve_params(policy, params)
+    low = policy.min_budget(resolved)
     for P in sorted({0, int(rng.integers(0, T + 1)), T}):
         for budget in sorted({low, int(rng.integers(low, T + 2))}):
             caches = []
             for kv in range(kv_heads):
                 group = make_group(field, kv, P, np.zeros((field.heads, T), bool), {}, GQA_MEAN,
                                    snap_budget=budget, snap_steps=np.arange(T - P))
-                got = run_policy(OPENVINO, group, budget, resolved)
-                prefill, steps = policy_openvino(sources[kv], P, T, budget, "mean",
-                                                 layer=sources, **resolved)
+                got = run_policy(policy, group, budget, resolved)
+                prefill, steps = reference(sources[kv], P, T, budget, "mean", layer=sources,
+                                           **resolved)
                 ours = [sorted(int(x) for x in row if x >= 0) for row in got.snapshots]
                 assert ours == [sorted(c) for c in steps], (seed, P, budget, kv)
                 assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)

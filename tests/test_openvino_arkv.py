@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from policy_checks import qk_field
 from reference import (arkv_block_diversity, arkv_most_diverse, arkv_split,
                        policy_openvino_arkv, qk_source)
-from test_author_code import layer_sources, model_field
+from test_author_code import model_field
+from test_openvino import check_layer_runs
 
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES
@@ -128,28 +129,12 @@ def test_layer_reference(seed):
     G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     T = int(rng.integers(12, 40))
     field = model_field(rng, T, G, kv_heads=kv_heads)
-    sources = layer_sources(field)
     params = {"block": int(rng.integers(1, 4)), "start_blocks": int(rng.integers(1, 3)),
               "recent_blocks": int(rng.integers(1, 3)),
               "snapkv_window": int(rng.integers(0, 5)), "pool": int(rng.integers(1, 5)),
               "window_size": int(rng.integers(1, 6)),
               "attention_mass": float(rng.choice([0.0, 0.3, 0.9, 1.0]))}
-    resolved = resolve_params(ARKV, params)
-    low = ARKV.min_budget(resolved)
-    for P in sorted({0, int(rng.integers(0, T + 1)), T}):
-        for budget in sorted({low, int(rng.integers(low, T + 2))}):
-            caches = []
-            for kv in range(kv_heads):
-                group = make_group(field, kv, P, np.zeros((field.heads, T), bool), {}, GQA_MEAN,
-                                   snap_budget=budget, snap_steps=np.arange(T - P))
-                got = run_policy(ARKV, group, budget, resolved)
-                prefill, steps = policy_openvino_arkv(sources[kv], P, T, budget, "mean",
-                                                      layer=sources, **resolved)
-                ours = [sorted(int(x) for x in row if x >= 0) for row in got.snapshots]
-                assert ours == [sorted(c) for c in steps], (seed, P, budget, kv)
-                assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)
-                caches.append(ours)
-            assert all(c == caches[0] for c in caches)
+    check_layer_runs(ARKV, policy_openvino_arkv, rng, field, T, kv_heads, params, seed)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
