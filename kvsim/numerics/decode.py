@@ -167,8 +167,7 @@ def observe_nothing(state, cache, n, obs, mass, outputs):
     return None
 
 
-@jit_inline
-def is_plain(ctx, out):
+def is_plain(ctx: Context, out: Outputs) -> bool:
     """Whether a run is plain: one query head of a dense matrix, no values, no snapshots."""
     return (ctx.field.probs.shape[1] > 0 and ctx.heads.shape[0] == 1
             and ctx.full_output.shape[2] == 0 and out.snap_steps.shape[0] == 0)
@@ -198,7 +197,7 @@ class DecodeLoop:
 
     def __init__(self, name: str, admit, observe, plain: bool = False):
         module = admit.__module__ if numba.config.DISABLE_JIT else admit.py_func.__module__
-        self.name, self.module = name, module
+        self.name, self.module, self.plain = name, module, plain
         bind = dict(admit=admit, observe=observe, PLAIN=plain)
         self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True,
                                   field_probs=_no_field, **bind)
@@ -210,7 +209,19 @@ class DecodeLoop:
         return self.dense if dense else self.components
 
     def __call__(self, ctx: Context, out: Outputs, cache: np.ndarray, n: int, state) -> int:
-        return self.for_field(ctx.field.probs.shape[1] > 0)(ctx, out, cache, n, state)
+        f = ctx.field
+        dense = f.probs.shape[1] > 0
+        if self.plain and not is_plain(ctx, out):
+            raise ValueError(f"{self!r}: expected one dense head, no values, no snapshots")
+        kv = int(ctx.heads[0]) // f.group
+        # The bundles unpacked here, not in the kernel: a kernel taking them compiles
+        # their unboxing and the reference counts of every array in them, about half of
+        # a loop's compile time. A dense kernel takes no field (it reads ``probs`` only).
+        return self.for_field(dense)(
+            f.probs, None if dense else f, ctx.row_max, ctx.row_sum, ctx.heads, f.keys[kv],
+            f.values[kv], ctx.prompt_len, ctx.important, ctx.full_output, ctx.start, ctx.stop,
+            out.mass, out.cache_size, out.recall, out.error, out.snap_steps, out.snapshots,
+            cache, n, state)
 
     def __repr__(self) -> str:
         return f"<decode loop {self.module}.{self.name}>"
@@ -228,39 +239,30 @@ def decode_kernel(name: str, admit, observe, plain: bool = False) -> DecodeLoop:
     return DecodeLoop(name, admit, observe, plain)
 
 
-def _decode_span(ctx, out, cache, n, state):
-    """The code of every policy's decode loop (:class:`DecodeLoop`), compiled per policy
-    and kind of field with the steps ``admit`` and ``observe``, the flags ``PLAIN`` and
-    ``DENSE`` and, for component fields, ``field_probs`` (:func:`probs_at`) as globals."""
-    if PLAIN and not is_plain(ctx, out):  # noqa: F821 (a global of each compiled copy)
-        raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
-    if (ctx.field.probs.shape[1] > 0) != DENSE:  # noqa: F821
-        raise ValueError("decode loop: expected the kind of field it was compiled for")
-    # Every array out of the bundles once, before the loop (not once per step).
-    f, row_max, row_sum, heads, prompt_len = (ctx.field, ctx.row_max, ctx.row_sum, ctx.heads,
-                                              ctx.prompt_len)
-    important, full_output = ctx.important, ctx.full_output
-    out_mass, cache_size, out_recall, out_error = out.mass, out.cache_size, out.recall, out.error
-    snap_steps, snapshots = out.snap_steps, out.snapshots
+def _decode_span(probs, f, row_max, row_sum, heads, keys, values, prompt_len, important,
+                 full_output, start, stop, out_mass, cache_size, out_recall, out_error,
+                 snap_steps, snapshots, cache, n, state):
+    """The code of every policy's decode loop (:class:`DecodeLoop`, which unpacks its
+    arguments from a :class:`Context` and :class:`Outputs`), compiled per policy and kind
+    of field with the steps ``admit`` and ``observe``, the flags ``PLAIN`` and ``DENSE``
+    and, for component fields, ``field_probs`` (:func:`probs_at`) as globals. ``f`` is the
+    field (None for a dense one), ``keys`` (d, T) and ``values`` (T, dv) the KV head's."""
     budget = cache.shape[0]
-    T = f.key_bias.shape[1]
-    G = 1 if PLAIN else heads.shape[0]  # noqa: F821
+    T = important.shape[1]
+    G = 1 if PLAIN else heads.shape[0]  # noqa: F821 (a global of each compiled copy)
     dense = DENSE  # noqa: F821
     obs = np.empty((G, budget))
     mass = np.empty(G)
     outputs = np.empty((G, full_output.shape[2]))
-    start, stop = ctx.start, ctx.stop
     n_important = count_important(important, start)
     hits = np.empty(G, np.int64)
     cached_important(important, cache, n, hits)  # then kept up to date as keys come and go
     work = np.empty(budget)
-    kv = heads[0] // f.group
-    values = f.values[kv]
-    d = 0 if dense else f.keys.shape[1]  # a dense matrix reads no key vectors
+    d = 0 if dense else keys.shape[0]  # a dense matrix reads no key vectors
     cached = np.empty((d, budget))  # the cached keys' vectors, by dimension (q.k fields)
     for j in range(n):
         for i in range(d):
-            cached[i, j] = f.keys[kv, i, cache[j]]
+            cached[i, j] = keys[i, cache[j]]
     snap = 0
     while snap < snap_steps.shape[0] and snap_steps[snap] < start - prompt_len:
         snap += 1
@@ -274,7 +276,7 @@ def _decode_span(ctx, out, cache, n, state):
             n += 1
         cache[slot] = t
         for i in range(d):
-            cached[i, slot] = f.keys[kv, i, t]
+            cached[i, slot] = keys[i, t]
         for g in range(G):
             n_important[g] += important[g, t]
             hits[g] += important[g, t]
@@ -283,10 +285,10 @@ def _decode_span(ctx, out, cache, n, state):
             if dense:  # the gather inlined, without array views (each costs two
                 h = heads[g]  # reference-count calls, as much as a short step's work)
                 for j in range(n):
-                    obs[g, j] = f.probs[h, t, cache[j]]
+                    obs[g, j] = probs[h, t, cache[j]]
                 if t + 1 < T:  # the next row's entries of these keys, while this step runs
                     for j in range(n):
-                        prefetch(f.probs, h, t + 1, cache[j])
+                        prefetch(probs, h, t + 1, cache[j])
             else:
                 field_probs(f, row_max, row_sum, heads[g], t, cache, n, obs[g], work,  # noqa: F821
                             cached)

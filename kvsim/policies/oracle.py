@@ -6,17 +6,25 @@ from kvsim.numerics import kernels
 from kvsim.numerics.decode import cached_important, copy_kept, count_important, record, snapshot
 from kvsim.numerics.field import component_probs_row
 from kvsim.numerics.jit import bound_kernel, jit_inline
-from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace
+from kvsim.policies.base import Group, Policy, Presentation, Trace, new_trace
 
 
 @jit_inline
-def dense_row(f, row_max, row_sum, h, q, keys, n, out, work):
-    """:func:`kvsim.numerics.field.probs_row` of a dense field."""
+def dense_row(probs, f, row_max, row_sum, h, q, keys, n, out, work):
+    """The full row of head ``h`` at query ``q`` over keys ``0 .. n-1`` of a dense field
+    (``f`` is None)."""
     for k in range(n):
-        out[k] = f.probs[h, q, k]
+        out[k] = probs[h, q, k]
 
 
-def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
+@jit_inline
+def component_row(probs, f, row_max, row_sum, h, q, keys, n, out, work):
+    """:func:`kvsim.numerics.field.component_probs_row` (``probs`` is unused)."""
+    component_probs_row(f, row_max, row_sum, h, q, keys, n, out, work)
+
+
+def _oracle(probs, f, row_max, row_sum, heads, values, prompt_len, important, full_output,
+            budgets, by_size, gqa, out_mass, out_size, out_recall, out_error, out_kept,
             snap_steps, snapshots):
     """Per step and budget, cache the best-ranked keys of the group's combined full row,
     each full row from ``row`` (a global: :func:`kvsim.numerics.field.probs_row`'s
@@ -25,10 +33,12 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
     Every budget ``budgets[i]`` (``by_size``: their indices, largest budget first) shares
     one evaluation of each row; its outputs are ``out_*[i]``, ``snapshots[i]`` its caches
     at ``snap_steps``, and ``out_kept[i, :n]`` its last cached set (the prefill selection
-    when there are no decode steps). Returns the number of kept keys per budget.
+    when there are no decode steps). Returns the number of kept keys per budget. The
+    context comes unpacked (as :class:`kvsim.numerics.decode.DecodeLoop` gives it): ``f``
+    is the field (None for a dense one, whose rows are ``probs``), ``values`` the KV
+    head's (T, dv).
     """
-    f, heads, prompt_len, important = ctx.field, ctx.heads, ctx.prompt_len, ctx.important
-    T = f.key_bias.shape[1]
+    T = important.shape[1]
     G = heads.shape[0]
     rows = np.empty((G, T))
     work = np.empty(T)
@@ -41,8 +51,7 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
     hits = np.empty(G, np.int64)
     obs = np.empty((G, T))
     mass = np.empty(G)
-    outputs = np.empty((G, ctx.full_output.shape[2]))
-    values = f.values[heads[0] // f.group]
+    outputs = np.empty((G, full_output.shape[2]))
     kept = np.zeros(budgets.shape[0], np.int64)
     n_important = count_important(important, prompt_len)
     snap = 0
@@ -54,7 +63,7 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
                 if important[g, t]:
                     n_important[g] += 1
         for g in range(G):
-            row(f, ctx.row_max, ctx.row_sum, heads[g], t, keys, t + 1, rows[g], work)  # noqa: F821
+            row(probs, f, row_max, row_sum, heads[g], t, keys, t + 1, rows[g], work)  # noqa: F821
         kernels.combine_rows(rows, t + 1, gqa, combined)
         # Budgets from the largest down: each one's keys are the best-ranked of the
         # previous (larger) selection, which holds them all, as the ranking is total.
@@ -82,7 +91,7 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
                     obs[g, j] = rows[g, cache[j]]
             out_size[i, step] = n
             cached_important(important, cache, n, hits)
-            record(values, ctx.full_output, cache, n, hits, n_important, step, obs, mass, outputs,
+            record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs,
                    out_mass[i], out_recall[i], out_error[i])
             advanced = snapshot(cache, n, step, snap_steps, snapshots[i], snap)
             if t == T - 1:
@@ -92,7 +101,7 @@ def _oracle(ctx, budgets, by_size, gqa, out_mass, out_size, out_recall, out_erro
     return kept
 
 
-oracle_loop = bound_kernel(_oracle, "oracle_loop", __name__, row=component_probs_row)
+oracle_loop = bound_kernel(_oracle, "oracle_loop", __name__, row=component_row)
 """The oracle over a component field."""
 dense_oracle_loop = bound_kernel(_oracle, "dense_oracle_loop", __name__, row=dense_row)
 """The oracle over a dense field: a kernel of its own, so that a run over dense matrices
@@ -109,8 +118,11 @@ def _run_budgets(group: Group, budgets: list[int], params: dict) -> list[Trace]:
     snap_steps = group.snap_steps if group.snap_budget in budgets else np.zeros(0, np.int64)
     snapshots = np.full((len(budgets), snap_steps.shape[0], width), -1, np.int64)
     sizes = np.asarray(budgets, np.int64)
-    loop = dense_oracle_loop if group.field.is_dense else oracle_loop
-    counts = loop(context(group), sizes, np.argsort(-sizes, kind="stable"), group.gqa,
+    f = group.field
+    loop = dense_oracle_loop if f.is_dense else oracle_loop
+    counts = loop(f.probs, None if f.is_dense else f, group.row_max, group.row_sum, group.heads,
+                  f.values[group.kv_head], group.prompt_len, group.important, group.full_output,
+                  sizes, np.argsort(-sizes, kind="stable"), group.gqa,
                   mass, size, recall, error, kept, snap_steps, snapshots)
     for i, (budget, trace) in enumerate(zip(budgets, traces)):
         trace.mass, trace.cache_size, trace.recall, trace.error = mass[i], size[i], recall[i], error[i]
