@@ -212,7 +212,7 @@ class DecodeLoop:
         f = ctx.field
         dense = f.probs.shape[1] > 0
         if self.plain and not is_plain(ctx, out):
-            raise ValueError(f"{self!r}: expected one dense head, no values, no snapshots")
+            raise ValueError("decode_plain: expected one dense head, no values, no snapshots")
         kv = int(ctx.heads[0]) // f.group
         # The bundles unpacked here, not in the kernel: a kernel taking them compiles
         # their unboxing and the reference counts of every array in them, about half of
