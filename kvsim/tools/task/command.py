@@ -178,7 +178,8 @@ A task file has a [task] table and [policies.NAME] tables (as in a scenario):
 Each trial starts as the model expects (its special tokens, the task description),
 plants "The pass key is NNNNN. Remember it. NNNNN is the pass key." at the depth, asks
 "What is the pass key? The pass key is", and generates 8 tokens greedily from every
-compressed cache (and the full cache); success: the first 5-digit number is the key.
+compressed cache (and the full cache), the answer ending before the model's first end
+token (its EOS, where its own generate() stops); success: its first 5-digit number is the key.
 A (length, depth) cell whose full cache answers under 90% of its trials is flagged and
 left out of every claim. Beside each run, the simulator's prediction from the
 full-cache attention: needle retention and the question's attention on the kept needle.
@@ -203,4 +204,4 @@ STUDY = StudyType(
                 f"(report.md, results.csv, figures). {NEEDS}",
     workers_help="processes running the trials (default 1; results do not depend on it)",
     load_config=load_config, check_line=_check_line, run=_run, redraw=_redraw,
-    added={"kind": PASSKEY}, gate=gate_table, epilog=EPILOG)
+    added={"kind": PASSKEY, "generate_tokens": 0}, gate=gate_table, epilog=EPILOG)

@@ -320,12 +320,29 @@ def trial_prompt(tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     return kinds.build(cfg.kind, tokenizer, length, depth, rng, text_ids, cfg.prompt)
 
 
-def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: dict) -> dict:
-    """A result row of ``cell``: the trial's columns, ``row`` (its ``tokens`` decoded into
-    the answer) and the success (a task kind's: RULER's scores beside it, the kind's
-    metric giving 1)."""
+def end_ids(net, tokenizer) -> frozenset[int]:
+    """The ids that end the model's answer, those its own ``generate()`` stops at: its
+    generation config's ``eos_token_id`` (one id or a list) and the tokenizer's EOS."""
+    config = getattr(net.generation_config, "eos_token_id", None)
+    ids = set(config if isinstance(config, (list, tuple)) else [config])
+    ids.add(getattr(tokenizer, "eos_token_id", None))  # a tokenizer may have none
+    return frozenset(int(i) for i in ids if i is not None)
+
+
+def until_end(tokens: np.ndarray, ends: frozenset[int]) -> np.ndarray:
+    """``tokens`` up to, not including, the first of ``ends`` (all of them if none)."""
+    at = np.flatnonzero(np.isin(tokens, list(ends)))
+    return tokens[:at[0]] if at.size else tokens
+
+
+def scored(tokenizer, prompt: inputs.Prompt, cell: tuple[int, float, int], row: dict, *,
+           ends: frozenset[int]) -> dict:
+    """A result row of ``cell``: the trial's columns, ``row`` (its ``tokens`` up to the
+    first end token ``ends`` (:func:`end_ids`) decoded into the answer) and the success (a
+    task kind's: RULER's scores beside it, the kind's metric giving 1). What a cache
+    writes after the model ends its answer is not scored: RULER's harness stops there."""
     row = dict(row)
-    answer = tokenizer.decode(row.pop("tokens").tolist())
+    answer = tokenizer.decode(until_end(row.pop("tokens"), ends).tolist())
     recall = {}
     if "generated" in row:  # decode_recall: does the generated text repeat a value?
         echo = kinds.string_match_part(tokenizer.decode(row.pop("generated").tolist()),
@@ -346,4 +363,5 @@ def gate_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
     """The full cache's row of one trial alone (``kvsim task --gate``)."""
     prompt, _, tokens, generated = full_trial(net, tokenizer, cfg, cell, text_ids, form)
     return [scored(tokenizer, prompt, cell, {"policy": FULL, "tokens": tokens,
-                                             **recall_columns(generated, 1.0)})]
+                                             **recall_columns(generated, 1.0)},
+                   ends=end_ids(net, tokenizer))]

@@ -10,8 +10,8 @@ from kvsim.protocols.run import get_policy
 from kvsim.tools.task import inputs
 from kvsim.tools.task.config import TaskConfig
 from kvsim.tools.task.press_runs import press_rows
-from kvsim.tools.task.run import (FULL, compress, full_trial, late_layers, protocol_rows,
-                                  recall_columns, scored, tail)
+from kvsim.tools.task.run import (FULL, compress, end_ids, full_trial, late_layers,
+                                  protocol_rows, recall_columns, scored, tail)
 
 
 def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
@@ -38,5 +38,6 @@ def run_trial(net, tokenizer, cfg: TaskConfig, cell: tuple[int, float, int],
                     "retention": 1.0, "digit_share": 1.0, "kept_needle_mass": question_mass,
                     "late_needle_mass": float(on_needle[late_layers(len(on_needle)):].mean()),
                     **recall_columns(generated, 1.0)})
-    return [{**scored(tokenizer, prompt, cell, r), "question_needle_mass": question_mass}
-            for r in rows]
+    ends = end_ids(net, tokenizer)
+    return [{**scored(tokenizer, prompt, cell, r, ends=ends),
+             "question_needle_mass": question_mass} for r in rows]
