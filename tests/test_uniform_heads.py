@@ -108,3 +108,66 @@ def test_ada_allocation_refuses_uniform_heads(tmp_path):
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
     assert any("heads = \"uniform\" or filtering" in line for line in info.value.lines())
+
+
+STEPPED = ("h2o", "tova")  # h2o_offline is clairvoyant: no closed loop
+
+
+def stepped(As, name, params, B, P):
+    """(prefill selection, [C_t]) of a UniformLayer fed the layer's rows one step at a
+    time, as a decoder feeds it (each view admits; each KV head observes its own row)."""
+    from kvsim.protocols.stepping import UniformLayer
+
+    kv_heads, T = As.shape[:2]
+    layer = UniformLayer(name, B, params, prompt_attention=As[:, None, :P, :P].copy(),
+                         capacity_T=T)
+    views = [layer.head(j) for j in range(kv_heads)]
+    prefill = sorted(views[0].cache.tolist())
+    steps = []
+    for t in range(P, T):
+        for view in views:
+            view.admit(t)
+        caches = [view.cache for view in views]
+        assert all(sorted(c.tolist()) == sorted(caches[0].tolist()) for c in caches)
+        assert len(caches[0]) <= B
+        steps.append(sorted(caches[0].tolist()))
+        for j, view in enumerate(views):
+            view.observe(As[j, t, caches[j]][None])
+    return prefill, steps
+
+
+@pytest.mark.parametrize("name", STEPPED)
+def test_a_stepped_layer_is_the_reference(name):
+    """UniformLayer, stepped from the rows of each KV head's full attention over the one
+    cache, holds the reference's cache at every step (and its prefill)."""
+    from kvsim.protocols.stepping import UniformLayer
+
+    rng = np.random.default_rng([len(name), 7])
+    compared = 0
+    for _ in range(25):
+        kv_heads, T = int(rng.integers(1, 4)), int(rng.integers(6, 36))
+        P = int(rng.integers(1, T + 1))
+        B = int(rng.integers(4, max(5, P + 3)))
+        params = {**PARAMS[name], "heads": "uniform"}
+        if problem(POLICIES[name], resolve_params(POLICIES[name], params), B, P, T):
+            continue
+        As = np.stack([attention(rng, T) for _ in range(kv_heads)])
+        ref_prefill, ref_steps = uniform_caches(list(As), name, P, T, B, params)
+        got_prefill, got_steps = stepped(As, name, params, B, P)
+        ctx = f"{name} T={T} P={P} B={B} kv_heads={kv_heads}"
+        assert got_prefill == sorted(ref_prefill), ctx
+        assert got_steps == [sorted(s) for s in ref_steps], ctx
+        compared += 1
+    assert compared >= 15
+    with pytest.raises(Exception, match="page"):
+        UniformLayer(name, 8, {**PARAMS[name], "heads": "uniform", "page": 2},
+                     prompt_attention=np.ones((1, 1, 4, 4)) / 4, capacity_T=8)
+
+
+def test_a_stepper_refuses_uniform_heads():
+    from kvsim.errors import KvsimError
+    from kvsim.protocols.stepping import Stepper
+
+    with pytest.raises(KvsimError, match="UniformLayer"):
+        Stepper("h2o", 8, {"heads": "uniform"}, prompt_attention=np.ones((1, 4, 4)) / 4,
+                capacity_T=8)

@@ -91,11 +91,14 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
     protocol; the policy's own check. What this accepts runs.
     """
     out = []
+    # heads = "uniform" alone is stepped a layer at a time (stepping.UniformLayer)
+    layered = stepping and settings.asked(params) == ["heads"]
     if stepping:
-        if not settings.is_neutral(settings.split(params)[1]):
+        if not settings.is_neutral(settings.split(params)[1]) and not layered:
             out.append(RunProblem("stepping", settings.asked(params)[0], (
-                f"expected the per-step rule (a policy stepped one token at a time takes no "
-                f"protocol), got {settings.label(params)}: protocols are the simulator's")))
+                f"expected the per-step rule or heads = \"uniform\" alone (a policy stepped "
+                f"one token at a time takes no other protocol), got {settings.label(params)}: "
+                f"protocols are the simulator's")))
         reason = policy.closed_loop(params) or (
             "it has no step code" if policy.steps is None else None) or (
             "it declares no state layout (Policy.layout) to widen its cache by for the "
@@ -107,7 +110,7 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
         problem = budget_problem(policy, budget, params)
         if problem:
             out.append(RunProblem("budget", "", problem, i))
-        elif sized and not stepping:
+        elif sized and (layered or not stepping):
             found = settings.problem(policy, params, budget, prompt_len, T)
             if found:
                 out.append(RunProblem("protocol", *found, i))

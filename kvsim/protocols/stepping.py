@@ -17,7 +17,9 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
+from kvsim.protocols.cache import Run
 from kvsim.protocols.run import get_policy, make_group, resolve_params, run_problems
+from kvsim.protocols.uniform import LayerRun, layer_prefill
 
 
 def _array(name: str, value, ndim: int) -> np.ndarray:
@@ -115,6 +117,9 @@ class Stepper:
                  kv_head: int | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
+        if resolved.get("heads") == "uniform":
+            raise KvsimError(f"{policy}.heads: one KV head cannot rank for the whole layer: "
+                             f"step heads = \"uniform\" with UniformLayer")
         for problem in run_problems(spec, resolved, stepping=True):  # the first one
             if problem.key:
                 raise KvsimError(problem.message, f"{policy}.{problem.key}")
@@ -261,3 +266,124 @@ class Stepper:
                              f"dimension), got {outputs.shape[1]}")
         self._steps.observe(self._state, self._cache, n, self._obs, self._mass, outputs)
         self._observed = True
+
+
+class UniformLayer:
+    """``heads = "uniform"`` one token at a time: every KV head of a layer holds the same
+    cache, ranked by the sum over the KV heads of their scores, as
+    :func:`kvsim.protocols.uniform.run_uniform` simulates it (``page = 1``).
+
+    Each KV head is a :class:`Stepper` of the per-head rule that learns from its own query
+    heads' attention through the one cache, started with every prompt key scored (the recent
+    count of ``budget``); the prefill then keeps the ``recent`` newest prompt keys and the
+    best others by the summed prefill scores, and a token that would exceed ``budget``
+    first removes the lowest-ranked unprotected key from every KV head. :meth:`head` gives
+    KV head ``j``'s view for a decoder (``cache``, ``admit``, ``observe``, ``widen``): the
+    first view to admit token ``t`` admits it in every KV head.
+
+    Parameters are :class:`Stepper`'s, with ``prompt_attention`` the layer's (H_kv, G, P,
+    P) and, per KV head ``j``, ``keys[j]``, ``values[j]``, ``queries[j]``, ``seeds[j]`` and
+    ``rope[j]`` (lists; None where the policy reads none).
+    """
+
+    def __init__(self, policy: str, budget: int, params: dict | None = None, *,
+                 prompt_attention: np.ndarray, capacity_T: int, keys: list | None = None,
+                 values: list | None = None, queries: list | None = None, scaling=None,
+                 gqa: str = "mean", seeds: list | None = None, rope: list | None = None,
+                 passes: dict | None = None):
+        spec = get_policy(policy)
+        resolved = resolve_params(spec, params or {})
+        if resolved.get("heads") != "uniform":
+            raise KvsimError(f"{policy}.heads: expected \"uniform\" for a layer stepped as "
+                             f"one cache, got {resolved.get('heads')!r}")
+        A = _array("prompt_attention", prompt_attention, 4)
+        H_kv, P = A.shape[0], A.shape[2]
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+            raise KvsimError(f"budget: expected an integer, got {budget!r}")
+        for problem in run_problems(spec, resolved, [int(budget)], int(capacity_T), P,
+                                    stepping=True):
+            raise KvsimError(problem.message, "budget" if problem.kind == "budget"
+                             else f"{policy}.{problem.key}")
+        own = {**resolved, "heads": "per_head"}
+        first = max(P, 1, spec.min_budget(own))  # every prompt key scored: none evicted
+
+        def each(x, j):
+            return None if x is None else x[j]
+
+        self._members = [Stepper(policy, first, own, prompt_attention=A, kv_head=j,
+                                 keys=each(keys, j), values=each(values, j),
+                                 queries=each(queries, j), scaling=scaling, gqa=gqa,
+                                 seed=0 if seeds is None else seeds[j],
+                                 capacity_T=capacity_T, rope=each(rope, j), passes=passes)
+                         for j in range(H_kv)]
+        layout = spec.layout
+        for m in self._members:
+            if layout.recent is not None:  # the recent count of the budget, not of first
+                m._state = m._state._replace(recent=layout.recent(int(budget), resolved))
+            m.widen(capacity_T - P)  # room for every later key: only the layer evicts
+        self._spec, self._slots = spec, layout.slot_fields(own)
+        self._budget, self._extra = int(budget), [0] * H_kv
+        self._layer = self._runs()
+        layer_prefill(self._layer, P, self._budget, layout.recent_count(int(budget), resolved))
+        self._sync()
+        self._next = P
+
+    def _runs(self) -> LayerRun:
+        """The KV heads' caches and states as the simulator's runs, ranked together."""
+        runs = [Run(self._spec, m._state, m._cache, m._n, self._slots) for m in self._members]
+        return LayerRun(runs, [m._prompt for m in self._members], [None] * len(runs), 0)
+
+    def _sync(self) -> None:
+        """Each KV head's stepper takes the cache size its run now has."""
+        for m, run in zip(self._members, self._layer.runs):
+            m._n = run.n
+
+    @property
+    def capacity(self) -> int:
+        """The budget, widened by the most any view asked for (a task's question)."""
+        return self._budget + max(self._extra)
+
+    def head(self, j: int) -> "UniformHead":
+        """KV head ``j``'s view."""
+        return UniformHead(self, j)
+
+    def admit(self, t: int) -> None:
+        """Token ``t`` joins every KV head (once, whichever view asks first): when the
+        cache is full, the lowest-ranked key by the summed scores leaves every KV head."""
+        if t != self._next:
+            return
+        for run, m in zip(self._layer.runs, self._members):
+            run.n = m._n
+        if self._layer.n + 1 > self.capacity:
+            self._layer.compress(self.capacity - 1, t, 0)
+            self._sync()
+        for m in self._members:
+            m.admit(t)
+        self._next = t + 1
+
+
+class UniformHead:
+    """KV head ``j`` of a :class:`UniformLayer`, as a decoder steps it."""
+
+    def __init__(self, layer: UniformLayer, j: int):
+        self._layer, self._j = layer, j
+
+    @property
+    def cache(self) -> np.ndarray:
+        """The layer's cached positions, in this KV head's slot order."""
+        return self._layer._members[self._j].cache
+
+    def admit(self, t: int) -> int:
+        """Token ``t`` joins the layer (:meth:`UniformLayer.admit`); returns -1 (an
+        eviction is the layer's)."""
+        self._layer.admit(t)
+        return -1
+
+    def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """This KV head's query heads attended over the cache (:meth:`Stepper.observe`)."""
+        self._layer._members[self._j].observe(attention, output)
+
+    def widen(self, extra: int) -> None:
+        """``extra`` more keys for the layer (each view asks for its own; the layer takes
+        the most any asked)."""
+        self._layer._extra[self._j] += extra

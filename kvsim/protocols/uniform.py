@@ -86,7 +86,7 @@ def member(policy: Policy, group: Group, first: int, cap: int, params: dict,
     return Run(policy, state, cache, len(kept), layout.slot_fields(params)), out, trace
 
 
-def _prefill(run: LayerRun, P: int, budget: int, recent: int) -> None:
+def layer_prefill(run: LayerRun, P: int, budget: int, recent: int) -> None:
     """Keep the ``recent`` newest prompt keys and the top ``budget - recent`` others by the
     summed prefill scores (higher, then lower position)."""
     if run.n <= budget:
@@ -113,7 +113,7 @@ def run_uniform(policy: Policy, group: Group, budget: int, cap: int, params: dic
     if proto["page"] != 1:
         paged(run, group, own_out, proto["page"], proto["page_reduce"], cap)
     else:
-        _prefill(run, P, cap, policy.layout.recent_count(budget, params))
+        layer_prefill(run, P, cap, policy.layout.recent_count(budget, params))
         t = P
         while t < T:
             if run.n + 1 > cap:

@@ -25,7 +25,7 @@ from kvsim.tools.closed_loop import metrics
 from kvsim.paths import read_text
 from kvsim.tools.closed_loop.config import ClosedLoopConfig
 from kvsim.models.adapter import attach
-from kvsim.tools.study.grid import grid_stepper, query_runs
+from kvsim.tools.study.grid import grid_stepper, layer_wide, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
 from kvsim.tools.study.job import FORKED, tick
 from kvsim.tools.study.workers import study_map
@@ -76,7 +76,8 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
     L, _, H_kv, T, _ = keys.shape
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
     stepped = [cfg for cfg, _ in runs if isinstance(cfg, PolicyConfig) and cfg.kind != FULL]
-    layered = any(get_policy(cfg.kind).layer for cfg in stepped)
+    layered = any(layer_wide(cfg) for cfg in stepped)
+    layers: dict = {}  # heads = "uniform": (run, layer) -> its UniformLayer
     for layer in full.global_layers:
         stack = full.layer_attention(layer, prompt_len) if layered else None
         for j in range(H_kv):
@@ -90,7 +91,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
                 else:
                     out[c][layer][j] = grid_stepper(full, cfg, budget, c, layer, j, prompt,
                                                     prompt_len, keys, values, queries, gqa,
-                                                    seed, T, stack=stack)
+                                                    seed, T, stack=stack, layers=layers)
     return out
 
 

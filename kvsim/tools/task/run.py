@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.protocols.run import get_policy
 from kvsim.protocols.question import plan
-from kvsim.tools.study.grid import grid_stepper, needing, query_runs
+from kvsim.tools.study.grid import grid_stepper, layer_wide, needing, query_runs
 from kvsim.tools.study.model import Decoder, FullCache, FullRun, prefill, query_stores, stores
 from kvsim.tools.task import inputs, kinds
 from kvsim.tools.task.config import TaskConfig
@@ -203,7 +202,8 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
     _, H_kv = full.keys.shape[:2]
     digits = np.concatenate(prompt.digits)
     rows_of: dict = {}
-    layered = any(get_policy(pc.kind).layer for pc in cfg.policies)
+    layered = any(layer_wide(pc) for pc in cfg.policies)
+    layers: dict = {}  # heads = "uniform": (protocol, run, layer) -> its UniformLayer
     for i, layer in enumerate(full.global_layers):  # a sliding-window layer: no policy
         stack = full.layer_attention(layer, P) if layered else None
         stacks = {at: _until(stack, at) for at in {c.at for c in protocols.values()}} \
@@ -213,16 +213,16 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
             whole = stack[j] if layered else full.prompt_attention(layer, j, P)
             rows_of[layer, j] = question_rows(prompt, whole)
             on_digits = rows_of[layer, j][digits]
-            for caches in protocols.values():
+            for protocol, caches in protocols.items():
                 attention = stacks[caches.at][j] if layered else _until(whole, caches.at)
                 passes: dict = {}  # the column sums of ``attention``, computed once for all
                 for c, (pc, b) in enumerate(caches.runs):
-                    layer_wide = get_policy(pc.kind).layer
+                    wide = layer_wide(pc)
                     s = grid_stepper(full, pc, b, c, layer, j, attention, caches.at,
                                      caches.keys, caches.values, caches.queries, cfg.gqa,
                                      cfg.seed, P + tail(cfg, prompt),
-                                     layer_passes[caches.at] if layer_wide else passes,
-                                     stacks.get(caches.at))
+                                     layer_passes[caches.at] if wide else passes,
+                                     stacks.get(caches.at), layers.setdefault(protocol, {}))
                     predict(caches, (c, i, j), s.cache, prompt.digits, on_digits,
                             prompt.needs_all)
                     if caches.free:
