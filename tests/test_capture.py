@@ -2,6 +2,7 @@
 SmolLM2 where its wheel is installed, and the committed SmolLM2 trace."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -135,5 +136,10 @@ def test_smollm2_capture_end_to_end(tmp_path, real_model_loader):
                  "--layers", "0,29", "--out", str(out)]) == 0
     with np.load(out) as data:
         assert data["queries"].shape == (2, 9, 96, 64)
+        import torch
+        import transformers
+        meta = json.loads(str(data["meta"]))
+        assert (meta["torch"], meta["transformers"]) == (torch.__version__,
+                                                        transformers.__version__)
         with np.load(TRACE) as committed:  # the same model and text: the same first tokens
             assert np.array_equal(data["token_ids"], committed["token_ids"][:96])

@@ -205,6 +205,13 @@ def check(trace: dict, model_weights: np.ndarray) -> float:
                    model_weights[i], _window(trace, i)) for i in range(model_weights.shape[0])))
 
 
+def _library_versions() -> dict:
+    """The versions of torch and transformers that ran the model (a trace's numbers depend
+    on their kernels)."""
+    torch, transformers = _imports()
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
 def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | None = None,
             gguf_file: str | None = None, dtype=np.float16) -> Path:
     """Tokenise ``text``, record a trace of its first ``tokens`` tokens (vectors as
@@ -227,7 +234,7 @@ def capture(model: str, text: Path, tokens: int, out: Path, layers: list[int] | 
             "head_dim": int(trace["queries"].shape[3]), "tokens": tokens,
             "text_sha256": hashlib.sha256(raw.encode()).hexdigest(),
             "kvsim": __version__, "capture_version": CAPTURE_VERSION,
-            "rope_layout": "rotate_half"}
+            "rope_layout": "rotate_half", **_library_versions()}
     if catalog.preset(model) is not None:  # Gemma's weights are not Apache: say so in the trace
         meta["licence"] = catalog.preset(model).licence
     out.parent.mkdir(parents=True, exist_ok=True)
