@@ -159,6 +159,10 @@ def test_a_stepped_layer_is_the_reference(name):
         assert got_steps == [sorted(s) for s in ref_steps], ctx
         compared += 1
     assert compared >= 15
+    layer = UniformLayer(name, 8, {**PARAMS[name], "heads": "uniform"},
+                         prompt_attention=np.ones((2, 1, 4, 4)) / 4, capacity_T=8)
+    with pytest.raises(Exception, match="expected token 4"):
+        layer.head(1).admit(5)
     with pytest.raises(Exception, match="page"):
         UniformLayer(name, 8, {**PARAMS[name], "heads": "uniform", "page": 2},
                      prompt_attention=np.ones((1, 1, 4, 4)) / 4, capacity_T=8)

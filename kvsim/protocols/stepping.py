@@ -326,7 +326,7 @@ class UniformLayer:
         self._layer = self._runs()
         layer_prefill(self._layer, P, self._budget, layout.recent_count(int(budget), resolved))
         self._sync()
-        self._next = P
+        self._first = self._next = P
 
     def _runs(self) -> LayerRun:
         """The KV heads' caches and states as the simulator's runs, ranked together."""
@@ -350,8 +350,11 @@ class UniformLayer:
     def admit(self, t: int) -> None:
         """Token ``t`` joins every KV head (once, whichever view asks first): when the
         cache is full, the lowest-ranked key by the summed scores leaves every KV head."""
-        if t != self._next:
+        if t == self._next - 1 and self._next > self._first:  # another view admitted it
             return
+        if t != self._next:
+            raise KvsimError(f"admit: expected token {self._next} (tokens join in order), "
+                             f"got {t!r}")
         for run, m in zip(self._layer.runs, self._members):
             run.n = m._n
         if self._layer.n + 1 > self.capacity:
