@@ -73,10 +73,7 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
         queries = query_stores(full, query_runs(runs), P)
         steppers = make_steppers(full, runs, P, keys, values, "mean", 0, queries)
         for layer in range(L):
-            A = np.concatenate([causal_softmax(np.einsum(  # the full-cache rows, per head
-                "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
-                full.keys[layer, j].astype(np.float64)) * full.geometry[layer].scaling)
-                for j in range(H_kv)])
+            A = full_rows(full, layer)  # the full-cache rows, per head
             field = dense_field(A, H_kv)._replace(
                 keys=np.ascontiguousarray(full.keys[layer].transpose(0, 2, 1)),
                 values=np.ascontiguousarray(full.values[layer]), value_heads=np.ones(H_kv, bool),
@@ -109,17 +106,32 @@ def test_policies_fed_full_rows_keep_the_simulators_caches(tiny):
                         stepper.observe(obs, output)
 
 
+def watched_decoder(net, full, runs, log: list):
+    """The closed loop's steppers of ``runs`` (budget 8), each checked at every step
+    (:class:`Watched`, logging into ``log``), and a decoder over them."""
+    keys, values = stores(full, len(runs), P)
+    steppers = [[[Watched(s, 8, layer, log) for s in per_kv] for layer, per_kv in enumerate(c)]
+                for c in make_steppers(full, runs, P, keys, values, "mean", 0)]
+    return steppers, Decoder(net, full, P, steppers, keys, values, 8)
+
+
+def full_rows(full, layer: int) -> np.ndarray:
+    """(H, T, T) the full-cache attention rows of ``layer``, query head by query head."""
+    G, H_kv = full.group, full.keys.shape[1]
+    return np.concatenate([causal_softmax(np.einsum(
+        "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
+        full.keys[layer, j].astype(np.float64)) * full.geometry[layer].scaling)
+        for j in range(H_kv)])
+
+
 def test_budget_holds_in_every_layer_at_every_step(tiny):
     net, _, full = tiny
     L, H_kv = full.keys.shape[:2]
     runs = [(PolicyConfig(name, name, resolve_params(POLICIES[name], {})), 8)
             for name in ("window", "h2o", "tova", "keydiff", "caote")
             if name in POLICIES]
-    keys, values = stores(full, len(runs), P)
     log: list = []
-    steppers = [[[Watched(s, 8, layer, log) for s in per_kv] for layer, per_kv in enumerate(c)]
-                for c in make_steppers(full, runs, P, keys, values, "mean", 0)]
-    decoder = Decoder(net, full, P, steppers, keys, values, 8)
+    steppers, decoder = watched_decoder(net, full, runs, log)
     for t in range(P, T):
         decoder.step()
         # what the model attended over is exactly each policy's cache, in slot order
@@ -149,10 +161,7 @@ def test_uniform_heads_fed_full_rows_keep_the_simulators_layer_cache(tiny):
         keys, values = stores(full, len(runs), P)
         steppers = make_steppers(full, runs, P, keys, values, "mean", 0)
         for layer in range(L):
-            A = np.concatenate([causal_softmax(np.einsum(
-                "gqd,kd->gqk", full.queries[layer, j * G:(j + 1) * G].astype(np.float64),
-                full.keys[layer, j].astype(np.float64)) * full.geometry[layer].scaling)
-                for j in range(H_kv)])
+            A = full_rows(full, layer)
             field = dense_field(A, H_kv)
             for c, (_, budget) in enumerate(runs):
                 traces = [run_policy(policy, make_group(
@@ -177,11 +186,8 @@ def test_uniform_heads_in_the_closed_loop_hold_one_cache_within_budget(tiny):
     runs = [(PolicyConfig(name, name, resolve_params(POLICIES[name],
                                                      {**extra, "heads": "uniform"})), 8)
             for name, extra in UNIFORM]
-    keys, values = stores(full, len(runs), P)
     log: list = []
-    steppers = [[[Watched(s, 8, layer, log) for s in per_kv] for layer, per_kv in enumerate(c)]
-                for c in make_steppers(full, runs, P, keys, values, "mean", 0)]
-    decoder = Decoder(net, full, P, steppers, keys, values, 8)
+    steppers, decoder = watched_decoder(net, full, runs, log)
     for t in range(P, T):
         decoder.step()
         for per_layer in steppers:
