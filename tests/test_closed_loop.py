@@ -143,49 +143,59 @@ def test_budget_holds_in_every_layer_at_every_step(tiny):
     assert {layer for layer, _ in log} == set(range(L)) and max(n for _, n in log) == 8
 
 
-UNIFORM = (("h2o", {"recent_ratio": 0.25}), ("tova", {}))
+BLOCKS = {"block": 2, "start_blocks": 1, "recent_blocks": 1}  # a floor of 7 keys
+LAYERED = (("h2o", {"recent_ratio": 0.25, "heads": "uniform"}), ("tova", {"heads": "uniform"}),
+           ("h2o", {"recent_ratio": 0.25, "page": 2}),
+           ("tova", {"heads": "uniform", "page": 2}), ("openvino", BLOCKS))
+"""Runs stepped a layer at a time: one ranking for the layer, per token and in pages;
+pages of one KV head; OpenVINO's blocks."""
 
 
-def test_uniform_heads_fed_full_rows_keep_the_simulators_layer_cache(tiny):
-    """heads = "uniform", built as the closed loop builds it (one UniformLayer per run and
-    layer, a view per KV head) and fed the full-cache rows, holds the simulator's cache
-    (kvsim.protocols.uniform) in every KV head at every step."""
+@pytest.mark.parametrize("name, extra", LAYERED)
+def test_layer_steppers_fed_full_rows_keep_the_simulators_cache(tiny, name, extra):
+    """A run stepped a layer at a time, built as the closed loop builds it (a UniformLayer
+    or BlockLayer per run and layer, or per KV head for pages alone, a view per KV head)
+    and fed the full-cache rows, holds the simulator's cache in every KV head at every
+    step."""
     _, _, full = tiny
     L, H_kv = full.keys.shape[:2]
     G = full.group
     assert H_kv > 1
-    for name, extra in UNIFORM:
-        policy = POLICIES[name]
-        params = resolve_params(policy, {**extra, "heads": "uniform"})
-        runs = [(PolicyConfig(name, name, params), b) for b in (6, 11)]
-        keys, values = stores(full, len(runs), P)
-        steppers = make_steppers(full, runs, P, keys, values, "mean", 0)
-        for layer in range(L):
-            A = full_rows(full, layer)
-            field = dense_field(A, H_kv)
-            for c, (_, budget) in enumerate(runs):
-                traces = [run_policy(policy, make_group(
-                    field, j, P, np.zeros((field.heads, T), bool), {},
-                    seed=random_seed(0, j, layer), snap_budget=budget,
-                    snap_steps=np.arange(T - P)), budget, params) for j in range(H_kv)]
-                views = steppers[c][layer]
-                for step, t in enumerate(range(P, T)):
-                    for view in views:
-                        view.admit(t)
-                    for j, view in enumerate(views):
-                        cache = view.cache
-                        assert len(cache) <= budget
-                        assert sorted(cache.tolist()) == sorted(
-                            k for k in traces[j].snapshots[step].tolist() if k >= 0), (name, t)
-                        view.observe(np.ascontiguousarray(A[j * G:(j + 1) * G, t, cache]))
+    policy = POLICIES[name]
+    params = resolve_params(policy, extra)
+    runs = [(PolicyConfig(name, name, params), b) for b in (8, 11)]
+    keys, values = stores(full, len(runs), P)
+    steppers = make_steppers(full, runs, P, keys, values, "mean", 0)
+    for layer in range(L):
+        A = full_rows(full, layer)
+        field = dense_field(A, H_kv)
+        for c, (_, budget) in enumerate(runs):
+            traces = [run_policy(policy, make_group(
+                field, j, P, np.zeros((field.heads, T), bool), {},
+                seed=random_seed(0, j, layer), snap_budget=budget,
+                snap_steps=np.arange(T - P)), budget, params) for j in range(H_kv)]
+            views = steppers[c][layer]
+            for step, t in enumerate(range(P, T)):
+                for view in views:
+                    view.admit(t)
+                for j, view in enumerate(views):
+                    cache = view.cache
+                    assert len(cache) <= budget
+                    assert sorted(cache.tolist()) == sorted(
+                        k for k in traces[j].snapshots[step].tolist() if k >= 0), (name, t)
+                    view.observe(np.ascontiguousarray(A[j * G:(j + 1) * G, t, cache]))
 
 
-def test_uniform_heads_in_the_closed_loop_hold_one_cache_within_budget(tiny):
+def test_layer_steppers_in_the_closed_loop_hold_one_cache_within_budget(tiny):
+    """Inside the model, every KV head of a layer holds the same positions under one
+    ranking for the layer and under blocks (``openvino_arkv`` reading the keys as they
+    fill), within budget."""
     net, _, full = tiny
     L, H_kv = full.keys.shape[:2]
-    runs = [(PolicyConfig(name, name, resolve_params(POLICIES[name],
-                                                     {**extra, "heads": "uniform"})), 8)
-            for name, extra in UNIFORM]
+    layered = [(name, extra) for name, extra in LAYERED if extra.get("page", 1) == 1
+               or "heads" in extra] + [("openvino_arkv", BLOCKS)]
+    runs = [(PolicyConfig(name, name, resolve_params(POLICIES[name], extra)), 8)
+            for name, extra in layered]
     log: list = []
     steppers, decoder = watched_decoder(net, full, runs, log)
     for t in range(P, T):

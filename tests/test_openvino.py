@@ -91,15 +91,16 @@ def test_the_codes_evicted_blocks(max_cache, over, zeroed, evicted):
 @pytest.mark.parametrize("seed", range(8))
 def test_layer_reference(seed):
     """Every KV head of a several-head layer against the plain reference, step by step: one
-    cache for the whole layer."""
+    cache for the whole layer; the same stepped inside a model (BlockLayer)."""
     rng = np.random.default_rng(700 + seed)
-    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(2, 4))
+    G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     T = int(rng.integers(12, 40))
     field = model_field(rng, T, G, kv_heads=kv_heads)
     params = {"block": int(rng.integers(1, 4)), "start_blocks": int(rng.integers(1, 3)),
-              "recent_blocks": 1, "snapkv_window": int(rng.integers(0, 5)),
+              "recent_blocks": int(rng.integers(1, 3)), "snapkv_window": int(rng.integers(0, 5)),
               "pool": int(rng.integers(1, 5)), "mode": ("sum", "norm_sum")[seed % 2]}
     check_layer_runs(OPENVINO, policy_openvino, rng, field, T, kv_heads, params, seed)
+    check_stepped_layer(OPENVINO, policy_openvino, rng, field, T, kv_heads, params, seed)
 
 
 def check_layer_runs(policy, reference, rng, field, T: int, kv_heads: int, params: dict,
@@ -124,6 +125,80 @@ def check_layer_runs(policy, reference, rng, field, T: int, kv_heads: int, param
                 assert got.kept.tolist() == sorted(steps[-1] if steps else prefill)
                 caches.append(ours)
             assert all(c == caches[0] for c in caches)
+
+
+def stepped_layer(name: str, params: dict, field, P: int, T: int, budget: int,
+                  widen_at: int | None = None, extra: int = 0):
+    """(prefill selection, [C_t]) of a BlockLayer fed each KV head's full attention rows
+    over the one cache, one step at a time, as a decoder feeds it (each view admits, then
+    each KV head observes its own query heads' rows); ``extra`` more keys from the start."""
+    from kvsim.protocols.stepping import BlockLayer
+
+    sources = layer_sources(field)
+    stack = np.stack([s.probs[:, :P, :P] for s in sources])
+    layer = BlockLayer(name, budget, params, prompt_attention=stack, capacity_T=T,
+                       keys=[np.ascontiguousarray(field.keys[kv].T) for kv in
+                             range(len(sources))])
+    views = [layer.head(j) for j in range(len(sources))]
+    prefill = sorted(views[0].cache.tolist())
+    for view in views if extra else ():
+        view.widen(extra)
+    steps = []
+    for t in range(P, T):
+        for view in views:
+            assert view.admit(t) == -1
+        cache = views[0].cache
+        assert all(v.cache.tolist() == cache.tolist() for v in views)
+        assert cache.shape[0] <= budget + extra
+        steps.append(sorted(cache.tolist()))
+        for source, view in zip(sources, views):
+            view.observe(source.probs[:, t, cache])
+    return prefill, steps
+
+
+def check_stepped_layer(policy, reference, rng, field, T: int, kv_heads: int, params: dict,
+                        seed: int) -> None:
+    """BlockLayer against the plain layer ``reference`` at prompts 0, random and T and
+    budgets at the floor and random: the same cache at every step, in every KV head."""
+    sources = layer_sources(field)
+    resolved = resolve_params(policy, params)
+    low = policy.min_budget(resolved)
+    for P in sorted({0, int(rng.integers(0, T + 1)), T}):
+        for budget in sorted({low, int(rng.integers(low, T + 2))}):
+            prefill, steps = reference(sources[0], P, T, budget, "mean", layer=sources,
+                                       **resolved)
+            got_prefill, got_steps = stepped_layer(policy.name, params, field, P, T, budget)
+            assert got_prefill == sorted(prefill), (seed, P, budget)
+            assert got_steps == [sorted(c) for c in steps], (seed, P, budget)
+
+
+def test_a_widened_layer_takes_the_widened_arena():
+    """A task's question widens the arena by its keys: they join without eviction, and
+    then the cache holds at most ``A + Q + S - 1 <= B + Q`` keys; the layer refuses what a
+    decoder must not do."""
+    from kvsim.errors import KvsimError
+    from kvsim.protocols.stepping import BlockLayer
+
+    rng = np.random.default_rng(5)
+    T, P, B, Q = 64, 30, 15, 9
+    field = model_field(rng, T, 1, kv_heads=2)
+    params = {"block": 2, "start_blocks": 1, "recent_blocks": 1}
+    prefill, steps = stepped_layer("openvino", params, field, P, T, B, extra=Q)
+    assert [len(c) for c in steps[:Q]] == list(range(len(prefill) + 1, len(prefill) + Q + 1))
+    assert max(len(c) for c in steps) == arena(B, 2) + Q + 1 == B + Q
+    _, narrow = stepped_layer("openvino", params, field, P, T, B)
+    assert max(len(c) for c in narrow) == arena(B, 2) + 1 == B
+    layer = BlockLayer("openvino", B, params, capacity_T=T,
+                       prompt_attention=np.stack([s.probs[:, :P, :P]
+                                                  for s in layer_sources(field)]))
+    layer.head(0).admit(P)
+    with pytest.raises(KvsimError, match="observed by every KV head"):
+        layer.head(1).observe(layer_sources(field)[1].probs[:, P, layer.head(1).cache])
+        layer.head(0).admit(P + 1)
+    with pytest.raises(KvsimError, match="once per token"):
+        layer.head(1).observe(layer_sources(field)[1].probs[:, P, layer.head(1).cache])
+    with pytest.raises(KvsimError, match="Stepper or UniformLayer"):
+        BlockLayer("h2o", 8, {}, prompt_attention=np.ones((1, 1, 4, 4)) / 4, capacity_T=8)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -12,7 +12,7 @@ from policy_checks import qk_field
 from reference import (arkv_block_diversity, arkv_most_diverse, arkv_split,
                        policy_openvino_arkv, qk_source)
 from test_author_code import model_field
-from test_openvino import check_layer_runs
+from test_openvino import check_layer_runs, check_stepped_layer
 
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES
@@ -124,7 +124,8 @@ def test_eviction_keeps_the_mass_then_the_most_diverse():
 @pytest.mark.parametrize("seed", range(10))
 def test_layer_reference(seed):
     """Every KV head of a several-head layer against the plain reference, step by step (same
-    kept sets): one cache for the whole layer, one diversity from all its KV heads."""
+    kept sets): one cache for the whole layer, one diversity from all its KV heads; the
+    same stepped inside a model (BlockLayer, its keys read from the stores)."""
     rng = np.random.default_rng(900 + seed)
     G, kv_heads = int(rng.integers(1, 3)), int(rng.integers(1, 4))
     T = int(rng.integers(12, 40))
@@ -135,6 +136,7 @@ def test_layer_reference(seed):
               "window_size": int(rng.integers(1, 6)),
               "attention_mass": float(rng.choice([0.0, 0.3, 0.9, 1.0]))}
     check_layer_runs(ARKV, policy_openvino_arkv, rng, field, T, kv_heads, params, seed)
+    check_stepped_layer(ARKV, policy_openvino_arkv, rng, field, T, kv_heads, params, seed)
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ from kvsim.policies import POLICIES
 from kvsim.protocols.run import resolve_params, run_problems
 from kvsim.protocols.stepping import Stepper
 
-PROTOCOL = ("expected the per-step rule or heads = \"uniform\" alone (a policy stepped one "
+PROTOCOL = ("expected the per-step rule, heads = \"uniform\" or pages (a policy stepped one "
             "token at a time takes no other protocol), got {}: protocols are the simulator's")
 
 
@@ -53,14 +53,19 @@ def test_the_api_and_the_stepper_name_the_parameter_of_a_policy_check():
 
 
 def test_stepping_takes_uniform_heads_alone_with_its_protocol_check():
-    """heads = "uniform" is stepped a layer at a time (UniformLayer); with pages, or for a
-    policy without scores to sum, it is refused as the simulator refuses it."""
+    """heads = "uniform" and pages are stepped a layer at a time (UniformLayer), with the
+    simulator's protocol check: a policy without scores to sum is refused as the simulator
+    refuses it; another protocol beside them is refused."""
     h2o, window = POLICIES["h2o"], POLICIES["window"]
-    uniform = resolve_params(h2o, {"heads": "uniform"})
-    assert run_problems(h2o, uniform, [8], T=16, prompt_len=8, stepping=True) == []
-    paged = resolve_params(h2o, {"heads": "uniform", "page": 2})
-    assert [p.key for p in run_problems(h2o, paged, [8], T=16, prompt_len=8,
-                                        stepping=True)] == ["page"]
+    for asked in ({"heads": "uniform"}, {"page": 2}, {"heads": "uniform", "page": 2}):
+        assert run_problems(h2o, resolve_params(h2o, asked), [8], T=16, prompt_len=8,
+                            stepping=True) == [], asked
+    batched = resolve_params(h2o, {"interval": 2, "page": 2})
+    assert [p.kind for p in run_problems(h2o, batched, [8], T=16, prompt_len=8,
+                                         stepping=True)][0] == "stepping"
+    big = resolve_params(h2o, {"page": 8})
+    assert [(p.kind, p.key) for p in run_problems(h2o, big, [8], T=16, prompt_len=8,
+                                                  stepping=True)] == [("protocol", "page")]
     found = run_problems(window, resolve_params(window, {"heads": "uniform"}), [8], T=16,
                          prompt_len=8, stepping=True)
     assert [(p.kind, p.key) for p in found] == [("protocol", "heads")]

@@ -285,28 +285,39 @@ def test_full_cache_generation_equals_model_generate(tiny):
     assert peak[0] == N + 7
 
 
+LAYERED = (("h2o", {"heads": "uniform"}), ("tova", {"heads": "uniform", "page": 2}),
+           ("openvino", {"block": 2, "start_blocks": 1, "recent_blocks": 1}),
+           ("openvino_arkv", {"block": 2, "start_blocks": 1, "recent_blocks": 1}))
+
+
 @pytest.mark.parametrize("protocol", ["before_question", "after_question", "prefill_only"])
-def test_uniform_heads_in_the_task_hold_one_cache_per_layer_within_budget(tiny, protocol):
-    """heads = "uniform" (a UniformLayer per run and layer): every KV head of a layer holds
-    the same positions at every step, within the protocol's budget (the question, and under
-    prefill_only the answer, widen the layer's cache once, not once per KV head)."""
+def test_layer_steppers_in_the_task_hold_one_cache_per_layer_within_budget(tiny, protocol):
+    """Runs stepped a layer at a time (heads = "uniform" per token and in pages: a
+    UniformLayer per run and layer; OpenVINO's blocks: a BlockLayer): every KV head of a
+    layer holds the same positions at every step, within the protocol's budget (the
+    question, and under prefill_only the answer, widen the layer's cache once, not once per
+    KV head)."""
     net, prompt, _, _ = tiny
     full = prefill(net, prompt.ids, logits_to_keep=1)
-    cfg = task_config([PolicyConfig(f"{name}_uniform", name, resolve_params(
-        POLICIES[name], {"heads": "uniform"})) for name in ("h2o", "tova")],
-        compress=(protocol,))
+    cfg = task_config([PolicyConfig(f"{name}_{i}", name, resolve_params(POLICIES[name], extra))
+                       for i, (name, extra) in enumerate(LAYERED)], compress=(protocol,))
     caches = task_run.compress(full, prompt, cfg)[0][protocol]
     log: list = []
     caches.steppers = [[[Watched(s, int(caches.budgets[c]), layer, log)
                          for s in per_kv] for layer, per_kv in enumerate(per_layer)]
                        for c, per_layer in enumerate(caches.steppers)]
+    compressed = [[set(per_layer[layer][0].cache.tolist()) for layer in full.global_layers]
+                  for per_layer in caches.steppers]
     decoder_peak = task_run.answer(net, full, caches, 8)[1]
     assert (decoder_peak <= caches.budgets).all() and log
-    for per_layer in caches.steppers:
-        for layer in full.global_layers:
-            assert len({tuple(sorted(s.cache.tolist())) for s in per_layer[layer]}) == 1
-    if protocol == "prefill_only":  # nothing evicted after the context: B + Q + 7 held
-        assert (decoder_peak == caches.budgets - 1).all()
+    for c, per_layer in enumerate(caches.steppers):
+        for i, layer in enumerate(full.global_layers):
+            held = {tuple(sorted(s.cache.tolist())) for s in per_layer[layer]}
+            assert len(held) == 1
+            if protocol == "prefill_only":  # nothing evicted after the context
+                assert set(held.pop()) > compressed[c][i]
+                assert len(per_layer[layer][0].cache) == len(compressed[c][i]) + \
+                    caches.question + 7
 
 
 @pytest.mark.parametrize("protocol", ["before_question", "after_question", "prefill_only"])

@@ -113,15 +113,17 @@ def test_ada_allocation_refuses_uniform_heads(tmp_path):
 STEPPED = ("h2o", "tova")  # h2o_offline is clairvoyant: no closed loop
 
 
-def stepped(As, name, params, B, P):
+def stepped(As, name, params, B, P, kv_heads=None):
     """(prefill selection, [C_t]) of a UniformLayer fed the layer's rows one step at a
-    time, as a decoder feeds it (each view admits; each KV head observes its own row)."""
+    time, as a decoder feeds it (each view admits; each KV head observes its own row);
+    ``kv_heads``: the KV heads sharing the cache (default: all)."""
     from kvsim.protocols.stepping import UniformLayer
 
-    kv_heads, T = As.shape[:2]
+    T = As.shape[1]
+    heads = list(range(As.shape[0])) if kv_heads is None else kv_heads
     layer = UniformLayer(name, B, params, prompt_attention=As[:, None, :P, :P].copy(),
-                         capacity_T=T)
-    views = [layer.head(j) for j in range(kv_heads)]
+                         capacity_T=T, kv_heads=kv_heads)
+    views = [layer.head(j) for j in heads]
     prefill = sorted(views[0].cache.tolist())
     steps = []
     for t in range(P, T):
@@ -131,47 +133,87 @@ def stepped(As, name, params, B, P):
         assert all(sorted(c.tolist()) == sorted(caches[0].tolist()) for c in caches)
         assert len(caches[0]) <= B
         steps.append(sorted(caches[0].tolist()))
-        for j, view in enumerate(views):
-            view.observe(As[j, t, caches[j]][None])
+        for j, view in zip(heads, views):
+            view.observe(As[j, t, caches[heads.index(j)]][None])
     return prefill, steps
 
 
 @pytest.mark.parametrize("name", STEPPED)
-def test_a_stepped_layer_is_the_reference(name):
+@pytest.mark.parametrize("page", [1, 2, 3])
+def test_a_stepped_layer_is_the_reference(name, page):
     """UniformLayer, stepped from the rows of each KV head's full attention over the one
-    cache, holds the reference's cache at every step (and its prefill)."""
+    cache, holds the reference's cache at every step (and its prefill), per token and in
+    pages."""
     from kvsim.protocols.stepping import UniformLayer
 
-    rng = np.random.default_rng([len(name), 7])
+    rng = np.random.default_rng([len(name), 7, page])
     compared = 0
     for _ in range(25):
         kv_heads, T = int(rng.integers(1, 4)), int(rng.integers(6, 36))
         P = int(rng.integers(1, T + 1))
-        B = int(rng.integers(4, max(5, P + 3)))
-        params = {**PARAMS[name], "heads": "uniform"}
+        B = int(rng.integers(max(4, 2 * page), max(5, 2 * page + 1, P + 3)))
+        params = {**PARAMS[name], "heads": "uniform", **({"page": page} if page != 1 else {})}
         if problem(POLICIES[name], resolve_params(POLICIES[name], params), B, P, T):
             continue
         As = np.stack([attention(rng, T) for _ in range(kv_heads)])
         ref_prefill, ref_steps = uniform_caches(list(As), name, P, T, B, params)
         got_prefill, got_steps = stepped(As, name, params, B, P)
-        ctx = f"{name} T={T} P={P} B={B} kv_heads={kv_heads}"
+        ctx = f"{name} T={T} P={P} B={B} kv_heads={kv_heads} page={page}"
         assert got_prefill == sorted(ref_prefill), ctx
         assert got_steps == [sorted(s) for s in ref_steps], ctx
         compared += 1
-    assert compared >= 15
+    assert compared >= 12
     layer = UniformLayer(name, 8, {**PARAMS[name], "heads": "uniform"},
                          prompt_attention=np.ones((2, 1, 4, 4)) / 4, capacity_T=8)
     with pytest.raises(Exception, match="expected token 4"):
         layer.head(1).admit(5)
-    with pytest.raises(Exception, match="page"):
-        UniformLayer(name, 8, {**PARAMS[name], "heads": "uniform", "page": 2},
-                     prompt_attention=np.ones((1, 1, 4, 4)) / 4, capacity_T=8)
+
+
+@pytest.mark.parametrize("name", STEPPED)
+@pytest.mark.parametrize("page", [2, 3])
+def test_one_kv_heads_pages_stepped_are_the_reference(name, page):
+    """``page`` alone: a UniformLayer of one KV head (``kv_heads = [j]``) holds the paged
+    reference's cache at every step, whatever the other KV heads attend to."""
+    from reference import paged_caches
+
+    rng = np.random.default_rng([len(name), 11, page])
+    compared = 0
+    for _ in range(25):
+        kv_heads, T = int(rng.integers(1, 4)), int(rng.integers(6, 36))
+        P = int(rng.integers(1, T + 1))
+        B = int(rng.integers(2 * page, max(2 * page + 1, P + 3)))
+        params = {**PARAMS[name], "page": page}
+        if problem(POLICIES[name], resolve_params(POLICIES[name], params), B, P, T):
+            continue
+        As = np.stack([attention(rng, T) for _ in range(kv_heads)])
+        j = int(rng.integers(0, kv_heads))
+        ref_prefill, ref_steps = paged_caches(As[j], name, P, T, B, params)
+        got_prefill, got_steps = stepped(As, name, params, B, P, kv_heads=[j])
+        ctx = f"{name} T={T} P={P} B={B} j={j} page={page}"
+        assert got_prefill == sorted(ref_prefill), ctx
+        assert got_steps == [sorted(s) for s in ref_steps], ctx
+        compared += 1
+    assert compared >= 12
+
+
+def test_a_layer_stepper_refuses_a_mismatch():
+    from kvsim.errors import KvsimError
+    from kvsim.protocols.stepping import UniformLayer
+
+    A = np.ones((2, 1, 4, 4)) / 4
+    with pytest.raises(KvsimError, match="heads"):  # per KV head without pages
+        UniformLayer("h2o", 8, {}, prompt_attention=A, capacity_T=8, kv_heads=[0])
+    with pytest.raises(KvsimError, match="heads"):  # uniform over some KV heads only
+        UniformLayer("h2o", 8, {"heads": "uniform"}, prompt_attention=A, capacity_T=8,
+                     kv_heads=[1])
 
 
 def test_a_stepper_refuses_uniform_heads():
     from kvsim.errors import KvsimError
     from kvsim.protocols.stepping import Stepper
 
-    with pytest.raises(KvsimError, match="UniformLayer"):
-        Stepper("h2o", 8, {"heads": "uniform"}, prompt_attention=np.ones((1, 4, 4)) / 4,
-                capacity_T=8)
+    for params in ({"heads": "uniform"}, {"page": 2}):
+        with pytest.raises(KvsimError, match="UniformLayer"):
+            Stepper("h2o", 8, params, prompt_attention=np.ones((1, 4, 4)) / 4, capacity_T=8)
+    with pytest.raises(KvsimError, match="BlockLayer"):
+        Stepper("openvino", 79, {}, prompt_attention=np.ones((1, 4, 4)) / 4, capacity_T=8)

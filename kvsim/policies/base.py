@@ -251,7 +251,11 @@ class Policy:
     why it cannot run one step at a time on attention from elsewhere, or None. ``layer``:
     its prefill chooses one set for the whole layer from every KV head's attention
     (:meth:`Group.layer_groups`), so a :class:`~kvsim.protocols.stepping.Stepper` of it
-    takes the layer's attention (its ``kv_head``).
+    takes the layer's attention (its ``kv_head``). ``layer_cache(group, budget, params,
+    keys, capacity)``: for a rule that decides once for every KV head of a layer
+    (``openvino``), the layer's one cache of room ``capacity``, built from the layer's
+    prompt (``group``) and each KV head's ``(d, T)`` ``keys``, which
+    :class:`~kvsim.protocols.stepping.BlockLayer` steps inside a model.
 
     For budget allocation (:mod:`kvsim.engine.allocation`): ``fixed(budget, prompt_len,
     params)`` counts the fixed parts at a budget (sinks, window, recent tokens);
@@ -289,6 +293,7 @@ class Policy:
     needs: frozenset[str] = frozenset()
     closed_loop: Callable[[dict], str | None] = lambda params: None
     layer: bool = False
+    layer_cache: Callable[[Group, int, dict, list, int], object] | None = None
     floor_reason: str = "its fixed parts + 1"  # why min_budget can exceed 1, for errors
     fixed: Callable[[int, int, dict], int] = lambda budget, prompt_len, params: 0
     prefill_score: Callable[[Group, int, dict], np.ndarray] | None = None

@@ -13,9 +13,10 @@ keys, ``A = block * floor((B + 1) / block) - block``, the lowest-scoring whole b
 middle go (a block's score: its keys' scores summed in order; ties: the lower block first, as
 the code's ``nth_element`` comparator), leaving ``A - start - recent`` tokens of middle.
 
-Every KV head of the layer holds the same cache, so a run simulates the layer jointly (each
-KV head's rows through the shared cache) and reports its own KV head (:func:`simulate`,
-which ``openvino_arkv``, the ``ADAPTIVE_RKV`` mode, shares). Left out: KVCrush's add-back
+Every KV head of the layer holds the same cache (:class:`LayerCache`), so a run simulates
+the layer jointly (each KV head's rows through the shared cache) and reports its own KV head
+(:func:`simulate`, which ``openvino_arkv``, the ``ADAPTIVE_RKV`` mode, shares); inside a
+model, :class:`~kvsim.protocols.stepping.BlockLayer` steps the same cache. Left out: KVCrush's add-back
 (off by default in the code) and RoPE re-rotation (``apply_rotation``, off by default:
 kvsim's keys keep their positions).
 """
@@ -187,13 +188,14 @@ class Scores:
         self.acc, self.seen = np.delete(self.acc, drop), np.delete(self.seen, drop)
 
 
-def evictable(n: int, params: dict, budget: int) -> tuple[int, int, int] | None:
-    """When the cache holds ``n`` keys (the incoming one counted) and exceeds the arena: the
-    evictable blocks ``first .. last - 1`` and how many of them stay (``A - start - recent``
-    tokens); None while ``n`` fits."""
+def evictable(n: int, params: dict, budget: int, extra: int = 0
+              ) -> tuple[int, int, int] | None:
+    """When the cache holds ``n`` keys (the incoming one counted) and exceeds the arena
+    (widened by ``extra`` keys: a task's question): the evictable blocks ``first .. last -
+    1`` and how many of them stay (``A - start - recent`` tokens); None while ``n`` fits."""
     S = params["block"]
     start, recent = S * params["start_blocks"], S * params["recent_blocks"]
-    A = arena(budget, S)
+    A = arena(budget, S) + extra
     if n <= A + S - 1:
         return None
     return start // S, n // S - recent // S, (A - start - recent) // S
@@ -204,11 +206,13 @@ def slots_of(blocks: np.ndarray, S: int) -> np.ndarray:
     return (blocks[:, None] * S + np.arange(S)).ravel()
 
 
-def evicted_slots(scores: Scores, n: int, params: dict, budget: int) -> np.ndarray:
+def evicted_slots(scores: Scores, n: int, params: dict, budget: int, extra: int = 0
+                  ) -> np.ndarray:
     """The cache slots to free when the cache holds ``n`` keys (the incoming one
-    counted): the lowest-scoring blocks of the middle, none while ``n`` fits the arena."""
+    counted): the lowest-scoring blocks of the middle, none while ``n`` fits the arena
+    (widened by ``extra``)."""
     S = params["block"]
-    area = evictable(n, params, budget)
+    area = evictable(n, params, budget, extra)
     if area is None or area[1] - area[0] <= area[2]:
         return np.zeros(0, np.int64)
     first, last, stay = area
@@ -217,51 +221,83 @@ def evicted_slots(scores: Scores, n: int, params: dict, budget: int) -> np.ndarr
     return slots_of(np.sort(order[:last - first - stay]) + first, S)
 
 
-def simulate(group: Group, budget: int, params: dict, scores: Tracked,
-             choose: Callable[[np.ndarray, int], np.ndarray]) -> Trace:
-    """Run the layer through its shared cache: ``scores`` (``prefill``, ``register``,
-    ``remove``) tracks the keys past the start area; ``choose(cache, n)`` gives the slots
-    to free when the cache ``cache`` (its first keys) holds ``n`` keys, the incoming counted."""
-    S, P, T = params["block"], group.prompt_len, group.T
-    start = S * params["start_blocks"]
-    window = params["snapkv_window"]
-    scores.prefill(group.shared(("openvino", window), lambda: prompt_scores(group, window)),
-                   start, P, window)
-    kept = np.arange(P)
-    drop = choose(kept, P)
-    if drop.size:
-        scores.remove(drop - start)
-        kept = np.delete(kept, drop)
-    members = [_Member(m, budget, kept) for m in group.layer_groups()]
-    n = kept.shape[0]
-    for t in range(P, T):
-        drop = choose(members[0].cache, n + 1)
+class LayerCache:
+    """The one cache of a layer under the block rule, one token at a time: what
+    :func:`simulate` runs and a model's decoder steps
+    (:class:`~kvsim.protocols.stepping.BlockLayer`).
+
+    ``scores`` (``prefill``, ``register``, ``remove``) tracks the keys past the start area;
+    ``choose(cache, n, budget, extra)`` gives the slots to free when ``cache`` (its first
+    keys) holds ``n`` keys, the incoming one counted, in the arena of ``budget`` widened by
+    ``extra`` keys. The prefill scores come from ``group``, the layer's prompt (every KV
+    head's attention). :attr:`extra` may grow: a task's question and answer join the arena
+    of ``B`` widened by their keys, without eviction, as they join every other cache."""
+
+    def __init__(self, group: Group, budget: int, params: dict, scores: Tracked,
+                 choose: Callable[[np.ndarray, int, int, int], np.ndarray], capacity: int):
+        P, window = group.prompt_len, params["snapkv_window"]
+        self.start = params["block"] * params["start_blocks"]
+        self.scores, self.choose, self.budget, self.extra = scores, choose, budget, 0
+        scores.prefill(group.shared(("openvino", window), lambda: prompt_scores(group, window)),
+                       self.start, P, window)
+        self.cache, self.n = np.zeros(max(capacity, P), np.int64), P
+        self.cache[:P] = np.arange(P)
+        self.make_room(P)
+
+    def make_room(self, n: int) -> np.ndarray:
+        """Free what the rule frees when the cache holds ``n`` keys (its own, or one more:
+        the incoming key); the freed slots (the others keep their order)."""
+        drop = self.choose(self.cache, n, self.budget, self.extra)
         if drop.size:
-            scores.remove(drop - start)
+            self.scores.remove(drop - self.start)
+            self.cache[:self.n - drop.size] = np.delete(self.cache[:self.n], drop)
+            self.n -= drop.size
+        return drop
+
+    def append(self, t: int) -> None:
+        """Key ``t`` joins (room made first, :meth:`make_room`)."""
+        self.cache[self.n] = t
+        self.n += 1
+
+    def register(self, row: np.ndarray) -> None:
+        """The layer's summed observed row over the ``n`` cached keys, the newest last."""
+        if self.n > self.start:
+            self.scores.register(row[self.start:self.n])
+
+
+def simulate(group: Group, layer: LayerCache) -> Trace:
+    """Run the layer of ``group`` through its one cache ``layer``: each KV head's decode
+    loop through the shared cache, their summed rows registered; the trace of ``group``'s
+    KV head."""
+    n = layer.n
+    members = [_Member(m, layer.budget, layer.cache[:n]) for m in group.layer_groups()]
+    for t in range(group.prompt_len, group.T):
+        if layer.make_room(n + 1).size:
+            n = layer.n
             for m in members:
-                m.cache[:n - drop.size] = np.delete(m.cache[:n], drop)
-            n -= drop.size
+                m.cache[:n] = layer.cache[:n]
         row = np.zeros(n + 1)
         for m in members:
             row += m.step(t, n)
+        layer.append(t)
         n += 1
-        if n > start:
-            scores.register(row[start:])
+        layer.register(row)
     own = members[group.kv_head]
     own.trace.kept = np.sort(own.cache[:n])
     return own.trace
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
+def layer_cache(group: Group, budget: int, params: dict, keys: list[np.ndarray],
+                capacity: int) -> LayerCache:
+    """The layer's cache under SUM / NORM_SUM (``keys``: unread)."""
     scores = Scores(params)
-    return simulate(group, budget, params, scores,
-                    lambda cache, n: evicted_slots(scores, n, params, budget))
+    return LayerCache(group, budget, params, scores,
+                      lambda cache, n, B, extra: evicted_slots(scores, n, params, B, extra),
+                      capacity)
 
 
-def closed_loop(params: dict) -> str:
-    """Why the closed loop cannot step it one KV head at a time."""
-    return ("it evicts the same blocks in every KV head of a layer, from all of their "
-            "attention, and the closed loop steps each KV head on its own")
+def _run(group: Group, budget: int, params: dict) -> Trace:
+    return simulate(group, layer_cache(group, budget, params, [], budget))
 
 
 POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per layer, whole "
@@ -269,11 +305,10 @@ POLICY = Policy("openvino", "OpenVINO GenAI's block eviction: one decision per l
                 min_budget=min_budget, saturation=saturation,
                 floor_reason="start, recent and one evictable block, less 1 (block * "
                              "(start_blocks + recent_blocks + 2) - 1)",
-                closed_loop=closed_loop,
+                layer_cache=layer_cache,
                 presentation=Presentation(
                     family="engine", color="#0077ee", marker="D",
                     reads="attention (every KV head of the layer)",
                     rule=("OpenVINO GenAI's CacheEvictionAlgorithm (SUM / NORM_SUM): whole blocks of "
                           "the middle, lowest pooled accumulated attention of the layer first; one "
-                          "decision for every KV head of a layer (not steppable one KV head at a "
-                          "time)")))
+                          "decision for every KV head of a layer")))

@@ -126,11 +126,12 @@ def most_diverse(diversity: np.ndarray, candidates: np.ndarray, count: int, S: i
 
 
 def evicted_slots(scores: MeanScores, keys: list[np.ndarray], cache: np.ndarray, n: int,
-                  params: dict, budget: int) -> np.ndarray:
+                  params: dict, budget: int, extra: int = 0) -> np.ndarray:
     """The cache slots to free when the cache ``cache`` holds ``n`` keys (the incoming one
-    counted); ``keys``: each KV head's ``(d, T)`` keys of the layer."""
+    counted) in the arena of ``budget`` widened by ``extra``; ``keys``: each KV head's
+    ``(d, T)`` keys of the layer."""
     S = params["block"]
-    area = openvino.evictable(n, params, budget)
+    area = openvino.evictable(n, params, budget, extra)
     if area is None:
         return np.zeros(0, np.int64)
     first, last, stay = area
@@ -143,19 +144,26 @@ def evicted_slots(scores: MeanScores, keys: list[np.ndarray], cache: np.ndarray,
     return openvino.slots_of(candidates + first, S)
 
 
-def _run(group: Group, budget: int, params: dict) -> Trace:
+def layer_cache(group: Group, budget: int, params: dict, keys: list[np.ndarray],
+                capacity: int) -> openvino.LayerCache:
+    """The layer's cache under ADAPTIVE_RKV; ``keys``: each KV head's ``(d, T)`` keys."""
     scores = MeanScores(params)
+    return openvino.LayerCache(
+        group, budget, params, scores,
+        lambda cache, n, B, extra: evicted_slots(scores, keys, cache, n, params, B, extra),
+        capacity)
+
+
+def _run(group: Group, budget: int, params: dict) -> Trace:
     keys = [m.keys for m in group.layer_groups()]
-    return openvino.simulate(group, budget, params, scores,
-                             lambda cache, n: evicted_slots(scores, keys, cache, n, params,
-                                                            budget))
+    return openvino.simulate(group, layer_cache(group, budget, params, keys, budget))
 
 
 POLICY = Policy("openvino_arkv", "OpenVINO GenAI's block eviction, ADAPTIVE_RKV mode: the "
                 "blocks holding attention_mass of the recent mean attention, the rest of the "
                 "middle by key diversity", PARAMS, run=_run, needs=frozenset({"keys"}),
                 min_budget=openvino.min_budget, saturation=openvino.saturation,
-                floor_reason=openvino.POLICY.floor_reason, closed_loop=openvino.closed_loop,
+                floor_reason=openvino.POLICY.floor_reason, layer_cache=layer_cache,
                 presentation=Presentation(
                     family="engine", color="#00dd00", marker="s",
                     reads="attention and keys (every KV head of the layer)",

@@ -126,7 +126,26 @@ def paged(run: Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -> 
     included): the prefill keeps the protected pages, the receiving one and the best
     complete ones; a key that opens a page when the cap is reached evicts the
     lowest-ranked complete unprotected page first."""
-    P, T, cap, seed = group.prompt_len, group.T, B // S, group.seed
+    P, T = group.prompt_len, group.T
+    page_prefill(run, P, S, reduce, B, group.seed)
+    t = P
+    while t < T:
+        stop = min(t + (-t) % S, T) if t % S else t  # the next key that opens a page
+        if stop > t:
+            run.span(group, out, t, stop)
+            t = stop
+        if t < T:
+            page_evict(run, t, S, reduce, B, group.seed)
+            stop = min(t + S, T)
+            run.span(group, out, t, stop)
+            t = stop
+
+
+def page_prefill(run: Run, P: int, S: int, reduce: str, B: int, seed: int) -> None:
+    """The prefill of :func:`paged`: of the ``P`` prompt keys, the pages holding protected
+    keys (the ``recent`` newest among them), the receiving page and the best complete
+    others, ``floor(B / S)`` pages in all."""
+    cap = B // S
     pages, score, guard = run.page_scores(S, reduce, -1, seed)
     recent = run.state.recent if run.policy.layout.recent is not None else 0
     guard |= np.isin(pages, np.unique(np.arange(max(P - recent, 0), P) // S))
@@ -137,20 +156,15 @@ def paged(run: Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -> 
     free = np.flatnonzero(~guard)
     best = free[np.lexsort((pages[free], -score[free]))][:cap - int(guard.sum())]
     run.drop_pages(np.setdiff1d(pages, pages[np.concatenate((np.flatnonzero(guard), best))]), S)
-    t = P
-    while t < T:
-        stop = min(t + (-t) % S, T) if t % S else t  # the next key that opens a page
-        if stop > t:
-            run.span(group, out, t, stop)
-            t = stop
-        if t < T:
-            pages, score, guard = run.page_scores(S, reduce, t, seed)
-            if pages.size >= cap:
-                free = np.flatnonzero(~guard)
-                if free.size == 0:
-                    raise protected(run.policy, f"the {cap} pages of B = {B}")
-                worst = free[np.lexsort((-pages[free], score[free]))][0]
-                run.drop_pages(pages[worst:worst + 1], S)
-            stop = min(t + S, T)
-            run.span(group, out, t, stop)
-            t = stop
+
+
+def page_evict(run: Run, t: int, S: int, reduce: str, B: int, seed: int) -> None:
+    """Before key ``t`` opens a page: when ``floor(B / S)`` pages are held, the
+    lowest-ranked unprotected one (the later page first among equals) leaves."""
+    pages, score, guard = run.page_scores(S, reduce, t, seed)
+    if pages.size >= B // S:
+        free = np.flatnonzero(~guard)
+        if free.size == 0:
+            raise protected(run.policy, f"the {B // S} pages of B = {B}")
+        worst = free[np.lexsort((-pages[free], score[free]))][0]
+        run.drop_pages(pages[worst:worst + 1], S)

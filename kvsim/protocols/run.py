@@ -91,18 +91,19 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
     protocol; the policy's own check. What this accepts runs.
     """
     out = []
-    # heads = "uniform" alone is stepped a layer at a time (stepping.UniformLayer)
-    layered = stepping and settings.asked(params) == ["heads"]
+    # heads = "uniform" and pages are stepped a layer at a time (stepping.UniformLayer)
+    layered = stepping and settings.asked(params) in (["heads"], ["page"], ["page", "heads"])
     if stepping:
         if not settings.is_neutral(settings.split(params)[1]) and not layered:
             out.append(RunProblem("stepping", settings.asked(params)[0], (
-                f"expected the per-step rule or heads = \"uniform\" alone (a policy stepped "
+                f"expected the per-step rule, heads = \"uniform\" or pages (a policy stepped "
                 f"one token at a time takes no other protocol), got {settings.label(params)}: "
                 f"protocols are the simulator's")))
+        blocks = policy.layer_cache is not None  # stepped a layer at a time (BlockLayer)
         reason = policy.closed_loop(params) or (
-            "it has no step code" if policy.steps is None else None) or (
+            "it has no step code" if policy.steps is None and not blocks else None) or (
             "it declares no state layout (Policy.layout) to widen its cache by for the "
-            "question" if widens and policy.layout is None else None)
+            "question" if widens and policy.layout is None and not blocks else None)
         if reason:
             out.append(RunProblem("stepping", "", reason))
     sized = T is not None and prompt_len is not None

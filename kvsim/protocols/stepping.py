@@ -17,7 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
-from kvsim.protocols.cache import Run
+from kvsim.protocols.cache import Run, page_evict, page_prefill
 from kvsim.protocols.run import get_policy, make_group, resolve_params, run_problems
 from kvsim.protocols.uniform import LayerRun, layer_prefill
 
@@ -117,9 +117,14 @@ class Stepper:
                  kv_head: int | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
-        if resolved.get("heads") == "uniform":
-            raise KvsimError(f"{policy}.heads: one KV head cannot rank for the whole layer: "
-                             f"step heads = \"uniform\" with UniformLayer")
+        if resolved.get("heads") == "uniform" or resolved.get("page", 1) != 1:
+            key = "heads" if resolved.get("heads") == "uniform" else "page"
+            raise KvsimError(f"{policy}.{key}: one KV head's stepper cannot rank for the "
+                             f"layer or in pages: step it with UniformLayer")
+        if spec.layer_cache is not None:
+            raise KvsimError(f"{policy}: cannot run one step at a time: it evicts the same "
+                             f"blocks from every KV head of a layer: step the layer with "
+                             f"BlockLayer")
         for problem in run_problems(spec, resolved, stepping=True):  # the first one
             if problem.key:
                 raise KvsimError(problem.message, f"{policy}.{problem.key}")
@@ -268,43 +273,61 @@ class Stepper:
         self._observed = True
 
 
+def _check_layer(spec, policy: str, resolved: dict, budget, capacity_T, P: int) -> None:
+    """A layer stepper's budget and run check (:func:`run_problems`, stepping)."""
+    if isinstance(capacity_T, bool) or not isinstance(capacity_T, (int, np.integer)) \
+            or capacity_T < P:
+        raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
+        raise KvsimError(f"budget: expected an integer, got {budget!r}")
+    for problem in run_problems(spec, resolved, [int(budget)], int(capacity_T), P,
+                                stepping=True):
+        raise KvsimError(problem.message, "budget" if problem.kind == "budget"
+                         else f"{policy}.{problem.key}")
+
+
 class UniformLayer:
-    """``heads = "uniform"`` one token at a time: every KV head of a layer holds the same
-    cache, ranked by the sum over the KV heads of their scores, as
-    :func:`kvsim.protocols.uniform.run_uniform` simulates it (``page = 1``).
+    """One cache for several KV heads of a layer, ranked by the sum of their scores, one
+    token at a time, as :func:`kvsim.protocols.uniform.run_uniform` simulates it:
+    ``heads = "uniform"`` (every KV head of the layer), per token or in pages
+    (``page``); or ``page`` alone, a layer of one KV head (``kv_heads = [j]``), as
+    :func:`kvsim.protocols.cache.paged` simulates it.
 
     Each KV head is a :class:`Stepper` of the per-head rule that learns from its own query
     heads' attention through the one cache, started with every prompt key scored (the recent
-    count of ``budget``); the prefill then keeps the ``recent`` newest prompt keys and the
-    best others by the summed prefill scores, and a token that would exceed ``budget``
-    first removes the lowest-ranked unprotected key from every KV head. :meth:`head` gives
-    KV head ``j``'s view for a decoder (``cache``, ``admit``, ``observe``, ``widen``): the
-    first view to admit token ``t`` admits it in every KV head.
+    count of ``budget``). Per token: the prefill keeps the ``recent`` newest prompt keys and
+    the best others by the summed prefill scores, and a token that would exceed ``budget``
+    first removes the lowest-ranked unprotected key from every KV head. In pages of ``S``:
+    the prefill keeps ``floor(budget / S)`` pages, and a token that opens a page when they
+    are all held first removes the lowest-ranked page. :meth:`head` gives KV head ``j``'s
+    view for a decoder (:class:`LayerView`): the first view to admit token ``t`` admits it
+    in every KV head.
 
     Parameters are :class:`Stepper`'s, with ``prompt_attention`` the layer's (H_kv, G, P,
     P) and, per KV head ``j``, ``keys[j]``, ``values[j]``, ``queries[j]``, ``seeds[j]`` and
-    ``rope[j]`` (lists; None where the policy reads none).
+    ``rope[j]`` (lists over the layer's KV heads; None where the policy reads none);
+    ``kv_heads``: the KV heads that share the cache (default: all).
     """
 
     def __init__(self, policy: str, budget: int, params: dict | None = None, *,
                  prompt_attention: np.ndarray, capacity_T: int, keys: list | None = None,
                  values: list | None = None, queries: list | None = None, scaling=None,
                  gqa: str = "mean", seeds: list | None = None, rope: list | None = None,
-                 passes: dict | None = None):
+                 passes: dict | None = None, kv_heads: list[int] | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
-        if resolved.get("heads") != "uniform":
-            raise KvsimError(f"{policy}.heads: expected \"uniform\" for a layer stepped as "
-                             f"one cache, got {resolved.get('heads')!r}")
         A = _array("prompt_attention", prompt_attention, 4)
         H_kv, P = A.shape[0], A.shape[2]
-        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-            raise KvsimError(f"budget: expected an integer, got {budget!r}")
-        for problem in run_problems(spec, resolved, [int(budget)], int(capacity_T), P,
-                                    stepping=True):
-            raise KvsimError(problem.message, "budget" if problem.kind == "budget"
-                             else f"{policy}.{problem.key}")
-        own = {**resolved, "heads": "per_head"}
+        kv_heads = list(range(H_kv)) if kv_heads is None else [int(j) for j in kv_heads]
+        uniform = resolved.get("heads") == "uniform"
+        if not (uniform and len(kv_heads) == H_kv
+                or not uniform and resolved.get("page", 1) != 1 and len(kv_heads) == 1):
+            raise KvsimError(f"{policy}.heads: expected \"uniform\" for every KV head of the "
+                             f"layer stepped as one cache, or pages for one KV head's, got "
+                             f"{resolved.get('heads', 'per_head')!r}, page = "
+                             f"{resolved.get('page', 1)} for KV heads {kv_heads} of {H_kv}")
+        _check_layer(spec, policy, resolved, budget, capacity_T, P)
+        own = {**resolved, "heads": "per_head", "page": 1}
         first = max(P, 1, spec.min_budget(own))  # every prompt key scored: none evicted
 
         def each(x, j):
@@ -315,16 +338,22 @@ class UniformLayer:
                                  queries=each(queries, j), scaling=scaling, gqa=gqa,
                                  seed=0 if seeds is None else seeds[j],
                                  capacity_T=capacity_T, rope=each(rope, j), passes=passes)
-                         for j in range(H_kv)]
+                         for j in kv_heads]
+        self._view = {j: i for i, j in enumerate(kv_heads)}
         layout = spec.layout
         for m in self._members:
             if layout.recent is not None:  # the recent count of the budget, not of first
                 m._state = m._state._replace(recent=layout.recent(int(budget), resolved))
             m.widen(capacity_T - P)  # room for every later key: only the layer evicts
         self._spec, self._slots = spec, layout.slot_fields(own)
-        self._budget, self._extra = int(budget), [0] * H_kv
+        self._budget, self._extra = int(budget), [0] * len(kv_heads)
+        self._page, self._reduce = resolved.get("page", 1), resolved.get("page_reduce")
         self._layer = self._runs()
-        layer_prefill(self._layer, P, self._budget, layout.recent_count(int(budget), resolved))
+        if self._page != 1:
+            page_prefill(self._layer, P, self._page, self._reduce, self._budget, 0)
+        else:
+            layer_prefill(self._layer, P, self._budget,
+                          layout.recent_count(int(budget), resolved))
         self._sync()
         self._first = self._next = P
 
@@ -343,13 +372,17 @@ class UniformLayer:
         """The budget, widened by the most any view asked for (a task's question)."""
         return self._budget + max(self._extra)
 
-    def head(self, j: int) -> "UniformHead":
+    def head(self, j: int) -> "LayerView":
         """KV head ``j``'s view."""
-        return UniformHead(self, j)
+        return LayerView(self, j)
+
+    def cache_of(self, j: int) -> np.ndarray:
+        """The layer's cached positions, in KV head ``j``'s slot order."""
+        return self._members[self._view[j]].cache
 
     def admit(self, t: int) -> None:
-        """Token ``t`` joins every KV head (once, whichever view asks first): when the
-        cache is full, the lowest-ranked key by the summed scores leaves every KV head."""
+        """Token ``t`` joins every KV head (once, whichever view asks first), room made
+        first for the layer."""
         if t == self._next - 1 and self._next > self._first:  # another view admitted it
             return
         if t != self._next:
@@ -357,36 +390,141 @@ class UniformLayer:
                              f"got {t!r}")
         for run, m in zip(self._layer.runs, self._members):
             run.n = m._n
-        if self._layer.n + 1 > self.capacity:
+        if self._page != 1:
+            if t % self._page == 0:  # t opens a page
+                page_evict(self._layer, t, self._page, self._reduce, self.capacity, 0)
+                self._sync()
+        elif self._layer.n + 1 > self.capacity:
             self._layer.compress(self.capacity - 1, t, 0)
             self._sync()
         for m in self._members:
             m.admit(t)
         self._next = t + 1
 
+    def observe(self, j: int, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """KV head ``j``'s query heads attended over the cache (:meth:`Stepper.observe`)."""
+        self._members[self._view[j]].observe(attention, output)
 
-class UniformHead:
-    """KV head ``j`` of a :class:`UniformLayer`, as a decoder steps it."""
+    def widen(self, j: int, extra: int) -> None:
+        """``extra`` more keys, asked by KV head ``j``'s view (the layer takes the most any
+        asked)."""
+        self._extra[self._view[j]] += extra
 
-    def __init__(self, layer: UniformLayer, j: int):
+
+class BlockLayer:
+    """A rule that decides once for every KV head of a layer in whole blocks
+    (``Policy.layer_cache``: ``openvino``, ``openvino_arkv``), one token at a time: the
+    layer's one cache of :func:`kvsim.policies.openvino.simulate`, room made before a token
+    joins, the KV heads' observed rows (each query head's over its mass, summed over the
+    query heads, then over the KV heads in order) registered once every KV head has
+    observed. :meth:`head` gives KV head ``j``'s view for a decoder (:class:`LayerView`).
+
+    Parameters are :class:`Stepper`'s, with ``prompt_attention`` the layer's (H_kv, G, P,
+    P) and ``keys`` a list of each KV head's (capacity_T, d) keys, by reference (for rules
+    that read them).
+    """
+
+    def __init__(self, policy: str, budget: int, params: dict | None = None, *,
+                 prompt_attention: np.ndarray, capacity_T: int, keys: list | None = None,
+                 gqa: str = "mean", passes: dict | None = None):
+        spec = get_policy(policy)
+        if spec.layer_cache is None:
+            raise KvsimError(f"{policy}: expected a rule with one cache per layer "
+                             f"(Policy.layer_cache); step it with Stepper or UniformLayer")
+        resolved = resolve_params(spec, params or {})
+        A = _array("prompt_attention", prompt_attention, 4)
+        H_kv, G, P = A.shape[0], A.shape[1], A.shape[2]
+        _check_layer(spec, policy, resolved, budget, capacity_T, P)
+        if gqa not in GQA_MODES:
+            raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
+        if keys is None and "keys" in spec.needs:
+            raise KvsimError(f"keys: {policy} needs the keys of every KV head, got none")
+        by_dim = [np.zeros((0, 0), np.float32)] * H_kv if keys is None else \
+            [Stepper._vectors("keys", k, capacity_T, policy, True).T for k in keys]
+        probs = np.ascontiguousarray(A.reshape(H_kv * G, P, P), dtype=np.float64) \
+            if P > 0 else np.ones((H_kv * G, 1, 1))
+        group = make_group(dense_field(probs, kv_heads=H_kv), 0, P,
+                           np.zeros((H_kv * G, max(P, 1)), bool),
+                           {} if passes is None else passes, GQA_MODES[gqa])
+        self._cache = spec.layer_cache(group, int(budget), resolved, by_dim, int(capacity_T))
+        self._extra = [0] * H_kv
+        self._rows = np.zeros((H_kv, int(capacity_T)))
+        self._seen = np.ones(H_kv, bool)  # which KV heads observed the newest token
+        self._next, self._capacity = P, int(capacity_T)
+
+    def head(self, j: int) -> "LayerView":
+        """KV head ``j``'s view."""
+        return LayerView(self, j)
+
+    def cache_of(self, j: int) -> np.ndarray:
+        """The layer's cached positions, in slot order (every KV head's)."""
+        return self._cache.cache[:self._cache.n].copy()
+
+    def admit(self, t: int) -> None:
+        """Token ``t`` joins the layer (once, whichever view asks first), the blocks the
+        rule frees leaving first."""
+        if t == self._next - 1 and not self._seen.all():  # another view admitted it
+            return
+        if t != self._next or t >= self._capacity:
+            raise KvsimError(f"admit: expected token {self._next} (tokens join in order, "
+                             f"below capacity_T = {self._capacity}), got {t!r}")
+        if not self._seen.all():
+            raise KvsimError(f"admit: token {t - 1} was not observed by every KV head")
+        self._cache.extra = max(self._extra)
+        self._cache.make_room(self._cache.n + 1)
+        self._cache.append(t)
+        self._seen[:] = False
+        self._next = t + 1
+
+    def observe(self, j: int, attention: np.ndarray, output: np.ndarray | None = None) -> None:
+        """KV head ``j``'s query heads attended over the cache: ``attention`` (G, n), each
+        row taken over its own sum; the layer registers the sum once all have."""
+        n = self._cache.n
+        a = _array("attention", attention, 2)
+        if self._seen[j] or a.shape[1] != n:
+            raise KvsimError(f"observe: expected KV head {j}'s attention over the {n} cached "
+                             f"keys once per token, got {a.shape} "
+                             f"{'again' if self._seen[j] else ''}".rstrip())
+        row = self._rows[j, :n]
+        row[:] = 0.0
+        for g in range(a.shape[0]):
+            m = lane_sum(a[g], n)
+            if m > 0.0:
+                row += a[g] / m
+        self._seen[j] = True
+        if self._seen.all():
+            total = np.zeros(n)
+            for k in range(self._rows.shape[0]):
+                total += self._rows[k, :n]
+            self._cache.register(total)
+
+    def widen(self, j: int, extra: int) -> None:
+        """``extra`` more keys, asked by KV head ``j``'s view (the layer takes the most any
+        asked): they join the rule's arena (``A + extra``), without eviction."""
+        self._extra[j] += extra
+
+
+class LayerView:
+    """KV head ``j`` of a :class:`UniformLayer` or :class:`BlockLayer`, as a decoder
+    steps it (:class:`Stepper`'s ``cache``, ``admit``, ``observe``, ``widen``)."""
+
+    def __init__(self, layer: UniformLayer | BlockLayer, j: int):
         self._layer, self._j = layer, j
 
     @property
     def cache(self) -> np.ndarray:
         """The layer's cached positions, in this KV head's slot order."""
-        return self._layer._members[self._j].cache
+        return self._layer.cache_of(self._j)
 
     def admit(self, t: int) -> int:
-        """Token ``t`` joins the layer (:meth:`UniformLayer.admit`); returns -1 (an
-        eviction is the layer's)."""
+        """Token ``t`` joins the layer; returns -1 (an eviction is the layer's)."""
         self._layer.admit(t)
         return -1
 
     def observe(self, attention: np.ndarray, output: np.ndarray | None = None) -> None:
-        """This KV head's query heads attended over the cache (:meth:`Stepper.observe`)."""
-        self._layer._members[self._j].observe(attention, output)
+        """This KV head's query heads attended over the cache."""
+        self._layer.observe(self._j, attention, output)
 
     def widen(self, extra: int) -> None:
-        """``extra`` more keys for the layer (each view asks for its own; the layer takes
-        the most any asked)."""
-        self._layer._extra[self._j] += extra
+        """``extra`` more keys for the layer (:meth:`UniformLayer.widen`)."""
+        self._layer.widen(self._j, extra)

@@ -77,7 +77,7 @@ def make_steppers(full: FullRun, runs: list[tuple[PolicyConfig, int]], prompt_le
     out: list = [[[None] * H_kv for _ in range(L)] for _ in runs]
     stepped = [cfg for cfg, _ in runs if isinstance(cfg, PolicyConfig) and cfg.kind != FULL]
     layered = any(layer_wide(cfg) for cfg in stepped)
-    layers: dict = {}  # heads = "uniform": (run, layer) -> its UniformLayer
+    layers: dict = {}  # runs stepped a layer at a time: (run, layer[, KV head]) -> its layer
     for layer in full.global_layers:
         stack = full.layer_attention(layer, prompt_len) if layered else None
         for j in range(H_kv):

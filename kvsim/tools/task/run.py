@@ -203,7 +203,7 @@ def compress(full: FullRun, prompt: inputs.Prompt, cfg: TaskConfig) -> tuple[dic
     digits = np.concatenate(prompt.digits)
     rows_of: dict = {}
     layered = any(layer_wide(pc) for pc in cfg.policies)
-    layers: dict = {}  # heads = "uniform": (protocol, run, layer) -> its UniformLayer
+    layers: dict = {}  # runs stepped a layer at a time: protocol -> (run, layer[, KV head]) -> layer
     for i, layer in enumerate(full.global_layers):  # a sliding-window layer: no policy
         stack = full.layer_attention(layer, P) if layered else None
         stacks = {at: _until(stack, at) for at in {c.at for c in protocols.values()}} \
