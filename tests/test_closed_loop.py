@@ -233,6 +233,22 @@ def test_kl_smoothing_averages_only_the_points_that_exist():
     assert np.isclose(smooth[-1], x[-3:].mean())
 
 
+def test_the_scatter_names_a_policy_it_would_hide():
+    """A policy whose runs lie on an earlier one's in the mass-vs-KL scatter is drawn dashed
+    and hollow and named beside it; one apart at a single budget is not."""
+    from kvsim.tools.closed_loop.report import _scatter_twins
+
+    def runs(label, masses, kls):
+        return [{"policy": label, "budget": b, "mass_mean": m, "kl": k}
+                for b, m, k in zip((160, 256), masses, kls)]
+
+    rows = (runs("a", (0.84, 0.92), (0.093, 0.034)) + runs("b", (0.84, 0.92), (0.093, 0.034))
+            + runs("c", (0.8401, 0.9201), (0.0931, 0.0340)) + runs("d", (0.84, 0.92), (0.2, 0.034))
+            + runs("full", (1.0, 1.0), (0.0, 0.0)))
+    assert _scatter_twins(["a", "b", "c", "d", "full"], rows) == {"b": ("a", True),
+                                                                 "c": ("a", False)}
+
+
 def test_a_closed_loop_report_of_another_study_is_replaced_only_with_force(tmp_path):
     from functools import partial
 

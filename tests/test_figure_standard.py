@@ -41,6 +41,7 @@ def test_a_policy_keeps_its_colour_whatever_else_is_drawn():
     assert len(set(one.values())) == 4  # labels that are not policy names take spares
     many = plotting.color_map([f"h2o[r={i}]" for i in range(20)])
     assert len(set(many.values())) == 20
+    assert _worst_gap(many) >= palette.APART  # spares are spread as family colours are
 
 
 FAMILIES = ("heavy hitters", "window vote", "recency", "new a", "new b", "new c", "new d")

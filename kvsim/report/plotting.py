@@ -223,9 +223,9 @@ SPARE_COLORS = ("#00ddaa", "#8855ff", "#00e6e6", "#996633", "#80ff00", "#b3b3ff"
 def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[str, str]:
     """``{label: colour}``: a policy name's colour (:func:`~kvsim.report.palette.policy_color`),
     or that of its policy (``kinds[label]``) when given; other labels take the spare colours
-    not already used, in order (past them, tab20's, which may repeat a hue). A colour drawn
-    from a policy's family, not declared, moves where another of the figure is too close to
-    it (:func:`~kvsim.report.palette.spread`)."""
+    not already used, in order (past them, tab20's). A colour not declared by a policy (one
+    drawn from a policy's family, or a spare) moves where another of the figure is too close
+    to it (:func:`~kvsim.report.palette.spread`)."""
     labels = list(dict.fromkeys(labels))
     policy = {label: label if label in POLICIES else (kinds or {}).get(label) for label in labels}
     policy = {label: name for label, name in policy.items() if name in POLICIES}
@@ -236,7 +236,8 @@ def color_map(labels: list[str], kinds: dict[str, str] | None = None) -> dict[st
         if label not in colors:
             colors[label] = free.pop(0) if free else "#555555"
     colors = {label: colors[label] for label in labels}
-    return spread(colors, [label for label, name in policy.items() if not declared_color(name)])
+    return spread(colors, [label for label in labels
+                           if label not in policy or not declared_color(policy[label])])
 
 
 SHADE_APART = 20  # a variant's shade is this far (CIELAB) from every other colour drawn

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvsim.errors import KvsimError
 from kvsim.report.lock import replace_folder
+from kvsim.report.stats import COINCIDE_TOL, twins
 from kvsim.tools.closed_loop import metrics
 from kvsim.tools.closed_loop.metrics import gaps_from_best
 from kvsim.tools.closed_loop.config import ClosedLoopConfig, saved_settings
@@ -93,6 +94,21 @@ def headline(gaps: list[dict], n: int, within: float) -> str:
     return f"{text}: {_verdict(best['rho'], within)}."
 
 
+def _scatter_twins(labels: list[str], rows: list[dict]) -> dict[str, tuple[str, bool]]:
+    """The policies of the mass-vs-KL scatter that cannot be told from an earlier one on its
+    log axes (:func:`~kvsim.report.stats.twins` over each run's log missing mass and log
+    KL, the tolerance grown with the decades the axes span)."""
+    points = {lab: [(1.0 - r["mass_mean"], r["kl"]) for r in rows if r["policy"] == lab]
+              for lab in labels}
+    points = {lab: np.log10(np.maximum(np.array(p, float), 1e-300)).T  # (2, budgets)
+              for lab, p in points.items() if p and all(x > 0.0 for x, _ in p)}
+    if not points:
+        return {}
+    every = np.concatenate(list(points.values()), axis=1)
+    decades = max(1.0, float((every.max(axis=1) - every.min(axis=1)).max()))
+    return twins({lab: p.ravel() for lab, p in points.items()}, COINCIDE_TOL * decades)
+
+
 def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], folder: Path):
     import matplotlib
     matplotlib.use("Agg")
@@ -105,6 +121,7 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
     budgets = sorted({r["budget"] for r in rows if r["mass_mean"] < 1.0})
     markers = dict(zip(budgets, "osD^vP*Xph<>"))
     fig, ax = plt.subplots(figsize=(7, 5))
+    twin = _scatter_twins(labels, rows)
     for lab in labels:
         pts = [r for r in rows if r["policy"] == lab]
         if all(r["mass_mean"] >= 1.0 for r in pts):  # every key kept (a KIVI full cache)
@@ -112,11 +129,14 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
                 ax.axhline(r["kl"], color=colors[lab], ls="--", lw=0.8,
                            label=f"{lab} (mass 1)")
             continue
-        ax.plot([1.0 - r["mass_mean"] for r in pts], [r["kl"] for r in pts], "-",
-                color=colors[lab], label=lab, lw=0.8)
-        for r in pts:
+        other, exact = twin.get(lab, (None, False))
+        shown = lab if other is None else f"{lab} ({'=' if exact else '≈'} {other})"
+        ax.plot([1.0 - r["mass_mean"] for r in pts], [r["kl"] for r in pts],
+                "-" if other is None else "--", color=colors[lab], label=shown, lw=0.8)
+        for r in pts:  # a twin's markers hollow, so that the one beneath shows
             ax.plot(1.0 - r["mass_mean"], r["kl"], markers.get(r["budget"], "o"),
-                    color=colors[lab], ms=5, mec="white", mew=0.5)
+                    color=colors[lab], ms=5, mec=colors[lab] if other else "white",
+                    mew=1.0 if other else 0.5, mfc="none" if other else colors[lab])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("open-loop missing mass, 1 − mean mass (simulator, full-cache attention; "
