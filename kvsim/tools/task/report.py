@@ -135,8 +135,10 @@ def _labels(cfg: TaskConfig, protocol: str) -> list[str]:
 
 def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, str]:
     """``{policy: " (= other, protocol)"}`` for a policy every marker of which, in a protocol,
-    sits on a marker of an earlier policy: drawn over, it would vanish unnamed."""
-    notes = {}
+    sits on a marker of an earlier policy: drawn over, it would vanish unnamed (``" (=
+    other)"`` when it does under every protocol, on the same policy)."""
+    notes: dict = {}
+    protocols = list(protocols)
     for protocol in protocols:
         points = {lab: {(a["retention"], a["accuracy"]) for a in acc
                         if a["policy"] == lab and a["protocol"] == protocol} for lab in labels}
@@ -144,8 +146,9 @@ def _hidden_markers(acc: list[dict], labels: list[str], protocols) -> dict[str, 
             under = next((other for other in labels[:i]
                           if points[lab] and points[lab] <= points[other]), None)
             if under:
-                notes.setdefault(lab, []).append(f"= {under}, {_label(protocol).split(' (')[0]}")
-    return {lab: f" ({'; '.join(n)})" for lab, n in notes.items()}
+                notes.setdefault(lab, []).append((under, _label(protocol).split(' (')[0]))
+    return {lab: f" (= {n[0][0]})" if len(n) == len(protocols) and len({u for u, _ in n}) == 1
+            else f" ({'; '.join(f'= {u}, {p}' for u, p in n)})" for lab, n in notes.items()}
 
 
 def _figures(cfg: TaskConfig, rows: list[dict], cells: dict, acc: list[dict],
