@@ -146,3 +146,17 @@ def test_task_rows_on_the_tiny_model(tmp_path, monkeypatch):
         assert row["trial_over_floor"] == row["kvsim_trial_s"] / row["floor_s"]
         assert row["kvsim_per_run_s"] == row["kvsim_trial_s"] / 8
         assert ("kvpress_per_run_s" in row) == (importlib.util.find_spec("kvpress") is not None)
+
+
+def test_a_policy_rate_is_its_best_run(monkeypatch):
+    """The policy rows take the least time of several runs: at least 3 after a warm-up, at
+    most ``most``, until the time allowed is spent."""
+    import kvsim.tools.bench as bench
+
+    clock = iter([0.0, 5.0, 5.0, 6.0, 6.0, 9.0, 9.0, 9.5, 9.5, 13.0])  # runs of 5, 1, 3, 0.5, 3.5
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    calls = []
+    assert bench._best(lambda: calls.append(1), seconds=12.0) == 0.5
+    assert len(calls) == 6  # the warm-up, then 5 runs: 12 s spent after the fifth
+    clock = iter(float(i) for i in range(100))
+    assert bench._best(lambda: None, seconds=0.0, most=25) == 1.0  # the 3 it always takes
