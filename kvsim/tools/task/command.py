@@ -152,9 +152,12 @@ def _redraw(cfg: TaskConfig, out: Path, facts: dict, tmp: Path) -> None:
 
 
 def _check_line(cfg: TaskConfig) -> str:
-    return (f"task file: {len(cfg.policies) + len(cfg.presses)} policies x "
-            f"{len(cfg.budgets)} budgets x {len(cfg.compress)} protocols, {len(cfg.lengths)} "
-            f"lengths x {len(cfg.depths)} depths x {cfg.trials} trials; model {cfg.model}"
+    from kvsim.report.stats import plural
+
+    return (f"task file: {plural(len(cfg.policies) + len(cfg.presses), 'policy', 'policies')}"
+            f" x {plural(len(cfg.budgets), 'budget')} x {plural(len(cfg.compress), 'protocol')}"
+            f", {plural(len(cfg.lengths), 'length')} x {plural(len(cfg.depths), 'depth')} x "
+            f"{plural(cfg.trials, 'trial')}; model {cfg.model}"
             f"{', ' + cfg.gguf_file if cfg.gguf_file else ''}")
 
 
