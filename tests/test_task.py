@@ -717,6 +717,7 @@ def test_passkey_trial_on_a_tiny_gemma_keeps_windows_and_budgets():
     full = prefill(net, prompt.ids, logits_to_keep=1, rope=True)
     assert full.global_layers == [1, 3]
     keys, values = stores(full, 1, N, N + 8)
+    assert not keys[[0, 2], :, :, :N].any() and keys[[1, 3], :, :, :N].any()  # policies' layers
     decoder = Decoder(net, full, N, [[[FullCache(N)] for _ in range(4)]], keys, values, N + 8)
     tokens, _ = task_run.decode_answers(decoder, full.logits, 8)
     assert np.array_equal(tokens[0], generated)  # the stock model's greedy answer

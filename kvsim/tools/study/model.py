@@ -177,14 +177,16 @@ def stores(full: FullRun, caches: int, prompt_len: int, capacity: int | None = N
     """(L, C, H_kv, capacity, d) float32 key and value stores of ``caches`` caches (default
     capacity: the full run's T). The prompt rows are the full run's; they are copied into
     the stores of the caches ``keys_for`` and ``values_for`` only (default: all), those
-    whose policy reads them: :class:`Decoder` reads prompt positions from the full run, and
-    rows nobody writes take no memory."""
+    whose policy reads them, and in the global layers only, where policies run:
+    :class:`Decoder` reads prompt positions from the full run, and rows nobody writes take
+    no memory."""
     out = []
+    layers = full.global_layers
     for x, wanted in ((full.keys, keys_for), (full.values, values_for)):
         L, H_kv, T, d = x.shape
         store = np.zeros((L, caches, H_kv, capacity or T, d), np.float32)
         for c in range(caches) if wanted is None else wanted:
-            store[:, c, :, :prompt_len] = x[:, :, :prompt_len]
+            store[layers, c, :, :prompt_len] = x[layers, :, :prompt_len]
         out.append(store)
     return out[0], out[1]
 
@@ -192,14 +194,17 @@ def stores(full: FullRun, caches: int, prompt_len: int, capacity: int | None = N
 def query_stores(full: FullRun, caches: list[int], prompt_len: int,
                  capacity: int | None = None) -> dict[int, np.ndarray]:
     """(L, H_kv, G, capacity, d) float32 query stores of the caches ``caches`` (those whose
-    policy reads query vectors), prompt rows filled from the full run."""
+    policy reads query vectors), prompt rows filled from the full run in the global layers
+    (where policies run)."""
     L, H, T, d = full.queries.shape
     H_kv = full.keys.shape[1]
-    prompt = full.queries[:, :, :prompt_len].reshape(L, H_kv, H // H_kv, prompt_len, d)
+    layers = full.global_layers
+    prompt = full.queries[layers, :, :prompt_len].reshape(len(layers), H_kv, H // H_kv,
+                                                         prompt_len, d)
     out = {}
     for c in caches:
         out[c] = np.zeros((L, H_kv, H // H_kv, capacity or T, d), np.float32)
-        out[c][:, :, :, :prompt_len] = prompt
+        out[c][layers, :, :, :prompt_len] = prompt
     return out
 
 
