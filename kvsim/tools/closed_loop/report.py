@@ -120,7 +120,11 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
     paths = []
     budgets = sorted({r["budget"] for r in rows if r["mass_mean"] < 1.0})
     markers = dict(zip(budgets, "osD^vP*Xph<>"))
-    fig, ax = plt.subplots(figsize=(7, 5))
+    columns = max(1, min(3, -(-len(labels) // 6)))  # the legend's, below the axes
+    rows_below = -(-(len(labels) + 3) // columns) + 1  # policies, budgets and the title
+    fig, (ax, below) = plt.subplots(2, 1, figsize=(7, 5 + 0.19 * rows_below),
+                                    height_ratios=(5, 0.19 * rows_below))
+    below.axis("off")
     twin = _scatter_twins(labels, rows)
     for lab in labels:
         pts = [r for r in rows if r["policy"] == lab]
@@ -143,13 +147,13 @@ def _figures(cfg: ClosedLoopConfig, series: list[Series], rows: list[dict], fold
                   "log scale)")
     ax.set_ylabel("closed-loop KL per step (nats, log scale)")
     ax.set_title(f"{cfg.name}: the simulator's missing mass vs the model's own KL", fontsize=9)
-    policy_legend = ax.legend(fontsize=7, ncol=2, loc="upper left", title="policy",
-                              title_fontsize=7)
-    ax.add_artist(policy_legend)
+    # Below the axes, as every report figure's (the figure standard): none covers a point.
     from matplotlib.lines import Line2D
-    ax.legend([Line2D([], [], ls="", marker=markers[b], color="0.3") for b in budgets],
-              [str(b) for b in budgets], fontsize=7, loc="lower right", title="budget",
-              title_fontsize=7)
+    handles, names = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], ls="", marker=markers[b], color="0.3") for b in budgets]
+    names += [f"budget {b}" for b in budgets]
+    below.legend(handles, names, fontsize=7, ncol=columns, loc="upper center",
+                 title="policy (line) and budget (marker)", title_fontsize=7, frameon=False)
     ax.grid(alpha=0.3, which="both")
     paths += _save(fig, folder, "scatter_mass_vs_kl", cfg)
     steps = np.arange(cfg.prompt_len, cfg.tokens)
