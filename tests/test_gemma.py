@@ -95,7 +95,11 @@ def test_budget_holds_on_global_layers_and_local_layers_keep_their_window(tiny):
         out, _ = attend(layer, query, key, value, geometry)
         if geometry.window:  # exactly the window t - W < s <= t, in every cache
             t = decoder.t
-            K, V = decoder.keys[layer], decoder.values[layer]
+            # positions before P are the full run's (a local layer's store holds the
+            # decode rows only), the others each cache's own
+            K, V = (torch.cat((torch.from_numpy(x[layer, :, :P])[None].expand(
+                len(runs), -1, -1, -1), store[layer][:, :, P:]), dim=2)
+                for x, store in ((full.keys, decoder.keys), (full.values, decoder.values)))
             lo = t + 1 - WINDOW
             assert lo > 0
             q = query[:, :, 0].reshape(len(runs), H_kv, -1, query.shape[-1])
