@@ -30,6 +30,7 @@ import numpy as np
 from kvsim.numerics import kernels
 from kvsim.numerics.decode import Outputs, decode_kernel
 from kvsim.numerics.jit import jit_inline
+from kvsim.numerics.lanes import lane_sum
 from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Presentation, Trace, context, new_trace, snapshot_steps
 
@@ -258,6 +259,14 @@ class LayerCache:
         """Key ``t`` joins (room made first, :meth:`make_room`)."""
         self.cache[self.n] = t
         self.n += 1
+
+    def head_row(self, attention: np.ndarray, out: np.ndarray) -> None:
+        """``out[:n]``: one KV head's row, its query heads' observed ``attention`` (G, n)
+        over the cached keys each taken over its own sum, summed in head order (the decode
+        loop's :func:`observe`, the very arithmetic of :func:`simulate`)."""
+        n = self.n
+        mass = np.array([lane_sum(row, n) for row in attention])
+        observe(Recorder(out), self.cache, n, attention, mass, np.zeros((0, 0)))
 
     def register(self, row: np.ndarray) -> None:
         """The layer's summed observed row over the ``n`` cached keys, the newest last."""

@@ -131,14 +131,7 @@ class Stepper:
             raise KvsimError(f"{policy}: cannot run one step at a time: {problem.message}")
         A, H_kv, kv_head = _layer_attention(prompt_attention, kv_head, policy, spec.layer)
         G, P = A.shape[0] // H_kv, A.shape[1]
-        if isinstance(capacity_T, bool) or not isinstance(capacity_T, (int, np.integer)) \
-                or capacity_T < P:
-            raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
-        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)):
-            raise KvsimError(f"budget: expected an integer, got {budget!r}")
-        for problem in run_problems(spec, resolved, [budget], capacity_T, P, stepping=True):
-            raise KvsimError(problem.message, "budget" if problem.kind == "budget"
-                             else f"{policy}.{problem.key}")
+        _check_run(spec, policy, resolved, budget, capacity_T, P)
         if gqa not in GQA_MODES:
             raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
         self._keys = self._vectors("keys", keys, capacity_T, policy, "keys" in spec.needs)
@@ -146,10 +139,7 @@ class Stepper:
                                      "values" in spec.needs)
         self._queries = self._query_vectors(queries, G, capacity_T, policy,
                                             "queries" in spec.needs)
-        # The prefill reads only the prompt rows: a dense field over them (one key when
-        # P = 0, so that the field is not empty; the prompt has no row to read).
-        probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((G * H_kv, 1, 1))
-        field = dense_field(probs, kv_heads=H_kv)
+        field = _prompt_field(A, H_kv)
         if "rope" in spec.needs:
             field = _with_rope(field, rope, G * H_kv, P, policy)
         prompt = make_group(field, kv_head, P, np.zeros((G * H_kv, max(P, 1)), bool),
@@ -273,8 +263,16 @@ class Stepper:
         self._observed = True
 
 
-def _check_layer(spec, policy: str, resolved: dict, budget, capacity_T, P: int) -> None:
-    """A layer stepper's budget and run check (:func:`run_problems`, stepping)."""
+def _prompt_field(A: np.ndarray, H_kv: int):
+    """The dense field a stepper's prefill reads: the (H, P, P) prompt rows ``A`` (one key
+    when P = 0, so that the field is not empty; the prompt has no row to read)."""
+    P = A.shape[1]
+    probs = np.ascontiguousarray(A, dtype=np.float64) if P > 0 else np.ones((A.shape[0], 1, 1))
+    return dense_field(probs, kv_heads=H_kv)
+
+
+def _check_run(spec, policy: str, resolved: dict, budget, capacity_T, P: int) -> None:
+    """A stepper's sizes and run check at its budget (:func:`run_problems`, stepping)."""
     if isinstance(capacity_T, bool) or not isinstance(capacity_T, (int, np.integer)) \
             or capacity_T < P:
         raise KvsimError(f"capacity_T: expected an integer >= P = {P}, got {capacity_T!r}")
@@ -326,7 +324,7 @@ class UniformLayer:
                              f"layer stepped as one cache, or pages for one KV head's, got "
                              f"{resolved.get('heads', 'per_head')!r}, page = "
                              f"{resolved.get('page', 1)} for KV heads {kv_heads} of {H_kv}")
-        _check_layer(spec, policy, resolved, budget, capacity_T, P)
+        _check_run(spec, policy, resolved, budget, capacity_T, P)
         own = {**resolved, "heads": "per_head", "page": 1}
         first = max(P, 1, spec.min_budget(own))  # every prompt key scored: none evicted
 
@@ -434,16 +432,14 @@ class BlockLayer:
         resolved = resolve_params(spec, params or {})
         A = _array("prompt_attention", prompt_attention, 4)
         H_kv, G, P = A.shape[0], A.shape[1], A.shape[2]
-        _check_layer(spec, policy, resolved, budget, capacity_T, P)
+        _check_run(spec, policy, resolved, budget, capacity_T, P)
         if gqa not in GQA_MODES:
             raise KvsimError(f"gqa: expected one of {', '.join(GQA_MODES)}, got {gqa!r}")
         if keys is None and "keys" in spec.needs:
             raise KvsimError(f"keys: {policy} needs the keys of every KV head, got none")
         by_dim = [np.zeros((0, 0), np.float32)] * H_kv if keys is None else \
             [Stepper._vectors("keys", k, capacity_T, policy, True).T for k in keys]
-        probs = np.ascontiguousarray(A.reshape(H_kv * G, P, P), dtype=np.float64) \
-            if P > 0 else np.ones((H_kv * G, 1, 1))
-        group = make_group(dense_field(probs, kv_heads=H_kv), 0, P,
+        group = make_group(_prompt_field(A.reshape(H_kv * G, P, P), H_kv), 0, P,
                            np.zeros((H_kv * G, max(P, 1)), bool),
                            {} if passes is None else passes, GQA_MODES[gqa])
         self._cache = spec.layer_cache(group, int(budget), resolved, by_dim, int(capacity_T))
@@ -485,12 +481,7 @@ class BlockLayer:
             raise KvsimError(f"observe: expected KV head {j}'s attention over the {n} cached "
                              f"keys once per token, got {a.shape} "
                              f"{'again' if self._seen[j] else ''}".rstrip())
-        row = self._rows[j, :n]
-        row[:] = 0.0
-        for g in range(a.shape[0]):
-            m = lane_sum(a[g], n)
-            if m > 0.0:
-                row += a[g] / m
+        self._cache.head_row(a, self._rows[j])
         self._seen[j] = True
         if self._seen.all():
             total = np.zeros(n)
