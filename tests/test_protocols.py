@@ -305,7 +305,7 @@ TRY = {"interval": {"interval": 4}, "target_ratio": {"interval": 4, "target_rati
 
 
 def _ranks_by(policy) -> str:
-    """How a batched compression ranks the policy's cache (kvsim.protocols.batched)."""
+    """How a batched compression ranks the policy's cache (kvsim.protocols.interval)."""
     if policy.rescore is not None:
         return "re-scored once (`rescore`)"
     if policy.steps.rank is not None:
@@ -422,7 +422,7 @@ def test_ranked_once_equals_evicting_the_lowest_key_by_key(name):
     key by key (the fallback for a policy without ``rank``)."""
     import dataclasses
 
-    from kvsim.protocols.batched import run_protocol
+    from kvsim.protocols.dispatch import run_protocol
 
     field = qkv_field(2, 1, seed=3)
     T, P, B = field.T, 10, 7

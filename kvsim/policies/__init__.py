@@ -20,7 +20,7 @@ this registry. A score-only rule is one function handed to
   ``values``; ``gqa``, ``seed``) and the decode state sized for positions ``< T``;
 - ``rank(state, cache, n, t, seed) -> (scores, protected)`` (optional): the current scores
   of the cached keys before token ``t`` joins, for the protocols of
-  :mod:`kvsim.protocols.batched` (pages and thresholds need it);
+  :mod:`kvsim.protocols.dispatch` (pages and thresholds need it);
 - ``POLICY = Policy(name, summary, params, Steps(start, admit, observe, decode), ...)``
   with ``min_budget``, ``check``, ``needs`` (``{"keys", "values", "queries"}`` beyond
 XX

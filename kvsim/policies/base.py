@@ -202,7 +202,7 @@ class Steps:
     ``rank(state, cache, n, t, seed) -> (value (n,), protected (n,) bool)``, where given,
     scores the cached keys as a compression before token ``t`` joins ranks them once
     (``t < 0``: the prefill's judgement of the prompt keys, nothing incoming;
-    :mod:`kvsim.protocols.batched`); pages and thresholds need it.
+    :mod:`kvsim.protocols.dispatch`); pages and thresholds need it.
     ``plain``, where given, is the loop of a plain run (one query head of a dense matrix,
     no values, no snapshots) and the states it takes (:class:`Plain`): the same numbers as
     ``decode``, from :func:`kvsim.numerics.decode.decode_kernel` with ``plain=True``, a

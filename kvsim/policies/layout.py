@@ -29,7 +29,8 @@ class StateLayout:
     (slots ``base ..`` refilled oldest first; the slots below ``base`` protected).
     ``position_rule``: the policy keeps keys by position alone (a ring with no score).
     ``pairs``: those of the per-slot fields that hold one entry per pair of slots, on their
-    last two axes (a matrix over the slots).
+    last two axes (a matrix over the slots). ``seeded_rank``: its ranking is a random draw
+    seeded per KV head, so the scores of a layer's KV heads have no meaningful sum.
 
     Fixed parts: ``recent(budget, params)``, the newest tokens never evicted, held in the
     state's ``recent`` field (a policy that also gives ``Policy.run_capped`` takes
@@ -45,6 +46,7 @@ class StateLayout:
     ring: bool = False
     position_rule: bool = False
     pairs: frozenset[str] = frozenset()
+    seeded_rank: bool = False
     recent: Callable[[int, dict], int] | None = None
     sinks: Callable[[dict], int] = _none
     widen: Callable[[NamedTuple, int, int, int], NamedTuple] | None = None

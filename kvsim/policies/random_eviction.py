@@ -52,4 +52,4 @@ POLICY = Policy("random", "random prompt subset, random evictions (seeded baseli
                     family="baseline", color="#8c8c8c", marker="X",
                     reads="nothing",
                     rule="random prompt subset, random evictions; seeded"),
-                layout=StateLayout(widen=_widen))
+                layout=StateLayout(seeded_rank=True, widen=_widen))

@@ -1,7 +1,5 @@
 """A policy's cache under a protocol: the run (its cache, policy state, compaction and
-ranking, :class:`Run`) and eviction in whole pages (:func:`paged`), which the per-head
-protocols (:mod:`kvsim.protocols.batched`) and the layer-wide ones
-(:mod:`kvsim.protocols.uniform`, :mod:`kvsim.protocols.filtering`) share."""
+ranking, :class:`Run`), which every protocol shares."""
 
 from __future__ import annotations
 
@@ -119,52 +117,3 @@ def reduce_pages(values, first, S, use_max, out):
 
 def protected(policy: Policy, what: str) -> KvsimError:
     return KvsimError(f"{policy.name}: its protected keys alone exceed {what}", "protocol")
-
-
-def paged(run: Run, group: Group, out: Outputs, S: int, reduce: str, B: int) -> None:
-    """Whole pages of ``S`` positions, at most ``floor(B / S)`` held (the receiving page
-    included): the prefill keeps the protected pages, the receiving one and the best
-    complete ones; a key that opens a page when the cap is reached evicts the
-    lowest-ranked complete unprotected page first."""
-    P, T = group.prompt_len, group.T
-    page_prefill(run, P, S, reduce, B, group.seed)
-    t = P
-    while t < T:
-        stop = min(t + (-t) % S, T) if t % S else t  # the next key that opens a page
-        if stop > t:
-            run.span(group, out, t, stop)
-            t = stop
-        if t < T:
-            page_evict(run, t, S, reduce, B, group.seed)
-            stop = min(t + S, T)
-            run.span(group, out, t, stop)
-            t = stop
-
-
-def page_prefill(run: Run, P: int, S: int, reduce: str, B: int, seed: int) -> None:
-    """The prefill of :func:`paged`: of the ``P`` prompt keys, the pages holding protected
-    keys (the ``recent`` newest among them), the receiving page and the best complete
-    others, ``floor(B / S)`` pages in all."""
-    cap = B // S
-    pages, score, guard = run.page_scores(S, reduce, -1, seed)
-    recent = run.state.recent if run.policy.layout.recent is not None else 0
-    guard |= np.isin(pages, np.unique(np.arange(max(P - recent, 0), P) // S))
-    if P % S:
-        guard |= pages == (P - 1) // S  # the receiving page
-    if guard.sum() > cap:
-        raise protected(run.policy, f"the {cap} pages of B = {B}")
-    free = np.flatnonzero(~guard)
-    best = free[np.lexsort((pages[free], -score[free]))][:cap - int(guard.sum())]
-    run.drop_pages(np.setdiff1d(pages, pages[np.concatenate((np.flatnonzero(guard), best))]), S)
-
-
-def page_evict(run: Run, t: int, S: int, reduce: str, B: int, seed: int) -> None:
-    """Before key ``t`` opens a page: when ``floor(B / S)`` pages are held, the
-    lowest-ranked unprotected one (the later page first among equals) leaves."""
-    pages, score, guard = run.page_scores(S, reduce, t, seed)
-    if pages.size >= B // S:
-        free = np.flatnonzero(~guard)
-        if free.size == 0:
-            raise protected(run.policy, f"the {B // S} pages of B = {B}")
-        worst = free[np.lexsort((-pages[free], score[free]))][0]
-        run.drop_pages(pages[worst:worst + 1], S)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Trace
+from kvsim.protocols.base import Protocol, judges_scores
 from kvsim.protocols.cache import Run
 from kvsim.protocols.uniform import member
 
@@ -54,8 +56,9 @@ def _judge(run: Run, group: Group, t: int) -> np.ndarray:
 
 
 def run_filtering(policy: Policy, group: Group, budget: int, cap: int, params: dict,
-                  mode: str, ratio: float) -> Trace:
+                  proto: dict) -> Trace:
     """``policy`` filtered per head or by majority; the trace of ``group``'s KV head."""
+    mode, ratio = proto["filtering"], proto["filter_ratio"]
     members = group.layer_groups() if mode == "majority" else [group]
     own = group.kv_head if mode == "majority" else 0
     recent = policy.layout.recent(budget, params) if policy.layout.recent is not None else None
@@ -76,3 +79,25 @@ def run_filtering(policy: Policy, group: Group, budget: int, cap: int, params: d
     trace = started[own][2]
     trace.kept = np.sort(runs[own].cache[:runs[own].n])
     return trace
+
+
+FILTERING = ("off", "per_head", "majority")
+
+PROTOCOL = Protocol(
+    "filtering",
+    params={
+        "filtering": Param(str, "off", "append-only keep-or-drop of each decode key: per KV "
+                           "head (kvpress FilteringPress) or by the layer's majority "
+                           "(UniformFilteringPress)", choices=FILTERING),
+        "filter_ratio": Param(float, 0.5, "the fraction of the tokens seen a filter removes "
+                              "(kvpress's target_compression_ratio)",
+                              check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)"),
+    },
+    asked=lambda proto: "filtering" if proto["filtering"] != "off" else None,
+    label=lambda proto: (f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}"
+                         if proto["filtering"] != "off" else ""),
+    check=lambda policy, proto, params, budget, P, T: judges_scores(policy, "filtering"),
+    extra=lambda proto: None,
+    run=run_filtering,
+    layer_wide=lambda proto: proto["filtering"] == "majority",
+)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kvsim.errors import KvsimError
+from kvsim.params import Param
+from kvsim.protocols.base import Protocol
 
 COMPRESS = ("before_question", "after_question")
 TASK_COMPRESS = (*COMPRESS, "prefill_only")  # a task's answer ends; a simulated decode does not
@@ -61,3 +63,26 @@ def plan(compress: str, prompt_len: int, question_len: int, budget: int,
     if compress == "after_question" or question_len == 0:
         return Plan(prompt_len, 0, budget)
     return Plan(prompt_len - question_len, question_len, budget + question_len)
+
+
+def before_question(proto: dict) -> int:
+    """The question length ``Q`` that joins without eviction (0 after the question)."""
+    return proto["question_len"] if proto["compress"] == "before_question" else 0
+
+
+PROTOCOL = Protocol(
+    "question_len",
+    params={
+        "question_len": Param(int, 0, "the prompt's last Q tokens are the question", low=0,
+                              high=2**31, expect="an integer >= 0"),
+        "compress": Param(str, "after_question", "compress the prompt before or after the "
+                          "question", choices=COMPRESS),
+    },
+    asked=lambda proto: "question_len" if before_question(proto) else None,
+    label=lambda proto: (f"before_question(Q={proto['question_len']})"
+                         if before_question(proto) else ""),
+    extra=before_question,
+    combines=("interval",),
+)
+"""The question changes only the prompt the policy compresses (:func:`plan`); the decode
+is the per-step rule's, or that of the protocol it combines with."""

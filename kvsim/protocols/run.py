@@ -13,7 +13,7 @@ from kvsim.numerics.field import FieldData
 from kvsim.numerics.kernels import GQA_MEAN
 from kvsim.policies import POLICIES, Group, Policy, Trace
 from kvsim.protocols import settings
-from kvsim.protocols.batched import peak_limit, run_protocol
+from kvsim.protocols.dispatch import run_protocol
 
 MASS_TOL = 1e-9
 
@@ -92,7 +92,7 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
     """
     out = []
     # heads = "uniform" and pages are stepped a layer at a time (stepping.UniformLayer)
-    layered = stepping and settings.asked(params) in (["heads"], ["page"], ["page", "heads"])
+    layered = stepping and settings.steps_in_model(params)
     if stepping:
         if not settings.is_neutral(settings.split(params)[1]) and not layered:
             out.append(RunProblem("stepping", settings.asked(params)[0], (
@@ -126,7 +126,7 @@ def check_invariants(policy: Policy, budget: int, group: Group, trace: Trace,
     """Raise :class:`InvariantError` if the trace breaks a contract invariant (the peak
     is the budget's, or that of the protocol of ``params``)."""
     name = policy.name
-    limit = peak_limit(budget, params or {}, group.T) if policy.budgeted else group.T
+    limit = settings.peak_limit(budget, params or {}, group.T) if policy.budgeted else group.T
     if (trace.cache_size > limit).any() or trace.kept.shape[0] > limit:
         raise InvariantError(f"{name}: cache exceeded its limit of {limit} keys")
     if ((trace.mass < -MASS_TOL) | (trace.mass > 1 + MASS_TOL)).any():

@@ -1,48 +1,41 @@
-"""The protocol settings that any policy configuration may carry, and their checks.
+"""The protocol registry: every protocol's settings, and what a run reads from them.
 
 A protocol says when a policy compresses and with which queries; it composes with every
 policy that has step code (``Policy.steps``) and evicts under a budget, whatever its
 ranking. Settings live beside a policy's own parameters (``interval = 16`` in a
 ``[policies.NAME]`` table, or in the ``params`` of :func:`kvsim.simulate`); a setting
 left at its neutral value runs the policy's per-step rule unchanged.
+
+Each protocol is one module declaring a :class:`~kvsim.protocols.base.Protocol`;
+:data:`PROTOCOLS` lists them (their order is that of results' ``protocol`` labels) and
+:func:`register` adds one at run time (docs/adding-a-protocol.md).
 """
 
 from __future__ import annotations
 
 from kvsim.params import Param
-from kvsim.protocols.question import COMPRESS
+from kvsim.policies.base import Policy
+from kvsim.protocols import filtering, interval, pages, question, threshold, uniform
+from kvsim.protocols.base import Protocol
 
-HEADS = ("per_head", "uniform")
-FILTERING = ("off", "per_head", "majority")
-"""``heads``: a ranking per KV head (the default), or one for a whole layer."""
+PROTOCOLS: list[Protocol] = [interval.PROTOCOL, pages.PROTOCOL, threshold.PROTOCOL,
+                             question.PROTOCOL, uniform.PROTOCOL, filtering.PROTOCOL]
+"""The registered protocols, in label order."""
 
-PROTOCOL_PARAMS: dict[str, Param] = {
-    "interval": Param(int, 1, "compress every N steps down to B - 1 keys (peak B + N - 1)",
-                      low=1, high=2**31, expect="an integer >= 1"),
-    "target_ratio": Param(float, 1.0, "compress to this kept fraction of the tokens seen, "
-                          "every `interval` steps", check=lambda v: 0.0 < v <= 1.0,
-                          expect="a number in (0, 1]"),
-    "page": Param(int, 1, "evict whole pages of S positions (at most floor(B / S) pages held)",
-                  low=1, high=2**31, expect="an integer >= 1"),
-    "page_reduce": Param(str, "mean", "a page's score from its keys' scores", choices=("mean", "max")),
-    "threshold": Param(float, None, "keep a key leaving the window for good iff its score >= "
-                       "this (append-only; no budget)"),
-    "threshold_window": Param(int, 128, "the newest keys always held under a threshold", low=1,
-                              high=2**31, expect="an integer >= 1"),
-    "question_len": Param(int, 0, "the prompt's last Q tokens are the question", low=0,
-                          high=2**31, expect="an integer >= 0"),
-    "compress": Param(str, "after_question", "compress the prompt before or after the question",
-                      choices=COMPRESS),
-    "filtering": Param(str, "off", "append-only keep-or-drop of each decode key: per KV head "
-                       "(kvpress FilteringPress) or by the layer's majority "
-                       "(UniformFilteringPress)", choices=FILTERING),
-    "filter_ratio": Param(float, 0.5, "the fraction of the tokens seen a filter removes "
-                          "(kvpress's target_compression_ratio)",
-                          check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)"),
-    "heads": Param(str, "per_head", "one ranking per KV head, or one for every KV head of a "
-                   "layer (the sum of their scores)", choices=HEADS),
-}
-"""Protocol settings, with their neutral defaults (the per-step rule)."""
+PROTOCOL_PARAMS: dict[str, Param] = {k: p for proto in PROTOCOLS for k, p in proto.params.items()}
+"""Every protocol setting, with its neutral default (the per-step rule)."""
+
+
+def register(protocol: Protocol) -> Protocol:
+    """Add ``protocol`` to the registry (after the built-in ones); its settings then fit every
+    policy configuration."""
+    clash = set(protocol.params) & set(PROTOCOL_PARAMS)
+    if protocol not in PROTOCOLS and clash:
+        raise ValueError(f"protocol settings {sorted(clash)} are registered already")
+    if protocol not in PROTOCOLS:
+        PROTOCOLS.append(protocol)
+        PROTOCOL_PARAMS.update(protocol.params)
+    return protocol
 
 
 def split(params: dict) -> tuple[dict, dict]:
@@ -52,154 +45,89 @@ def split(params: dict) -> tuple[dict, dict]:
     return own, proto
 
 
+def chosen(proto: dict) -> list[tuple[str, Protocol]]:
+    """``(setting, protocol)`` of each protocol that ``proto`` asks for, in registry order."""
+    return [(name, p) for p in PROTOCOLS if (name := p.asked(proto)) is not None]
+
+
 def is_neutral(proto: dict) -> bool:
     """True when the settings give exactly the per-step rule."""
-    return (proto["interval"] == 1 and proto["target_ratio"] == 1.0 and proto["page"] == 1
-            and proto["threshold"] is None and proto["heads"] == "per_head"
-            and proto["filtering"] == "off"
-            and (proto["question_len"] == 0 or proto["compress"] == "after_question"))
+    return not chosen(proto)
 
 
-def before_question(proto: dict) -> int:
-    """The question length ``Q`` that joins without eviction (0 after the question)."""
-    return proto["question_len"] if proto["compress"] == "before_question" else 0
+def asked(params: dict) -> list[str]:
+    """The protocols ``params`` asks for (not neutral), by the setting that names each."""
+    return [name for name, _ in chosen(split(params)[1])]
 
 
 def label(params: dict) -> str:
     """The protocol of a configuration in words, for results: ``per_step``,
     ``interval=16``, ``target_ratio=0.25/interval=16``, ``before_question(Q=32)``, joined
     with ``+``."""
-    _, proto = split(params)
-    parts = []
-    if proto["target_ratio"] != 1.0:
-        parts.append(f"target_ratio={proto['target_ratio']:g}/interval={proto['interval']}")
-    elif proto["interval"] != 1:
-        parts.append(f"interval={proto['interval']}")
-    if proto["page"] != 1:
-        parts.append(f"page={proto['page']}/{proto['page_reduce']}")
-    if proto["threshold"] is not None:
-        parts.append(f"threshold={proto['threshold']:g}/window={proto['threshold_window']}")
-    if before_question(proto):
-        parts.append(f"before_question(Q={proto['question_len']})")
-    if proto["heads"] != "per_head":
-        parts.append(f"heads={proto['heads']}")
-    if proto["filtering"] != "off":
-        parts.append(f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}")
-    return "+".join(parts) or "per_step"
+    proto = split(params)[1]
+    return "+".join(p.label(proto) for _, p in chosen(proto)) or "per_step"
 
 
-def is_threshold(protocol: str) -> bool:
-    """Whether a results ``protocol`` (:func:`label`) keeps keys by a threshold: its runs
-    have no budget."""
-    return any(part.startswith("threshold=") for part in protocol.split("+"))
+def peak_limit(budget: int, params: dict, T: int) -> int:
+    """The most keys a run at ``budget`` may hold at once under the protocol of ``params``."""
+    proto = split(params)[1]
+    extra = [p.extra(proto) for _, p in chosen(proto)]
+    return T if None in extra else budget + sum(extra)
 
 
-def problem(policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple[str, str] | None:
+def steps_in_model(params: dict) -> bool:
+    """Whether a model's layer stepper runs the protocol of ``params`` (it asks for one)."""
+    found = chosen(split(params)[1])
+    return bool(found) and all(p.steps_in_model for _, p in found)
+
+
+def layer_wide(params: dict) -> bool:
+    """Whether the protocol of ``params`` decides for every KV head of a layer at once."""
+    proto = split(params)[1]
+    return any(p.layer_wide(proto) for _, p in chosen(proto))
+
+
+def _combinations() -> str:
+    pairs = [(p.name, other) for p in PROTOCOLS for other in p.combines]
+    return ", and ".join(f"{a} combines with {b}" if i == 0 else f"{a} with {b}"
+                         for i, (a, b) in enumerate(pairs))
+
+
+def _combine(a: tuple[str, Protocol], b: tuple[str, Protocol]) -> bool:
+    return a[0] in b[1].combines or b[0] in a[1].combines
+
+
+def problem(policy: Policy, params: dict, budget: int, prompt_len: int, T: int) -> tuple[str, str] | None:
     """``(key, message)`` if ``policy`` cannot take the protocol of ``params`` at ``budget``
     on a prompt of ``prompt_len`` of ``T`` tokens; None if it can (or it is neutral).
 
     Every check that a run would otherwise fail is here, so that what a scenario check
     accepts runs.
     """
-    _, proto = split(params)
+    own, proto = split(params)
     if proto["question_len"] > prompt_len:
         return "question_len", (f"expected at most prompt_len = {prompt_len}, got "
                                 f"{proto['question_len']}")
-    if is_neutral(proto):
+    found = chosen(proto)
+    if not found:
         return None
-    named = asked(params)
+    named = [name for name, _ in found]
     if not policy.budgeted or policy.steps is None or policy.run_budgets is not None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it has no per-step "
                           f"eviction to batch, page or delay")
-    layout = policy.layout
-    if layout is None:
+    if policy.layout is None:
         return named[0], (f"{policy.name} takes no protocol ({named[0]}): it declares no state "
                           f"layout (Policy.layout) for the protocol to move")
-    if len(named) > 1 and named not in (["interval", "question_len"], ["page", "heads"]):
-        return named[1], (f"expected one protocol (only question_len combines with interval, "
-                          f"and heads with page), got {' and '.join(named)}")
+    for i, one in enumerate(found):
+        for other in found[i + 1:]:
+            if not _combine(one, other):
+                return other[0], (f"expected one protocol (only {_combinations()}), got "
+                                  f"{' and '.join(named)}")
     if params.get("refresh"):
         return "refresh", (f"expected refresh = 0 with a protocol ({named[0]}): refresh is "
                            f"itself a decode-time compression protocol")
-    position_rule = layout.position_rule
-    if "filtering" in named and (policy.steps.rank is None or position_rule):
-        return "filtering", (f"{policy.name} takes no filtering: "
-                             + ("a position rule keeps no key for its score" if position_rule
-                                else "it gives no per-key scores to judge (Steps.rank)"))
-    if "heads" in named and (policy.steps.rank is None or position_rule
-                             or policy.name == "random"):
-        return "heads", (f"{policy.name} takes no heads = \"uniform\": "
-                         + ("a position rule already decides alike for every KV head"
-                            if position_rule else "its random orders, seeded per KV head, "
-                            "have no sum to rank a layer by" if policy.name == "random"
-                            else "it gives no per-key scores to sum over the layer's KV heads "
-                            "(Steps.rank)"))
-    if "page" in named:
-        if policy.steps.rank is None and not position_rule:
-            return "page", (f"{policy.name} takes no page: it gives no per-key scores to reduce "
-                            f"per page (Steps.rank)")
-        reason = _page_problem(proto["page"], layout.recent_count(budget, params),
-                               layout.sinks(params), budget, prompt_len)
+    for name, p in found:
+        reason = p.check and p.check(policy, proto, params, budget, prompt_len, T)
         if reason:
-            return "page", reason
-    if "threshold" in named and (policy.steps.rank is None or position_rule):
-        return "threshold", (f"{policy.name} takes no threshold: "
-                             + ("a position rule keeps no key for its score" if position_rule
-                                else "it gives no per-key scores to judge (Steps.rank)"))
-    if proto["target_ratio"] != 1.0:
-        first = prompt_len + proto["interval"] - 1  # the first compression step
-        if first < T:
-            target = max(1, int(proto["target_ratio"] * (first + 1)))
-            fixed = max(policy.fixed(budget, prompt_len, params), layout.sinks(params),
-                        layout.recent_count(budget, params))
-            if policy.steps.rank is None and not position_rule:
-                fixed = budget - 1  # keys pinned at the prefill may all be protected
-            if fixed >= target:
-                return "target_ratio", (
-                    f"expected a target above {policy.name}'s protected keys (up to {fixed} "
-                    f"at B = {budget}), got {target} keys at the first compression "
-                    f"(t = {first})")
-    return None
-
-
-def asked(params: dict) -> list[str]:
-    """The protocols ``params`` asks for (not neutral), by their first setting's name."""
-    _, proto = split(params)
-    out = []
-    if proto["interval"] != 1 or proto["target_ratio"] != 1.0:
-        out.append("target_ratio" if proto["target_ratio"] != 1.0 else "interval")
-    if proto["page"] != 1:
-        out.append("page")
-    if proto["threshold"] is not None:
-        out.append("threshold")
-    if before_question(proto):
-        out.append("question_len")
-    if proto["heads"] != "per_head":
-        out.append("heads")
-    if proto["filtering"] != "off":
-        out.append("filtering")
-    return out
-
-
-def _pages(positions, S: int) -> set:
-    return {k // S for k in positions}
-
-
-def _page_problem(S: int, recent: int, n_sinks: int, budget: int,
-                  prompt_len: int) -> str | None:
-    """Why pages of ``S`` cannot work at ``budget``: fewer than 2 pages, or the protected
-    positions (the ``recent`` newest, ``n_sinks`` sinks) spanning every page that may be
-    held."""
-    cap = budget // S
-    if budget < 2 * S:
-        return f"expected a budget of at least 2 pages (2 * page = {2 * S}), got B = {budget}"
-    sinks = _pages(range(n_sinks), S)
-    P = prompt_len
-    at_prefill = _pages(range(max(P - recent, 0), P), S) | _pages(range(min(P, n_sinks)), S)
-    if P % S:
-        at_prefill.add((P - 1) // S)
-    at_decode = len(sinks) + -(-max(recent - 1, 0) // S)
-    if len(at_prefill) > cap or at_decode >= cap:
-        return (f"expected protected pages (recent {recent}, sinks {n_sinks}) "
-                f"below the {cap} pages of B = {budget} with page = {S}")
+            return name, reason
     return None

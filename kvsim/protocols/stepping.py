@@ -17,7 +17,8 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
-from kvsim.protocols.cache import Run, page_evict, page_prefill
+from kvsim.protocols.cache import Run
+from kvsim.protocols.pages import page_evict, page_prefill
 from kvsim.protocols.run import get_policy, make_group, resolve_params, run_problems
 from kvsim.protocols.uniform import LayerRun, layer_prefill
 
@@ -289,7 +290,7 @@ class UniformLayer:
     token at a time, as :func:`kvsim.protocols.uniform.run_uniform` simulates it:
     ``heads = "uniform"`` (every KV head of the layer), per token or in pages
     (``page``); or ``page`` alone, a layer of one KV head (``kv_heads = [j]``), as
-    :func:`kvsim.protocols.cache.paged` simulates it.
+    :func:`kvsim.protocols.pages.paged` simulates it.
 
     Each KV head is a :class:`Stepper` of the per-head rule that learns from its own query
     heads' attention through the one cache, started with every prompt key scored (the recent

@@ -7,7 +7,7 @@ decision ranks the cached keys by the **sum over the layer's KV heads** (in orde
 current scores (``Steps.rank``), protects what the policy protects, and removes the same
 keys from every KV head. Per step: when key ``t`` would exceed ``B``, the lowest-ranked
 unprotected key goes first (higher sum, then lower position ranks above). With ``page = S``:
-the pages of :func:`kvsim.protocols.cache.paged`, ranked by the summed scores. The prefill
+the pages of :func:`kvsim.protocols.pages.paged`, ranked by the summed scores. The prefill
 keeps the ``recent`` newest prompt keys and the top ``B - recent`` older ones by the
 summed prefill scores.
 
@@ -20,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.numerics.decode import Outputs
+from kvsim.params import Param
 from kvsim.policies.base import Group, Policy, Trace, context, new_trace, snapshot_steps
 from kvsim.policies.layout import widen
-from kvsim.protocols.cache import Run, paged
+from kvsim.protocols.base import Protocol
+from kvsim.protocols.cache import Run
+from kvsim.protocols.pages import paged
 
 
 class LayerRun(Run):
@@ -123,3 +126,31 @@ def run_uniform(policy: Policy, group: Group, budget: int, cap: int, params: dic
             t = stop
     trace.kept = np.sort(run.cache[:run.n])
     return trace
+
+
+def _check(policy: Policy, proto: dict, params: dict, budget: int, P: int, T: int) -> str | None:
+    position_rule = policy.layout.position_rule
+    if policy.steps.rank is not None and not position_rule and not policy.layout.seeded_rank:
+        return None
+    return (f"{policy.name} takes no heads = \"uniform\": "
+            + ("a position rule already decides alike for every KV head" if position_rule
+               else "its random orders, seeded per KV head, have no sum to rank a layer by"
+               if policy.layout.seeded_rank else "it gives no per-key scores to sum over the "
+               "layer's KV heads (Steps.rank)"))
+
+
+HEADS = ("per_head", "uniform")
+"""``heads``: a ranking per KV head (the default), or one for a whole layer."""
+
+PROTOCOL = Protocol(
+    "heads",
+    params={"heads": Param(str, "per_head", "one ranking per KV head, or one for every KV head "
+                           "of a layer (the sum of their scores)", choices=HEADS)},
+    asked=lambda proto: "heads" if proto["heads"] != "per_head" else None,
+    label=lambda proto: f"heads={proto['heads']}" if proto["heads"] != "per_head" else "",
+    check=_check,
+    combines=("page",),
+    run=run_uniform,
+    steps_in_model=True,
+    layer_wide=lambda proto: proto["heads"] != "per_head",
+)

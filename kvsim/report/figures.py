@@ -20,7 +20,7 @@ from matplotlib.colors import LogNorm, Normalize
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
-from kvsim.protocols.settings import is_threshold
+from kvsim.protocols.threshold import is_threshold
 from kvsim.report import allocation_summary, ranking
 from kvsim.report.palette import markers
 from kvsim.report.plotting import (FIGURES, Curves, FigureContext, Needs, Target, budget_axis, check,

@@ -20,6 +20,7 @@ from kvsim.numerics.quantize import Quantize
 from kvsim.params import INT64_MAX, Param
 from kvsim.policies import POLICIES
 from kvsim.protocols.run import budget_problem, did_you_mean, get_policy, missing_needs, run_problems
+from kvsim.protocols.settings import layer_wide
 from kvsim.scenario.overrides import Overrides, apply, expand_sweep
 from kvsim.scenario.reader import (FORMATS, Checker, PolicyConfig, is_int, read_budgets,
                                    read_document, read_name, read_policies, read_quantize)
@@ -120,8 +121,7 @@ def _read_allocation(chk: Checker, table: dict, where: str, layers: int, prompt_
         chk.add(f"{where}.allocation", f"expected a source with several layers run jointly "
                                        f"for 'pyramid' (attention.layers), got {layers}")
     for config in chosen if rule == "ada" else ():
-        if config.params.get("heads", "per_head") != "per_head" \
-                or config.params.get("filtering", "off") == "majority":
+        if layer_wide(config.params):
             chk.add(f"{where}.allocation", f"expected one cap for every KV head of a layer "
                                            f"with heads = \"uniform\" or filtering = "
                                            f"\"majority\" (not 'ada'), got {config.label!r}")
