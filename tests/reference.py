@@ -257,6 +257,22 @@ def policy_tova(p, P, T, B):
     return prefill, steps
 
 
+def policy_decayed(p, P, T, B, decay):
+    """The per-step example of docs/adding-a-policy.md: TOVA's prefill, decayed scores."""
+    cache = top_k(range(P), p[P - 1], B) if P > B else list(range(P))
+    prefill = list(cache)
+    score = {k: p[P - 1, k] for k in cache}
+    steps = []
+    for t in range(P, T):
+        if len(cache) == B:
+            cache.remove(lowest_ranked(cache, score))
+        cache.append(t)
+        step = observed(p, t, cache)
+        score = {k: decay * score.get(k, 0.0) + step[k] for k in cache}
+        steps.append(list(cache))
+    return prefill, steps
+
+
 def policy_random(p, P, T, B, seed):
     """Seeded random eviction over B slots; the new token takes the evicted slot."""
     rng = np.random.default_rng(seed)
@@ -1551,4 +1567,6 @@ REFERENCES = {
         small={"block": 1, "start_blocks": 1, "recent_blocks": 1}),
     # docs/adding-a-policy.md's example, registered by its test
     "vnorm": Reference(policy_vnorm, ({"recent_ratio": 0.4},)),
+    # docs/adding-a-policy.md's per-step example, registered by its test
+    "decayed": Reference(policy_decayed, ({"decay": 0.0}, {"decay": 1.0}), gqa=False, one_head=True),
 }
