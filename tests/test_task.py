@@ -931,3 +931,10 @@ def test_committed_answers_end_before_the_end_token_and_score_as_stored(report):
             score = kinds.score(kind, r["answer"], tuple(r["key"].split(" ")))
             assert (r["success"], r["score_all"], r["score_part"]) == (
                 str(score["success"]), str(score["score_all"]), str(score["score_part"]))
+
+
+def test_report_percentages_round_half_up_as_the_docs_do():
+    """13 of 40 trials is 32.5 %: the report says 33%, not Python's half-to-even 32%."""
+    from kvsim.tools.task.report import _percent
+    assert [_percent(k / 40) for k in (0, 5, 13, 40)] == ["0", "13", "33", "100"]
+    assert _percent(1 / 3) == "33" and _percent(2 / 3) == "67"

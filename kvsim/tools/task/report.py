@@ -305,8 +305,14 @@ def _save(fig, folder: Path, stem: str, cfg: TaskConfig) -> list[str]:
     return [f"{stem}.{fmt}" for fmt in cfg.formats]
 
 
+def _percent(x: float) -> str:
+    """``x`` in per cent, rounded half up as the docs round (32.5 % of 40 trials is 33%,
+    where Python's ``:.0f`` rounds half to even)."""
+    return f"{math.floor(100 * x + 0.5 + 1e-9):d}"
+
+
 def _pct(a: dict) -> str:
-    return f"{100 * a['accuracy']:.0f}% [{100 * a['ci_low']:.0f}, {100 * a['ci_high']:.0f}]"
+    return f"{_percent(a['accuracy'])}% [{_percent(a['ci_low'])}, {_percent(a['ci_high'])}]"
 
 
 def gate_lines(cfg: TaskConfig, cells: dict) -> list[str]:
@@ -340,7 +346,7 @@ def _opening(cfg: TaskConfig, cells: dict, acc: list[dict], quality: list[dict])
     parts = []
     for protocol in cfg.compress:
         at = [a for a in acc if a["protocol"] == protocol and a["budget"] == cfg.focus_budget]
-        keep = [f"{a['policy']} ({100 * a['accuracy']:.0f}%)"
+        keep = [f"{a['policy']} ({_percent(a['accuracy'])}%)"
                 for a in sorted(at, key=lambda a: -a["accuracy"])
                 if a["accuracy"] >= 0.8 * full_acc["accuracy"] and a["accuracy"] > 0]
         parts.append(f"{_label(protocol)}, " + (", ".join(keep) if keep else "none"))
@@ -366,7 +372,7 @@ def _number(x: float, digits: int) -> str:
 
 
 def _share(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+    return "n/a" if math.isnan(x) else f"{_percent(x)}%"
 
 
 def _count(n: int, noun: str) -> str:
