@@ -20,7 +20,7 @@ class Protocol:
     - ``params``: its settings, each at its neutral default (the per-step rule);
     - ``asked(proto)``: the setting that names it when asked (in errors and
       :func:`~kvsim.protocols.settings.asked`), or None when its settings are neutral;
-    - ``label(proto)``: its part of the results' ``protocol`` column;
+    - ``label(proto)``: its part of the results' ``protocol`` column (when asked);
     - ``check(policy, proto, own, budget, prompt_len, T)``: why ``policy`` cannot take it
       at ``budget``, or None (the registry checks first that the policy has step code, a
       state layout and no ``refresh``);

@@ -94,8 +94,7 @@ PROTOCOL = Protocol(
                               check=lambda v: 0.0 <= v < 1.0, expect="a number in [0, 1)"),
     },
     asked=lambda proto: "filtering" if proto["filtering"] != "off" else None,
-    label=lambda proto: (f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}"
-                         if proto["filtering"] != "off" else ""),
+    label=lambda proto: f"filtering={proto['filtering']}/ratio={proto['filter_ratio']:g}",
     check=lambda policy, proto, params, budget, P, T: judges_scores(policy, "filtering"),
     extra=lambda proto: None,
     run=run_filtering,

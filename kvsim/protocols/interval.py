@@ -64,7 +64,7 @@ def _check(policy: Policy, proto: dict, params: dict, budget: int, P: int, T: in
 def _label(proto: dict) -> str:
     if proto["target_ratio"] != 1.0:
         return f"target_ratio={proto['target_ratio']:g}/interval={proto['interval']}"
-    return f"interval={proto['interval']}" if proto["interval"] != 1 else ""
+    return f"interval={proto['interval']}"
 
 
 PROTOCOL = Protocol(

@@ -110,7 +110,7 @@ PROTOCOL = Protocol(
                              choices=("mean", "max")),
     },
     asked=lambda proto: "page" if proto["page"] != 1 else None,
-    label=lambda proto: f"page={proto['page']}/{proto['page_reduce']}" if proto["page"] != 1 else "",
+    label=lambda proto: f"page={proto['page']}/{proto['page_reduce']}",
     check=_check,
     drive=lambda run, group, out, budget, proto, params: paged(
         run, group, out, proto["page"], proto["page_reduce"], budget),

@@ -79,8 +79,7 @@ PROTOCOL = Protocol(
                           "question", choices=COMPRESS),
     },
     asked=lambda proto: "question_len" if before_question(proto) else None,
-    label=lambda proto: (f"before_question(Q={proto['question_len']})"
-                         if before_question(proto) else ""),
+    label=lambda proto: f"before_question(Q={proto['question_len']})",
     extra=before_question,
     combines=("interval",),
 )

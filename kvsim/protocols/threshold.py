@@ -50,8 +50,7 @@ PROTOCOL = Protocol(
                                   low=1, high=2**31, expect="an integer >= 1"),
     },
     asked=lambda proto: "threshold" if proto["threshold"] is not None else None,
-    label=lambda proto: (f"threshold={proto['threshold']:g}/window={proto['threshold_window']}"
-                         if proto["threshold"] is not None else ""),
+    label=lambda proto: f"threshold={proto['threshold']:g}/window={proto['threshold_window']}",
     check=lambda policy, proto, params, budget, P, T: judges_scores(policy, "threshold"),
     extra=lambda proto: None,
     drive=_thresholded,

@@ -147,7 +147,7 @@ PROTOCOL = Protocol(
     params={"heads": Param(str, "per_head", "one ranking per KV head, or one for every KV head "
                            "of a layer (the sum of their scores)", choices=HEADS)},
     asked=lambda proto: "heads" if proto["heads"] != "per_head" else None,
-    label=lambda proto: f"heads={proto['heads']}" if proto["heads"] != "per_head" else "",
+    label=lambda proto: f"heads={proto['heads']}",
     check=_check,
     combines=("page",),
     run=run_uniform,
