@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.engine.experiments import random_seed
+from kvsim.protocols import settings
 from kvsim.protocols.run import get_policy
 from kvsim.protocols.stepping import BlockLayer, LayerView, Stepper, UniformLayer
 from kvsim.scenario.reader import PolicyConfig
@@ -38,8 +39,7 @@ def layer_wide(cfg) -> bool:
         return False
     spec = get_policy(cfg.kind)
     return bool(spec.layer or spec.layer_cache is not None
-                or cfg.params.get("heads", "per_head") == "uniform"
-                or cfg.params.get("page", 1) != 1)
+                or settings.steps_in_model(cfg.params))
 
 
 def grid_stepper(full: FullRun, cfg: PolicyConfig, budget: int, c: int, layer: int, j: int,
@@ -58,9 +58,8 @@ def grid_stepper(full: FullRun, cfg: PolicyConfig, budget: int, c: int, layer: i
     :class:`BlockLayer` or :class:`UniformLayer` on ``layer`` (with pages alone, on KV
     head ``j``), made once from ``stack`` and kept in ``layers``."""
     spec = get_policy(cfg.kind)
-    uniform = cfg.params.get("heads", "per_head") == "uniform"
-    paged = cfg.params.get("page", 1) != 1
-    if spec.layer_cache is not None or uniform or paged:
+    uniform = settings.layer_wide(cfg.params)  # heads = "uniform"; else pages on KV head j
+    if spec.layer_cache is not None or settings.steps_in_model(cfg.params):
         key = (c, layer) if spec.layer_cache is not None or uniform else (c, layer, j)
         if key not in layers:
             H_kv = stack.shape[0]
