@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from kvsim.numerics.field import FieldData, probs_at
+from kvsim.numerics.field import FieldData, component_probs_at
 from kvsim.numerics.jit import bound_kernel, jit, jit_inline
 from kvsim.numerics.lanes import lane_sum
 from kvsim.numerics.prefetch import prefetch
@@ -101,14 +101,14 @@ def record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall):
         out_recall[g, step] = hits[g] / n_important[g] if n_important[g] > 0 else np.nan
 
 
-@jit_inline
+@jit
 def record(values, full_output, cache, n, hits, n_important, step, obs, mass, outputs, out_mass,
            out_recall, out_error):
     """Metrics of step ``step`` from the full attention ``obs[g, :n]`` of each head over the
     cache: mass (into ``mass`` too), recall (``hits[g]`` of the ``n_important[g]`` important
     keys are cached) and, with values (T, dv), the output error against ``full_output``
-    (``outputs`` gets ``o~``). The error is one call, not inlined: its loops inside the
-    decode loop, even untaken, slow every step of a run without values."""
+    (``outputs`` gets ``o~``). One kernel that every decode loop calls once a step, not
+    inlined into each: compiled once, not once per policy and kind of field."""
     record_plain(n, hits, n_important, step, obs, mass, out_mass, out_recall)
     if outputs.shape[1] > 0:
         output_error(values, full_output, cache, n, step, obs, mass, outputs, out_error)
@@ -202,7 +202,8 @@ class DecodeLoop:
         self.dense = bound_kernel(_decode_span, f"{name}.dense", module, DENSE=True,
                                   field_probs=_no_field, **bind)
         self.components = self.dense if plain else bound_kernel(
-            _decode_span, f"{name}.components", module, DENSE=False, field_probs=probs_at, **bind)
+            _decode_span, f"{name}.components", module, DENSE=False, field_probs=component_probs_at,
+            **bind)
 
     def for_field(self, dense: bool):
         """The kernel for a dense field (``dense``) or a component field."""

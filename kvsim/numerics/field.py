@@ -186,6 +186,15 @@ def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
     _exp_scaled(f, row_max, row_sum, h, q, n, out)
 
 
+@jit
+def component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
+    """:func:`probs_at` of a component field: one kernel that every policy's decode loop
+    calls, not inlined into each (Numba's inlining of the logit code was about a quarter of
+    a loop's compilation)."""
+    logits_at(f, h, q, keys, n, out, work, cached)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+
+
 @jit_inline
 def component_probs_row(f, row_max, row_sum, h, q, keys, n, out, work):
     """:func:`probs_row` of a component field."""
