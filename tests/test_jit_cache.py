@@ -100,7 +100,8 @@ def test_a_policy_loop_is_compiled_whole_and_cached_under_its_policy(package):
     assert first["components"] == "0"  # a dense run compiles no loop for component fields
     inlined = set(first["inlined"].split())
     assert "admit" in inlined  # the policy's step is inlined into its loop ...
-    assert not inlined & {"_decode_span", "decode_loop", "probs_at", "logits_at"}  # ... no body
+    assert not inlined & {"_decode_span", "decode_loop", "probs_at", "logits_at",
+                           "record"}  # ... no body, nor the metrics every loop shares (called)
     cache = root.parent / "cache"
     assert any("kvsim_policies_ring" in p.name for p in cache.rglob("*.nbi"))
     assert probe(LOOP_PROBE)["ring.decode"] == "1 0"

@@ -246,7 +246,7 @@ def _decode_span(probs, f, row_max, row_sum, heads, keys, values, prompt_len, im
     """The code of every policy's decode loop (:class:`DecodeLoop`, which unpacks its
     arguments from a :class:`Context` and :class:`Outputs`), compiled per policy and kind
     of field with the steps ``admit`` and ``observe``, the flags ``PLAIN`` and ``DENSE``
-    and, for component fields, ``field_probs`` (:func:`probs_at`) as globals. ``f`` is the
+    and, for component fields, ``field_probs`` (:func:`component_probs_at`) as globals. ``f`` is the
     field (None for a dense one), ``keys`` (d, T) and ``values`` (T, dv) the KV head's."""
     budget = cache.shape[0]
     T = important.shape[1]
