@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from reference import _join, _Rule, compress_to
-from test_protocols import REFERENCE, attention, run, with_keys
+from test_protocols import REFERENCE, attention, check_reference
 
 import kvsim
 from kvsim.errors import KvsimError
@@ -68,19 +68,9 @@ def evict_batch(tmp_path_factory):
 
 
 def compare(A, name, N, B, P):
-    """kvsim's cache at every step against the reference's; mass to 1e-9."""
-    T = A.shape[0]
-    params = {**REFERENCE[name], "evict_batch": N}
-    field, static = with_keys(A) if name == "knorm" else (None, None)
-    got = run(A, name, params, B, P, field)
-    prefill, steps = evict_batch_caches(A, name, P, T, B, {**params, "_static": static})
-    ctx = f"{name} N={N} T={T} P={P} B={B}"
-    caches = [sorted(int(k) for k in row if k >= 0) for row in got.snapshots]
-    assert caches == [sorted(s) for s in steps], ctx
-    assert got.cache_size.max(initial=0) <= B, ctx
-    mass = [sum(A[P + i, k] for k in sorted(s)) for i, s in enumerate(steps)]
-    np.testing.assert_allclose(got.mass[0], mass, rtol=0, atol=1e-9, err_msg=ctx)
-    assert got.kept.tolist() == sorted(steps[-1] if steps else prefill), ctx
+    """kvsim's cache at every step against the reference's (masses to 1e-9), within B."""
+    got = check_reference(A, name, {"evict_batch": N}, B, P, reference=evict_batch_caches)
+    assert got.cache_size.max(initial=0) <= B, f"{name} N={N} P={P} B={B}"
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))

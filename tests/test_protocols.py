@@ -64,13 +64,18 @@ def protocols(rng, P, T):
     return out if kind == 2 else {**out, "interval": N}
 
 
-def check_reference(A, name, params, B, P):
+def check_reference(A, name, params, B, P, reference=None):
+    """kvsim's cache at every step against the plain reference's (``reference(p, policy,
+    P, T, B, params)``, by default that of the protocol ``params`` asks), its masses to
+    1e-9 and its final cache; returns kvsim's trace."""
     T = A.shape[0]
     full = {**REFERENCE[name], **params}
     field, static = with_keys(A) if name == "knorm" else (None, None)
     got = run(A, name, full, B, P, field)
     full = {**full, "_static": static}
-    if "page" in params:
+    if reference is not None:
+        prefill, steps = reference(A, name, P, T, B, full)
+    elif "page" in params:
         prefill, steps = paged_caches(A, name, P, T, B, full)
     elif "threshold" in params:
         prefill, steps = threshold_caches(A, name, P, T, full)
@@ -84,6 +89,7 @@ def check_reference(A, name, params, B, P):
     np.testing.assert_allclose(got.mass[0], mass, rtol=0, atol=1e-9, err_msg=ctx)
     final = sorted(steps[-1]) if steps else sorted(prefill)
     assert got.kept.tolist() == final, ctx
+    return got
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE))

@@ -171,28 +171,25 @@ def _exp_scaled(f, row_max, row_sum, h, q, n, out):
         out[j] = exp_nonpositive(out[j] - top) * scale
 
 
+@jit
+def component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
+    """:func:`probs_at` of a component field, ``exp(l - row_max) * (1 / row_sum)``: one
+    kernel that every decode loop calls, not inlined into each (Numba's inlining of the
+    logit code was about a quarter of a loop's compilation)."""
+    logits_at(f, h, q, keys, n, out, work, cached)
+    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+
+
 @jit_inline
 def probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
     """Full attention ``p(q, k)`` of head ``h`` for ``keys[:n]`` into ``out`` (``work`` and
-    ``cached`` as for :func:`logits_at`).
-
-    Dense fields read their matrix; component fields use ``exp(l - row_max) * (1 / row_sum)``.
-    """
+    ``cached`` as for :func:`logits_at`): dense fields read their matrix, component fields
+    call :func:`component_probs_at`."""
     if f.probs.shape[1] > 0:
         for j in range(n):
             out[j] = f.probs[h, q, keys[j]]
         return
-    logits_at(f, h, q, keys, n, out, work, cached)
-    _exp_scaled(f, row_max, row_sum, h, q, n, out)
-
-
-@jit
-def component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached):
-    """:func:`probs_at` of a component field: one kernel that every policy's decode loop
-    calls, not inlined into each (Numba's inlining of the logit code was about a quarter of
-    a loop's compilation)."""
-    logits_at(f, h, q, keys, n, out, work, cached)
-    _exp_scaled(f, row_max, row_sum, h, q, n, out)
+    component_probs_at(f, row_max, row_sum, h, q, keys, n, out, work, cached)
 
 
 @jit_inline

@@ -4,7 +4,7 @@ reads only these declarations; docs/adding-a-protocol.md adds one."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from kvsim.params import Param
@@ -21,8 +21,9 @@ class Protocol:
     - ``asked(proto)``: the setting that names it when asked (in errors and
       :func:`~kvsim.protocols.settings.asked`), or None when its settings are neutral;
     - ``label(proto)``: its part of the results' ``protocol`` column (when asked);
-    - ``check(policy, proto, own, budget, prompt_len, T)``: why ``policy`` cannot take it
-      at ``budget``, or None (the registry checks first that the policy has step code, a
+    - ``check(policy, proto, params, budget, prompt_len, T)``: why ``policy`` cannot take
+      it at ``budget`` (``params``: the configuration's parameters, settings included), or
+      None (the registry checks first that the policy has step code, a
       state layout and no ``refresh``);
     - ``extra(proto)``: the keys it may hold above the budget at once, or None when the
       cache size is an outcome (the peak is then ``T``);
@@ -33,7 +34,8 @@ class Protocol:
       the decode budget, the question's keys included), with ``capacity(first, kept,
       free, prompt_len, T, budget, proto)``: the cache slots the run needs (``first``: the
       budget the policy starts at, ``kept`` the keys its start kept, ``free`` the question's
-      keys that join freely); ``start_whole``: start the policy with every prompt key, so
+      keys that join freely; by default the decode budget, :func:`every_key` for an
+      append-only protocol); ``start_whole``: start the policy with every prompt key, so
       that each has its prefill score (the protocol then makes the prefill selection);
       a protocol with neither changes only the prompt the policy compresses (the question);
     - ``steps_in_model``: a model's layer stepper runs it
@@ -51,10 +53,17 @@ class Protocol:
     combines: tuple[str, ...] = ()
     run: Callable | None = None
     drive: Callable | None = None
-    capacity: Callable[..., int] | None = None
+    capacity: Callable[..., int] = lambda first, kept, free, prompt_len, T, budget, proto: budget
     start_whole: bool = False
     steps_in_model: bool = False
-    layer_wide: Callable[[dict], bool] = field(default=lambda proto: False)
+    layer_wide: Callable[[dict], bool] = lambda proto: False
+
+
+def every_key(first: int, kept: int, free: int, prompt_len: int, T: int, budget: int,
+              proto: dict) -> int:
+    """The ``capacity`` of an append-only protocol: the ``first`` keys the policy starts
+    with and every decode key."""
+    return first + T - prompt_len
 
 
 def judges_scores(policy: Policy, setting: str) -> str | None:

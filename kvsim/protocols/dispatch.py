@@ -67,12 +67,8 @@ def run_protocol(policy: Policy, group: Group, budget: int, params: dict,
     if whole_prompt and layout.recent is not None:
         state = state._replace(recent=layout.recent(budget, own))
     slots = layout.slot_fields(own)
-    if whole_prompt:
-        capacity = first + T - P
-    elif driver is not None:
-        capacity = driver.capacity(first, len(kept), Q, P, T, plan.budget, proto)
-    else:
-        capacity = plan.budget
+    capacity = plan.budget if driver is None else \
+        driver.capacity(first, len(kept), Q, P, T, plan.budget, proto)
     state = widen(state, layout, own, first, capacity - first, group.seed)
     cache = np.zeros(capacity, np.int64)
     cache[:len(kept)] = kept

@@ -15,7 +15,7 @@ import numpy as np
 from kvsim.numerics.decode import Outputs
 from kvsim.params import Param
 from kvsim.policies.base import Group, Policy
-from kvsim.protocols.base import Protocol
+from kvsim.protocols.base import Protocol, every_key
 from kvsim.protocols.cache import Run, protected
 
 
@@ -114,6 +114,7 @@ PROTOCOL = Protocol(
     check=_check,
     drive=lambda run, group, out, budget, proto, params: paged(
         run, group, out, proto["page"], proto["page_reduce"], budget),
+    capacity=every_key,
     start_whole=True,
     steps_in_model=True,
 )

@@ -29,12 +29,13 @@ PROTOCOL_PARAMS: dict[str, Param] = {k: p for proto in PROTOCOLS for k, p in pro
 def register(protocol: Protocol) -> Protocol:
     """Add ``protocol`` to the registry (after the built-in ones); its settings then fit every
     policy configuration."""
+    if protocol in PROTOCOLS:
+        return protocol
     clash = set(protocol.params) & set(PROTOCOL_PARAMS)
-    if protocol not in PROTOCOLS and clash:
+    if clash:
         raise ValueError(f"protocol settings {sorted(clash)} are registered already")
-    if protocol not in PROTOCOLS:
-        PROTOCOLS.append(protocol)
-        PROTOCOL_PARAMS.update(protocol.params)
+    PROTOCOLS.append(protocol)
+    PROTOCOL_PARAMS.update(protocol.params)
     return protocol
 
 
@@ -104,7 +105,7 @@ def problem(policy: Policy, params: dict, budget: int, prompt_len: int, T: int) 
     Every check that a run would otherwise fail is here, so that what a scenario check
     accepts runs.
     """
-    own, proto = split(params)
+    proto = split(params)[1]
     if proto["question_len"] > prompt_len:
         return "question_len", (f"expected at most prompt_len = {prompt_len}, got "
                                 f"{proto['question_len']}")

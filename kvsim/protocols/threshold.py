@@ -12,7 +12,7 @@ import numpy as np
 from kvsim.numerics.decode import Outputs
 from kvsim.params import Param
 from kvsim.policies.base import Group
-from kvsim.protocols.base import Protocol, judges_scores
+from kvsim.protocols.base import Protocol, every_key, judges_scores
 from kvsim.protocols.cache import Run
 
 
@@ -54,5 +54,6 @@ PROTOCOL = Protocol(
     check=lambda policy, proto, params, budget, P, T: judges_scores(policy, "threshold"),
     extra=lambda proto: None,
     drive=_thresholded,
+    capacity=every_key,
     start_whole=True,
 )
