@@ -14,8 +14,9 @@ from kvsim.policies import POLICIES
 from kvsim.protocols.run import resolve_params, run_problems
 from kvsim.protocols.stepping import Stepper
 
-PROTOCOL = ("expected the per-step rule, heads = \"uniform\" or pages (a policy stepped one "
-            "token at a time takes no other protocol), got {}: protocols are the simulator's")
+PROTOCOL = ("expected the per-step rule or a protocol a model steps (page, heads; a policy "
+            "stepped one token at a time takes no other), got {}: the others are the "
+            "simulator's")
 
 
 def attention(T: int) -> np.ndarray:

@@ -91,14 +91,15 @@ def run_problems(policy: Policy, params: dict, budgets: Sequence[int] = (),
     protocol; the policy's own check. What this accepts runs.
     """
     out = []
-    # heads = "uniform" and pages are stepped a layer at a time (stepping.UniformLayer)
+    # the protocols a model steps run a layer at a time (stepping.UniformLayer)
     layered = stepping and settings.steps_in_model(params)
     if stepping:
         if not settings.is_neutral(settings.split(params)[1]) and not layered:
             out.append(RunProblem("stepping", settings.asked(params)[0], (
-                f"expected the per-step rule, heads = \"uniform\" or pages (a policy stepped "
-                f"one token at a time takes no other protocol), got {settings.label(params)}: "
-                f"protocols are the simulator's")))
+                f"expected the per-step rule or a protocol a model steps "
+                f"({', '.join(settings.in_model())}; a policy stepped one token at a time "
+                f"takes no other), got {settings.label(params)}: the others are the "
+                f"simulator's")))
         blocks = policy.layer_cache is not None  # stepped a layer at a time (BlockLayer)
         reason = policy.closed_loop(params) or (
             "it has no step code" if policy.steps is None and not blocks else None) or (

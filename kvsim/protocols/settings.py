@@ -82,6 +82,11 @@ def steps_in_model(params: dict) -> bool:
     return bool(found) and all(p.steps_in_model for _, p in found)
 
 
+def in_model() -> list[str]:
+    """The settings (``asked`` names) of the protocols a model's layer stepper runs."""
+    return [p.name for p in PROTOCOLS if p.steps_in_model]
+
+
 def layer_wide(params: dict) -> bool:
     """Whether the protocol of ``params`` decides for every KV head of a layer at once."""
     proto = split(params)[1]

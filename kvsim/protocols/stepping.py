@@ -17,6 +17,7 @@ from kvsim.numerics.field import dense_field
 from kvsim.numerics.kernels import GQA_MODES
 from kvsim.numerics.lanes import lane_sum
 from kvsim.policies.layout import widen
+from kvsim.protocols import settings
 from kvsim.protocols.cache import Run
 from kvsim.protocols.pages import page_evict, page_prefill
 from kvsim.protocols.run import get_policy, make_group, resolve_params, run_problems
@@ -118,10 +119,9 @@ class Stepper:
                  kv_head: int | None = None):
         spec = get_policy(policy)
         resolved = resolve_params(spec, params or {})
-        if resolved.get("heads") == "uniform" or resolved.get("page", 1) != 1:
-            key = "heads" if resolved.get("heads") == "uniform" else "page"
-            raise KvsimError(f"{policy}.{key}: one KV head's stepper cannot rank for the "
-                             f"layer or in pages: step it with UniformLayer")
+        if settings.steps_in_model(resolved):
+            raise KvsimError(f"{policy}.{settings.asked(resolved)[0]}: one KV head's stepper "
+                             f"cannot run it: step the layer with UniformLayer")
         if spec.layer_cache is not None:
             raise KvsimError(f"{policy}: cannot run one step at a time: it evicts the same "
                              f"blocks from every KV head of a layer: step the layer with "
